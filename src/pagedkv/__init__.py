@@ -1,0 +1,67 @@
+"""pagedkv: a standalone paged KV-cache manager with automatic prefix caching.
+
+The public API is what ``__all__`` lists; everything else is internal.
+"""
+
+from pagedkv.errors import (
+    ConfigError,
+    InputFileError,
+    InsufficientMemoryError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    PagedKVError,
+    SpecMergeError,
+    UnknownRequestError,
+    UnsupportedModelError,
+)
+from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from pagedkv.hashing import BlockHasher, LoRA, MultiModalItem
+from pagedkv.manager import CacheConfig, ComputedBlocks, KVCacheManager, RequestLike
+from pagedkv.metrics import PrefixCacheStats
+from pagedkv.request import Request
+from pagedkv.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockHasher",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheConfig",
+    "ChunkedLocalAttentionSpec",
+    "ComputedBlocks",
+    "ConfigError",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "InputFileError",
+    "InsufficientMemoryError",
+    "InvalidArgumentError",
+    "KVCacheEvent",
+    "KVCacheManager",
+    "KVCacheSpec",
+    "LoRA",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "MissingDependencyError",
+    "MultiModalItem",
+    "PagedKVError",
+    "PrefixCacheStats",
+    "Request",
+    "RequestLike",
+    "SinkFullAttentionSpec",
+    "SlidingWindowSpec",
+    "SpecMergeError",
+    "UnknownRequestError",
+    "UnsupportedModelError",
+    "__version__",
+]

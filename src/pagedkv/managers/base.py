@@ -1,0 +1,193 @@
+"""The bookkeeping every attention kind shares: request -> blocks, request -> number of
+blocks already registered in the prefix index.
+
+Token line of one request (``allocate_slots`` arithmetic)::
+
+    | computed | new computed (hit) | new | lookahead |
+    |<------ total computed ------>|
+    |<----------------- num_tokens needing a slot ----------->|
+
+Worked cases (block size 4):
+
+* 10 tokens need a slot, the request holds 2 blocks, the hit brings 0:
+  ceil(10 / 4) - 2 = 1 new block.
+* a new request with a 3-block hit whose last block is free (ref count 0) and 14 tokens
+  needing a slot: ceil(14 / 4) - 3 = 1 new block, plus 1 for reviving the free hit block
+  (it leaves the free queue) = 2 blocks of capacity needed.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.pool import BlockPool, HashedRequest
+from pagedkv.specs import KVCacheSpec
+
+__all__ = ["SingleTypeManager", "manager_class_for", "register_manager"]
+
+_REGISTRY: dict[type[KVCacheSpec], type[SingleTypeManager]] = {}
+
+
+def register_manager(*spec_types: type[KVCacheSpec]):  # type: ignore[no-untyped-def]
+    """Class decorator: the decorated manager serves layers of ``spec_types``."""
+
+    def deco(cls: type[SingleTypeManager]) -> type[SingleTypeManager]:
+        for t in spec_types:
+            _REGISTRY[t] = cls
+        return cls
+
+    return deco
+
+
+def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
+    """The manager class registered for ``spec``'s class or its nearest base.
+
+    Raises:
+        InvalidArgumentError: no manager serves this kind of spec.
+    """
+    for t in type(spec).__mro__:
+        cls = _REGISTRY.get(t)  # type: ignore[arg-type]
+        if cls is not None:
+            return cls
+    raise InvalidArgumentError(f"no KV-cache manager is registered for {type(spec).__name__}")
+
+
+class SingleTypeManager:
+    """Block tables of one KV-cache group.
+
+    Subclasses override the lookup rule (:meth:`find_longest_cache_hit`), which blocks a
+    request stops needing (:meth:`remove_skipped_blocks`) and cascade support.
+    """
+
+    #: Whether :meth:`remove_skipped_blocks` can ever free anything (lets the façade skip
+    #: the call for kinds that never drop blocks).
+    drops_blocks: ClassVar[bool] = False
+    #: Whether blocks of this kind are registered in the prefix index.
+    cacheable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        spec: KVCacheSpec,
+        pool: BlockPool,
+        group: int,
+        *,
+        drop_last_hit: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.pool = pool
+        self.group = group
+        #: Hash blocks per block of this group (block size / hash block size).
+        self.hash_stride = spec.block_size // pool.hash_block_size
+        if self.hash_stride * pool.hash_block_size != spec.block_size:
+            raise InvalidArgumentError(
+                f"group {group}: block size {spec.block_size} is not a multiple of the hash "
+                f"block size {pool.hash_block_size}"
+            )
+        self.drop_last_hit = drop_last_hit
+        self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- lookup
+
+    def group_hashes(self, block_hashes: list[bytes]) -> list[bytes]:
+        """The hashes that end at this group's block boundaries."""
+        k = self.hash_stride
+        return block_hashes if k == 1 else block_hashes[k - 1 :: k]
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """The longest run of cached blocks valid for this group, covering at most
+        ``max_length`` tokens, as block ids (null blocks where the kind needs none).
+        Does not modify any state."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- allocation
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed: list[int]
+    ) -> int:
+        """Free blocks needed to give the request ``num_tokens`` slots after adopting
+        ``new_computed``: new blocks, plus hit blocks that must leave the free queue."""
+        held = self.req_to_blocks.get(request_id)
+        n = -(-num_tokens // self.block_size) - len(new_computed) - (len(held) if held else 0)
+        if new_computed:
+            ref = self.pool.ref_cnt
+            for b in new_computed:
+                if b and ref[b] == 0:
+                    n += 1
+        return n
+
+    def slots_needed(self, num_tokens: int, num_encoder_tokens: int) -> int:
+        """Token slots this group must hold for a request needing ``num_tokens`` decoder
+        slots (cross attention sizes by the encoder instead)."""
+        return num_tokens
+
+    def save_new_computed_blocks(
+        self, request_id: str, new_computed: list[int], total_computed_tokens: int
+    ) -> None:
+        """Start a new request's table with its hit blocks (already touched by the caller).
+
+        A request that already has a table keeps it (the façade rejects hit blocks for it
+        before any state changes). ``total_computed_tokens`` includes externally computed
+        tokens; kinds that skip blocks use it to place null blocks.
+        """
+        if request_id in self.req_to_blocks:
+            return
+        self.req_to_blocks[request_id] = list(new_computed)
+        self.num_cached_blocks[request_id] = len(new_computed)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """Grow the request's table to ``ceil(num_tokens / block_size)`` blocks; return the
+        new ones. Precondition: capacity was checked."""
+        blocks = self.req_to_blocks[request_id]
+        n = -(-num_tokens // self.block_size) - len(blocks)
+        if n <= 0:
+            return []
+        new = self.pool.get_new_blocks(n)
+        blocks.extend(new)
+        return new
+
+    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens``
+        tokens and not registered yet."""
+        num_full = num_tokens // self.block_size
+        num_cached = self.num_cached_blocks[request_id]
+        if num_full > num_cached:
+            self.pool.cache_full_blocks(
+                request, self.req_to_blocks[request_id], num_cached, num_full, self.group
+            )
+            self.num_cached_blocks[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, tail first (deepest prefix blocks evicted first)."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_blocks.pop(request_id, None)
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Replace blocks the request no longer needs by the null block and free them."""
+
+    def num_skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> int:
+        """How many blocks :meth:`remove_skipped_blocks` would return to the free queue."""
+        return 0
+
+    def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
+        """Leading blocks shared by every running request (for cascade attention)."""
+        return 0
+
+    def check_invariants(self) -> None:
+        """Assert per-request state is consistent with the pool."""
+        pool = self.pool
+        assert set(self.num_cached_blocks) == set(self.req_to_blocks), (
+            f"group {self.group}: cached-count map and block-table map track different requests"
+        )
+        for rid, blocks in self.req_to_blocks.items():
+            nc = self.num_cached_blocks[rid]
+            assert 0 <= nc <= len(blocks), f"{rid}: {nc} cached of {len(blocks)} blocks"
+            for b in blocks:
+                assert 0 <= b < pool.num_blocks, f"{rid}: invalid block id {b}"
+                if b:
+                    assert pool.ref_cnt[b] > 0, f"{rid}: holds block {b} with ref count 0"

@@ -1,0 +1,508 @@
+"""The block pool: every block's reference count and hash, the free queue, and the prefix index.
+
+State per block id ``b`` (parallel lists, see ``blocks.py`` for why blocks are ints):
+
+* ``ref_cnt[b]``: how many request block tables hold ``b``. A block is in the free queue
+  iff its ref count is 0. Block 0 is the *null block*: never queued, allocated, freed,
+  cached or evicted, and its ref count is not tracked (it stays 0).
+* ``block_hash[b]`` / ``block_group[b]``: the prefix-index key the block is registered
+  under (``None`` when it holds no reusable content).
+
+The prefix index maps ``(hash, group)`` to blocks, as one dict per group from hash to the
+*primary* block id. Two requests may fill identical blocks at once; both stay registered
+(a block table is never rewritten), the later ones in a per-group side table, and a lookup
+returns the earliest still registered.
+
+Partial-prefix entries (hybrid groups whose block is k > 1 hash blocks long) register a
+block under the hash of a shorter prefix that ends inside it, as a *secondary* key; see
+``cache_partial_block``.
+
+Events (stored / removed / all cleared) are buffered only when the pool was built with
+``enable_events=True``; otherwise no event object is ever built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from pagedkv.blocks import FreeBlockQueue
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.events.records import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from pagedkv.hashing import LoRA, MultiModalItem, block_extra_keys
+
+__all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo", "HashedRequest"]
+
+#: Block id of the null block.
+NULL_BLOCK = 0
+
+
+class HashedRequest(Protocol):
+    """What the pool reads from a request when it registers its blocks."""
+
+    @property
+    def block_hashes(self) -> list[bytes]: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    @property
+    def lora(self) -> LoRA | None: ...
+    @property
+    def mm_items(self) -> Sequence[MultiModalItem]: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def prompt_embeds(self) -> Sequence[bytes] | None: ...
+
+
+class GroupInfo:
+    """Per-group annotations the pool puts on events."""
+
+    __slots__ = ("block_size", "kind", "sliding_window")
+
+    def __init__(self, block_size: int, kind: str | None, sliding_window: int | None) -> None:
+        self.block_size = block_size
+        self.kind = kind
+        self.sliding_window = sliding_window
+
+
+class _StoredMeta:
+    """What a BlockStored event said about one cached block (kept only with events on,
+    so a snapshot can re-announce the index)."""
+
+    __slots__ = ("block_size", "extra_keys", "lora_id", "lora_name", "parent", "token_ids")
+
+    def __init__(
+        self,
+        parent: bytes | None,
+        token_ids: list[int],
+        block_size: int,
+        extra_keys: Any,
+        lora_id: int | None,
+        lora_name: str | None,
+    ) -> None:
+        self.parent = parent
+        self.token_ids = token_ids
+        self.block_size = block_size
+        self.extra_keys = extra_keys
+        self.lora_id = lora_id
+        self.lora_name = lora_name
+
+
+class BlockPool:
+    """Fixed pool of ``num_blocks`` blocks shared by every KV-cache group.
+
+    Complexity: every method is O(number of blocks it is given or returns), independent of
+    ``num_blocks``; construction is O(num_blocks) with two list builds.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        enable_caching: bool = True,
+        hash_block_size: int,
+        groups: Sequence[GroupInfo] = (),
+        enable_events: bool = False,
+    ) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 2:
+            raise InvalidArgumentError(
+                f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}"
+            )
+        num_groups = max(1, len(groups))
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.groups: list[GroupInfo] = list(groups) or [GroupInfo(hash_block_size, None, None)]
+        self.ref_cnt: list[int] = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.block_group: list[int] = [0] * num_blocks
+        self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
+        #: Per group: hash -> primary block id.
+        self.index: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
+        # Per group: hash -> later duplicate block ids, in insertion order.
+        self._dups: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
+        # Block id -> secondary (group, hash) keys (partial-prefix entries).
+        self._secondary: dict[int, list[tuple[int, bytes]]] = {}
+        #: Buffered events, or None when events are off.
+        self.events: list[KVCacheEvent] | None = [] if enable_events else None
+        self._stored_meta: dict[int, _StoredMeta] | None = {} if enable_events else None
+        #: Cumulative number of cached blocks evicted (reused or dropped from the index).
+        self.num_evicted_blocks = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, including free cached blocks (eviction candidates)."""
+        return self.free_queue.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of non-null blocks in use (ref count > 0)."""
+        return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
+
+    def get_cached_block(self, block_hash: bytes, group: int) -> int | None:
+        """The block cached under ``(block_hash, group)``, or None. O(1); no state change."""
+        return self.index[group].get(block_hash)
+
+    def num_cached_blocks(self) -> int:
+        """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
+        n = sum(len(d) for d in self.index)
+        n += sum(len(v) for d in self._dups for v in d.values())
+        return n
+
+    # ------------------------------------------------------------------ allocation
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the front of the free queue; each gets ref count 1.
+
+        A taken block that was cached is evicted from the index first (a removed event is
+        emitted). Precondition: ``n <= num_free_blocks`` (callers check capacity first, so
+        an allocation is never half done). O(n).
+        """
+        if n > self.free_queue.num_free:
+            raise AssertionError(f"get_new_blocks({n}) with {self.free_queue.num_free} free")
+        ids = self.free_queue.popleft_n(n)
+        ref = self.ref_cnt
+        bh = self.block_hash
+        for b in ids:
+            if bh[b] is not None:
+                self._evict(b)
+            ref[b] = 1
+        return ids
+
+    def touch(self, ids: Iterable[int]) -> None:
+        """A prefix hit on ``ids``: ref count +1; a block at 0 leaves the free queue. O(n)."""
+        ref = self.ref_cnt
+        remove = self.free_queue.remove
+        for b in ids:
+            if b:
+                if ref[b] == 0:
+                    remove(b)
+                ref[b] += 1
+
+    def free_blocks(self, ordered: Iterable[int]) -> None:
+        """Ref count -1 for each of ``ordered`` (first = evicted first); blocks reaching 0
+        are queued: those without a hash at the front, those with one at the back. O(n)."""
+        ref = self.ref_cnt
+        bh = self.block_hash
+        hashed: list[int] = []
+        unhashed: list[int] = []
+        for b in ordered:
+            if b:
+                r = ref[b] - 1
+                ref[b] = r
+                if r == 0:
+                    if bh[b] is None:
+                        unhashed.append(b)
+                    else:
+                        hashed.append(b)
+        if unhashed:
+            self.free_queue.prepend_n(unhashed)
+        if hashed:
+            self.free_queue.append_n(hashed)
+
+    # ------------------------------------------------------------------ prefix index
+
+    def cache_full_blocks(
+        self,
+        request: HashedRequest,
+        blocks: Sequence[int],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        group: int,
+    ) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` of ``request`` in the
+        index under their hashes (null blocks skipped) and emit one stored event for them.
+
+        The group's block size may be k times the hash block size; a block's hash is then
+        the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
+        already carries a shorter (partial) hash is promoted: the partial entries go.
+        O(num_full_blocks - num_cached_blocks).
+        """
+        if num_cached_blocks >= num_full_blocks:
+            return
+        all_hashes = request.block_hashes
+        k = self.groups[group].block_size // self.hash_block_size
+        hashes = all_hashes if k == 1 else all_hashes[k - 1 :: k]
+        index = self.index[group]
+        bh = self.block_hash
+        bg = self.block_group
+        new_hashes: list[bytes] | None = [] if self.events is not None else None
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            if not b:
+                continue
+            h = hashes[i]
+            if bh[b] is not None:
+                if bh[b] == h and bg[b] == group:
+                    continue
+                self._evict(b, count=False)
+            bh[b] = h
+            bg[b] = group
+            primary = index.setdefault(h, b)
+            if primary != b:
+                self._dups[group].setdefault(h, []).append(b)
+            if new_hashes is not None:
+                new_hashes.append(h)
+                self._remember(request, b, hashes, i, group)
+        if new_hashes:
+            self._emit_stored(request, blocks, hashes, num_cached_blocks, num_full_blocks, group,
+                              new_hashes)
+
+    def cache_partial_block(
+        self, request: HashedRequest, block: int, num_tokens: int, group: int
+    ) -> None:
+        """Also register ``block`` under the hash of the prefix of ``num_tokens`` tokens,
+        which ends inside it (``num_tokens`` is a multiple of the hash block size and not
+        of the group's block size). Such an entry lets a prompt that shares only part of
+        the block still hit. O(1).
+        """
+        if not block:
+            return
+        h = request.block_hashes[num_tokens // self.hash_block_size - 1]
+        index = self.index[group]
+        if index.get(h) == block or h in self._dups[group] and block in self._dups[group][h]:
+            return
+        if self.block_hash[block] is None:
+            self.block_hash[block] = h
+            self.block_group[block] = group
+        else:
+            self._secondary.setdefault(block, []).append((group, h))
+        primary = index.setdefault(h, block)
+        if primary != block:
+            self._dups[group].setdefault(h, []).append(block)
+
+    def _unregister(self, group: int, h: bytes, b: int) -> bool:
+        index = self.index[group]
+        if index.get(h) == b:
+            dups = self._dups[group].get(h)
+            if dups:
+                index[h] = dups.pop(0)
+                if not dups:
+                    del self._dups[group][h]
+            else:
+                del index[h]
+            return True
+        dups = self._dups[group].get(h)
+        if dups and b in dups:
+            dups.remove(b)
+            if not dups:
+                del self._dups[group][h]
+            return True
+        return False
+
+    def _evict(self, b: int, *, count: bool = True) -> None:
+        """Drop every index entry of block ``b`` and clear its hash; emit removed events."""
+        h = self.block_hash[b]
+        assert h is not None
+        g = self.block_group[b]
+        self._unregister(g, h, b)
+        self.block_hash[b] = None
+        removed = [(g, h)]
+        if self._secondary:
+            for g2, h2 in self._secondary.pop(b, ()):
+                self._unregister(g2, h2, b)
+                removed.append((g2, h2))
+        if count:
+            self.num_evicted_blocks += 1
+        if self.events is not None:
+            assert self._stored_meta is not None
+            self._stored_meta.pop(b, None)
+            for g2, h2 in removed:
+                self.events.append(BlockRemoved([h2], MEDIUM_GPU, g2))
+
+    def evict_blocks(self, ids: Iterable[int]) -> None:
+        """Drop the given blocks from the prefix index (they stay allocated if in use).
+
+        Raises:
+            InvalidArgumentError: an id outside ``[0, num_blocks)``; nothing is evicted.
+        """
+        ids = list(ids)
+        for b in ids:
+            if not isinstance(b, int) or not 0 <= b < self.num_blocks:
+                raise InvalidArgumentError(
+                    f"block id {b!r} does not belong to this pool of {self.num_blocks} blocks"
+                )
+        for b in ids:
+            if b and self.block_hash[b] is not None:
+                self._evict(b)
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear the whole index and every block's hash, only if no block is in use.
+
+        Returns whether it succeeded; emits an all-cleared event when it does. O(num_blocks).
+        """
+        if self.free_queue.num_free != self.num_blocks - 1:
+            return False
+        for d in self.index:
+            d.clear()
+        for d in self._dups:
+            d.clear()
+        self._secondary.clear()
+        self.block_hash = [None] * self.num_blocks
+        if self.events is not None:
+            assert self._stored_meta is not None
+            self._stored_meta.clear()
+            self.events.append(AllBlocksCleared())
+        return True
+
+    # ------------------------------------------------------------------ events
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return and clear the buffered events (empty when events are off). O(1)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
+
+    def _remember(
+        self, request: HashedRequest, b: int, hashes: Sequence[bytes], i: int, group: int
+    ) -> None:
+        assert self._stored_meta is not None
+        bs = self.groups[group].block_size
+        lora = request.lora
+        self._stored_meta[b] = _StoredMeta(
+            hashes[i - 1] if i else None,
+            request.all_token_ids[i * bs : (i + 1) * bs],
+            bs,
+            _extra_keys_of(request, i * bs, (i + 1) * bs),
+            lora.adapter_id if lora else None,
+            lora.name if lora else None,
+        )
+
+    def _emit_stored(
+        self,
+        request: HashedRequest,
+        blocks: Sequence[int],
+        hashes: Sequence[bytes],
+        num_cached: int,
+        num_full: int,
+        group: int,
+        new_hashes: list[bytes],
+    ) -> None:
+        assert self.events is not None
+        info = self.groups[group]
+        bs = info.block_size
+        lora = request.lora
+        extra = [
+            _extra_keys_of(request, i * bs, (i + 1) * bs)
+            for i in range(num_cached, num_full)
+            if blocks[i]
+        ]
+        self.events.append(
+            BlockStored(
+                block_hashes=new_hashes,
+                parent_block_hash=hashes[num_cached - 1] if num_cached else None,
+                token_ids=request.all_token_ids[num_cached * bs : num_full * bs],
+                block_size=bs,
+                lora_id=lora.adapter_id if lora else None,
+                medium=MEDIUM_GPU,
+                lora_name=lora.name if lora else None,
+                extra_keys=extra,
+                group_idx=group,
+                kv_cache_spec_kind=info.kind,
+                kv_cache_spec_sliding_window=info.sliding_window,
+            )
+        )
+
+    def prefix_index_snapshot(self) -> list[BlockStored]:
+        """BlockStored events that recreate the current index, parents before children.
+
+        Needs events on (the pool keeps what each stored event said only then).
+
+        Raises:
+            InvalidArgumentError: events are off.
+        """
+        if self._stored_meta is None:
+            raise InvalidArgumentError(
+                "a prefix-index snapshot needs the pool built with enable_events=True"
+            )
+        cached = {
+            b: (self.block_hash[b], self.block_group[b])
+            for b in self._stored_meta
+            if self.block_hash[b] is not None
+        }
+        known = {h for h, _ in cached.values()}
+        children: dict[bytes | None, list[int]] = {}
+        for b in cached:
+            parent = self._stored_meta[b].parent
+            children.setdefault(parent if parent in known else None, []).append(b)
+        out: list[BlockStored] = []
+        todo = sorted(children.get(None, []))
+        while todo:
+            b = todo.pop()
+            h, g = cached[b]
+            assert h is not None
+            meta = self._stored_meta[b]
+            info = self.groups[g]
+            out.append(
+                BlockStored(
+                    [h], meta.parent, meta.token_ids, meta.block_size, meta.lora_id,
+                    MEDIUM_GPU, meta.lora_name, [meta.extra_keys], g, info.kind,
+                    info.sliding_window,
+                )
+            )
+            todo.extend(sorted(children.pop(h, []), reverse=True))
+        return out
+
+    # ------------------------------------------------------------------ checks
+
+    def check_invariants(self) -> None:
+        """Walk all state and assert it is consistent. O(num_blocks + index size)."""
+        queued = self.free_queue.check_invariants()
+        queued_set = set(queued)
+        assert NULL_BLOCK not in queued_set, "the null block is in the free queue"
+        assert self.ref_cnt[NULL_BLOCK] == 0, "the null block's ref count changed"
+        assert self.block_hash[NULL_BLOCK] is None, "the null block has a hash"
+        for b in range(1, self.num_blocks):
+            r = self.ref_cnt[b]
+            assert r >= 0, f"block {b} has ref count {r}"
+            assert (r == 0) == (b in queued_set), (
+                f"block {b}: ref count {r} but {'in' if b in queued_set else 'not in'} queue"
+            )
+        registered: set[tuple[int, bytes, int]] = set()
+        for g, index in enumerate(self.index):
+            for h, b in index.items():
+                registered.add((g, h, b))
+            for h, dups in self._dups[g].items():
+                assert h in index, f"duplicates for a hash with no primary in group {g}"
+                assert dups, "empty duplicate list kept"
+                for b in dups:
+                    assert (g, h, b) not in registered, f"block {b} registered twice"
+                    registered.add((g, h, b))
+        expected: set[tuple[int, bytes, int]] = set()
+        for b in range(1, self.num_blocks):
+            h = self.block_hash[b]
+            if h is not None:
+                expected.add((self.block_group[b], h, b))
+            for g2, h2 in self._secondary.get(b, ()):
+                assert h is not None, f"block {b} has secondary keys but no primary hash"
+                expected.add((g2, h2, b))
+        assert registered == expected, (
+            f"index and block hashes disagree: {len(registered ^ expected)} entries differ"
+        )
+        if not self.enable_caching:
+            assert not registered, "caching is off but the index holds entries"
+        if self._stored_meta is not None:
+            for b in self._stored_meta:
+                assert self.block_hash[b] is not None, f"stale stored metadata for block {b}"
+
+
+def _extra_keys_of(request: HashedRequest, start: int, end: int) -> list[Any] | None:
+    lora = request.lora
+    mm = request.mm_items
+    salt = request.cache_salt
+    embeds = request.prompt_embeds
+    if lora is None and not mm and salt is None and embeds is None:
+        return None
+    return block_extra_keys(
+        start, end, lora=lora, mm_items=mm, cache_salt=salt, prompt_embeds=embeds
+    )
