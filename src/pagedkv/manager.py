@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pagedkv.coordinator import (
     Coordinator,
@@ -431,6 +431,20 @@ class KVCacheManager:
                 f"unknown request {request_id!r}: it was never allocated or is already freed; "
                 "call allocate_slots for it first"
             )
+
+    def debug_state(self) -> dict[str, Any]:
+        """A deep copy of all state (pool, block tables, statistics), for tests and bug
+        reports: two equal dumps mean the manager would behave identically. O(num_blocks)."""
+        return {
+            "pool": self.pool.debug_state(),
+            "block_tables": [
+                {rid: list(b) for rid, b in m.req_to_blocks.items()} for m in self.managers
+            ],
+            "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
+            "stats": list(self._stats),
+            "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
+                                self.hit_rate_window.num_requests),
+        }
 
     def check_invariants(self) -> None:
         """Walk all state: the pool, each group, and that every block's ref count equals

@@ -455,6 +455,21 @@ class BlockPool:
 
     # ------------------------------------------------------------------ checks
 
+    def debug_state(self) -> dict[str, Any]:
+        """A deep copy of all pool state, for tests and bug reports. O(num_blocks)."""
+        return {
+            "ref_cnt": list(self.ref_cnt),
+            "block_hash": list(self.block_hash),
+            "block_group": [g if h is not None else None
+                            for g, h in zip(self.block_group, self.block_hash)],
+            "free_queue": self.free_queue.to_list(),
+            "index": [dict(d) for d in self.index],
+            "duplicates": [{h: list(v) for h, v in d.items()} for d in self._dups],
+            "secondary": {b: list(v) for b, v in self._secondary.items()},
+            "num_evicted_blocks": self.num_evicted_blocks,
+            "events": list(self.events) if self.events is not None else None,
+        }
+
     def check_invariants(self) -> None:
         """Walk all state and assert it is consistent. O(num_blocks + index size)."""
         queued = self.free_queue.check_invariants()

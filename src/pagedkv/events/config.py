@@ -76,7 +76,7 @@ class KVEventsConfig:
     def __post_init__(self) -> None:
         if not self.endpoint:
             raise ConfigError("KVEventsConfig.endpoint is empty; give e.g. 'tcp://*:5557'")
-        if self.replay_endpoint is not None and self.replay_endpoint == self.endpoint:
+        if self.replay_endpoint == self.endpoint and not self.endpoint.endswith(":*"):
             raise ConfigError(
                 f"KVEventsConfig.replay_endpoint equals endpoint ({self.endpoint!r}); "
                 "the replay socket needs its own address"

@@ -1,0 +1,588 @@
+"""Subscribe to KV-cache event streams and mirror each publisher's prefix index.
+
+:class:`MirrorIndex` is the state: per publisher, which ``(hash, group, medium)`` blocks
+are cached and how many copies; it answers "how many leading blocks of this prompt does
+each publisher cache". :class:`Subscriber` feeds it from ZeroMQ: one SUB socket per
+publisher for the live stream, and one DEALER socket per publisher for repairs.
+
+Repair rules, per publisher (sequence numbers are per publisher, +1 per batch):
+
+* a live batch numbered ``next_seq`` is applied; one numbered higher is held back and the
+  gap is requested by replay from ``next_seq``;
+* when the replay cannot fill the gap (older than the publisher's buffer, or dropped
+  before it was sent), a snapshot replaces the mirrored index and held batches from the
+  snapshot's sequence number on are applied;
+* a batch numbered lower than expected means the publisher restarted: resync by snapshot;
+* with no replay endpoint, or when every repair failed, the subscriber skips ahead and
+  reports the publisher as not synced.
+
+Everything runs in the caller's thread, inside :meth:`Subscriber.poll`.
+Needs the ``events`` extra (pyzmq, msgpack).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from pagedkv.errors import InvalidArgumentError, require
+from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from pagedkv.events.snapshot import (
+    SNAPSHOT_REPLY,
+    SNAPSHOT_REQUEST,
+    stored_from_snapshot_events,
+)
+from pagedkv.events.wire import END_OF_REPLAY, decode_batch, decode_seq, encode_seq
+
+__all__ = ["BlockKey", "MirrorIndex", "SourceStatus", "Subscriber", "index_counts"]
+
+logger = logging.getLogger("pagedkv.events")
+
+BlockKey = tuple[int, int, "str | None"]
+"""``(wire hash as u64, group_idx, medium)`` of one cached block."""
+
+_U64 = (1 << 64) - 1
+_MAX_DRAIN_PER_SOCKET = 1000  # messages read from one socket per poll round
+_MAX_REQUEST_ATTEMPTS = 3
+
+
+def _u64(block_hash: bytes | int) -> int:
+    if type(block_hash) is int:
+        return block_hash & _U64
+    return int.from_bytes(block_hash[-8:], "big")  # type: ignore[index]
+
+
+def index_counts(stored: Iterable[BlockStored]) -> dict[BlockKey, int]:
+    """Block key -> number of copies, as a :class:`MirrorIndex` holds them.
+
+    Use it to compare a publisher's ``prefix_index_snapshot()`` with
+    :meth:`MirrorIndex.blocks`. O(total blocks).
+    """
+    counts: dict[BlockKey, int] = {}
+    for record in stored:
+        for block_hash in record.block_hashes:
+            key = (_u64(block_hash), record.group_idx, record.medium)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class MirrorIndex:
+    """The prefix indexes of many publishers, rebuilt from their events.
+
+    A block stored twice (two requests filled identical blocks) is counted twice and
+    stays cached until removed twice. A removal of a block the mirror does not hold is
+    ignored and counted in :attr:`num_unmatched_removals` (it happens after joining a
+    stream without a snapshot).
+    """
+
+    __slots__ = ("_by_publisher", "_holders", "num_unmatched_removals")
+
+    def __init__(self) -> None:
+        # publisher -> block key -> copies
+        self._by_publisher: dict[str, dict[BlockKey, int]] = {}
+        # (hash, group) -> publisher -> copies over all media; drives prefix queries
+        self._holders: dict[tuple[int, int], dict[str, int]] = {}
+        self.num_unmatched_removals = 0
+
+    @property
+    def publisher_ids(self) -> list[str]:
+        return sorted(self._by_publisher)
+
+    def add_publisher(self, publisher_id: str) -> None:
+        """Make ``publisher_id`` known (with nothing cached) if it is not. O(1)."""
+        self._by_publisher.setdefault(publisher_id, {})
+
+    def remove_publisher(self, publisher_id: str) -> None:
+        """Forget a publisher and its blocks. O(its blocks)."""
+        self.reset(publisher_id)
+        self._by_publisher.pop(publisher_id, None)
+
+    def reset(self, publisher_id: str) -> None:
+        """Forget every block of one publisher (it stays known). O(its blocks)."""
+        blocks = self._by_publisher.get(publisher_id)
+        if not blocks:
+            self.add_publisher(publisher_id)
+            return
+        holders_of = self._holders
+        for block_hash, group_idx, _ in blocks:
+            holders = holders_of.get((block_hash, group_idx))
+            if holders is not None and holders.pop(publisher_id, None) is not None and not holders:
+                del holders_of[(block_hash, group_idx)]
+        blocks.clear()
+
+    def apply(self, publisher_id: str, events: Iterable[KVCacheEvent]) -> None:
+        """Apply one publisher's events in order. O(blocks named in ``events``)."""
+        blocks = self._by_publisher.setdefault(publisher_id, {})
+        holders_of = self._holders
+        for event in events:
+            kind = type(event)
+            if kind is BlockStored or kind is BlockRemoved:
+                group_idx = event.group_idx  # type: ignore[union-attr]
+                medium = event.medium  # type: ignore[union-attr]
+                stored = kind is BlockStored
+                for raw_hash in event.block_hashes:  # type: ignore[union-attr]
+                    block_hash = _u64(raw_hash)
+                    key = (block_hash, group_idx, medium)
+                    copies = blocks.get(key, 0)
+                    if not stored and copies == 0:
+                        self.num_unmatched_removals += 1
+                        continue
+                    delta = 1 if stored else -1
+                    if copies + delta:
+                        blocks[key] = copies + delta
+                    else:
+                        del blocks[key]
+                    holders = holders_of.setdefault((block_hash, group_idx), {})
+                    held = holders.get(publisher_id, 0) + delta
+                    if held:
+                        holders[publisher_id] = held
+                    else:
+                        del holders[publisher_id]
+                        if not holders:
+                            del holders_of[(block_hash, group_idx)]
+            elif kind is AllBlocksCleared:
+                self.reset(publisher_id)
+            else:
+                raise InvalidArgumentError(f"not a KV-cache event record: {event!r}")
+
+    def blocks(self, publisher_id: str) -> dict[BlockKey, int]:
+        """A copy of one publisher's block key -> copies (empty if unknown). O(its blocks)."""
+        return dict(self._by_publisher.get(publisher_id, {}))
+
+    def num_blocks(self, publisher_id: str) -> int:
+        """Cached blocks of one publisher, copies counted. O(its distinct blocks)."""
+        return sum(self._by_publisher.get(publisher_id, {}).values())
+
+    def longest_prefix(
+        self, block_hashes: Sequence[int], *, group_idx: int = 0, medium: str | None = None
+    ) -> dict[str, int]:
+        """Per known publisher, how many leading ``block_hashes`` it caches.
+
+        ``block_hashes`` are wire hashes (u64 ints) of a prompt's full blocks, first block
+        first; a publisher's count stops at its first miss. ``medium=None`` accepts a
+        block on any medium. Does not modify the mirror.
+        Cost: O(sum over positions of the publishers still matching there).
+
+        Example: publisher "a" caches h1, h2 and "b" caches h1, h3:
+        ``longest_prefix([h1, h2, h3])`` is ``{"a": 2, "b": 1}``.
+        """
+        result = dict.fromkeys(self._by_publisher, 0)
+        alive: Iterable[str] = result.keys()
+        by_publisher = self._by_publisher
+        for position, block_hash in enumerate(block_hashes, start=1):
+            holders = self._holders.get((block_hash, group_idx))
+            if not holders:
+                break
+            if medium is None:
+                matching = [p for p in alive if p in holders]
+            else:
+                key = (block_hash, group_idx, medium)
+                matching = [p for p in alive if p in holders and key in by_publisher[p]]
+            if not matching:
+                break
+            for publisher_id in matching:
+                result[publisher_id] = position
+            alive = matching
+        return result
+
+    def check_invariants(self) -> None:
+        """Assert that the per-publisher tables and the holder table agree. O(size)."""
+        rebuilt: dict[tuple[int, int], dict[str, int]] = {}
+        for publisher_id, blocks in self._by_publisher.items():
+            for (block_hash, group_idx, _medium), copies in blocks.items():
+                assert copies > 0, (publisher_id, block_hash, copies)
+                holders = rebuilt.setdefault((block_hash, group_idx), {})
+                holders[publisher_id] = holders.get(publisher_id, 0) + copies
+        assert rebuilt == self._holders, "holder table out of step with publisher tables"
+
+
+class SourceStatus(NamedTuple):
+    """Where the subscriber stands with one publisher."""
+
+    publisher_id: str
+    next_seq: int | None
+    """Sequence number expected next (None before the first batch or snapshot)."""
+    synced: bool
+    """The mirror reflects every batch before ``next_seq``."""
+    repairing: bool
+    """A replay or snapshot request is outstanding."""
+    num_batches: int
+    """Batches applied (live and replayed)."""
+    num_gaps: int
+    num_replay_requests: int
+    num_snapshots: int
+    num_bad_messages: int
+
+
+class _Source:
+    """Per-publisher sockets and repair state (mutated only by :class:`Subscriber`)."""
+
+    def __init__(
+        self, publisher_id: str, sub: Any, replay_endpoint: str | None, want_snapshot: bool
+    ) -> None:
+        self.publisher_id = publisher_id
+        self.sub = sub
+        self.replay_endpoint = replay_endpoint
+        self.dealer: Any = None
+        self.next_seq: int | None = None
+        self.last_live_seq: int | None = None  # highest seq seen on the SUB socket
+        self.synced = False
+        self.pending: dict[int, list[KVCacheEvent]] = {}
+        self.awaiting: str | None = None  # "replay" | "snapshot"
+        self.request: list[bytes] = []
+        self.deadline_s = 0.0
+        self.attempts = 0
+        self.snapshot_tried = False
+        self.replay_hole = False  # the current replay skipped over a missing batch
+        self.snapshot_unavailable = False
+        self.want_snapshot = want_snapshot
+        self.resync_after_s = 0.0  # when an unsynced source may ask for a snapshot again
+        self.num_batches = 0
+        self.num_gaps = 0
+        self.num_replay_requests = 0
+        self.num_snapshots = 0
+        self.num_bad_messages = 0
+
+
+class Subscriber:
+    """Mirrors one or many publishers into a :class:`MirrorIndex`.
+
+    Not thread-safe: one thread calls every method. Sockets connect to the given
+    endpoints (publishers bind). Close with :meth:`close` or a ``with`` block.
+
+    Raises MissingDependencyError without pyzmq or msgpack.
+    """
+
+    def __init__(
+        self,
+        mirror: MirrorIndex | None = None,
+        *,
+        context: Any = None,
+        request_timeout_s: float = 2.0,
+        rcvhwm: int = 100_000,
+    ) -> None:
+        zmq: Any = require("zmq", "events", "the KV-cache event subscriber")
+        self._zmq = zmq
+        require("msgpack", "events", "the KV-cache event subscriber")
+        self.mirror = MirrorIndex() if mirror is None else mirror
+        self._own_context = context is None
+        self._context = self._zmq.Context() if context is None else context
+        self._poller = self._zmq.Poller()
+        self._sources: dict[str, _Source] = {}
+        self._socket_to_source: dict[Any, tuple[_Source, bool]] = {}  # (source, is_sub)
+        self._request_timeout_s = request_timeout_s
+        self._rcvhwm = rcvhwm
+        self._closed = False
+
+    def add_publisher(
+        self,
+        publisher_id: str,
+        endpoint: str,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        sync: bool = True,
+    ) -> None:
+        """Start following one publisher.
+
+        ``topic`` is a prefix filter on the topic frame. With ``replay_endpoint`` and
+        ``sync`` the subscriber first asks for a snapshot, so the mirror starts complete;
+        with ``sync=False`` it starts from the first live batch it sees.
+        Raises InvalidArgumentError for a publisher id already added.
+        """
+        if publisher_id in self._sources:
+            raise InvalidArgumentError(f"publisher {publisher_id!r} was already added")
+        zmq = self._zmq
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        sub.connect(endpoint)
+        source = _Source(publisher_id, sub, replay_endpoint, sync and replay_endpoint is not None)
+        self._sources[publisher_id] = source
+        self._watch(sub, source, is_sub=True)
+        self.mirror.add_publisher(publisher_id)
+        if source.want_snapshot:
+            self._request(source, "snapshot", [SNAPSHOT_REQUEST])
+
+    def status(self, publisher_id: str) -> SourceStatus:
+        """Counters and sync state of one publisher; KeyError if never added."""
+        s = self._sources[publisher_id]
+        return SourceStatus(
+            s.publisher_id,
+            s.next_seq,
+            s.synced,
+            s.awaiting is not None,
+            s.num_batches,
+            s.num_gaps,
+            s.num_replay_requests,
+            s.num_snapshots,
+            s.num_bad_messages,
+        )
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Wait up to ``timeout_s`` for messages, then process all that are ready.
+
+        Returns the number of batches (and snapshots) applied. Never waits longer than
+        ``timeout_s``; retries overdue repair requests.
+        """
+        before = self._total_applied()
+        ready = self._poller.poll(max(0, int(timeout_s * 1000)))
+        for sock, _ in ready:
+            entry = self._socket_to_source.get(sock)
+            if entry is None:  # a dealer replaced earlier in this round
+                continue
+            source, is_sub = entry
+            for _ in range(_MAX_DRAIN_PER_SOCKET):
+                try:
+                    frames = sock.recv_multipart(self._zmq.NOBLOCK)
+                except self._zmq.Again:
+                    break
+                if is_sub:
+                    self._on_live(source, frames)
+                else:
+                    self._on_reply(source, frames)
+                    if source.dealer is not sock:
+                        break
+        now = time.monotonic()
+        for source in self._sources.values():
+            if source.awaiting is not None and now > source.deadline_s:
+                self._retry(source)
+        return self._total_applied() - before
+
+    def sync(self, timeout_s: float) -> bool:
+        """Poll until no publisher has a repair outstanding or ``timeout_s`` passes.
+
+        Returns whether every publisher is synced at the end.
+        """
+        deadline = time.monotonic() + timeout_s
+        while any(s.awaiting is not None for s in self._sources.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.poll(min(left, 0.05))
+        return all(s.synced and s.awaiting is None for s in self._sources.values())
+
+    def close(self) -> None:
+        """Close every socket (and the context this subscriber created). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for sock in list(self._socket_to_source):
+            sock.close(linger=0)
+        self._socket_to_source.clear()
+        if self._own_context:
+            self._context.term()
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals --------------------------------------------------------------------
+
+    def _total_applied(self) -> int:
+        return sum(s.num_batches + s.num_snapshots for s in self._sources.values())
+
+    def _watch(self, sock: Any, source: _Source, *, is_sub: bool) -> None:
+        self._poller.register(sock, self._zmq.POLLIN)
+        self._socket_to_source[sock] = (source, is_sub)
+
+    def _fresh_dealer(self, source: _Source) -> Any:
+        """A new DEALER for ``source``: replies to an abandoned request cannot reach it."""
+        if source.dealer is not None:
+            self._poller.unregister(source.dealer)
+            del self._socket_to_source[source.dealer]
+            source.dealer.close(linger=0)
+        dealer = self._context.socket(self._zmq.DEALER)
+        dealer.connect(source.replay_endpoint)
+        source.dealer = dealer
+        self._watch(dealer, source, is_sub=False)
+        return dealer
+
+    def _request(self, source: _Source, kind: str, body: list[bytes]) -> None:
+        if source.dealer is None or source.awaiting is not None:
+            self._fresh_dealer(source)  # so late replies to the old request cannot mislead
+        source.awaiting = kind
+        source.request = body
+        source.attempts = 1
+        source.deadline_s = time.monotonic() + self._request_timeout_s
+        if kind == "snapshot":
+            source.snapshot_tried = True
+        else:
+            source.num_replay_requests += 1
+            source.replay_hole = False
+        source.dealer.send_multipart([b"", *body])
+
+    def _retry(self, source: _Source) -> None:
+        if source.attempts >= _MAX_REQUEST_ATTEMPTS:
+            logger.warning(
+                "publisher %r does not answer %s requests; skipping ahead",
+                source.publisher_id,
+                source.awaiting,
+            )
+            source.awaiting = None
+            source.resync_after_s = time.monotonic() + self._request_timeout_s
+            source.synced = False
+            self._skip_ahead(source)
+            return
+        source.attempts += 1
+        source.deadline_s = time.monotonic() + self._request_timeout_s
+        self._fresh_dealer(source).send_multipart([b"", *source.request])
+
+    def _apply(self, source: _Source, events: list[KVCacheEvent]) -> None:
+        self.mirror.apply(source.publisher_id, events)
+        source.num_batches += 1
+        assert source.next_seq is not None
+        source.next_seq += 1
+
+    def _on_live(self, source: _Source, frames: list[bytes]) -> None:
+        try:
+            if len(frames) != 3:
+                raise InvalidArgumentError(f"expected 3 frames, got {len(frames)}")
+            seq = decode_seq(frames[1])
+            events = decode_batch(frames[2]).events
+        except InvalidArgumentError as exc:
+            source.num_bad_messages += 1
+            logger.warning("bad message from %r: %s", source.publisher_id, exc)
+            return  # if a batch was lost here, the next one shows the gap
+        last_live_seq = source.last_live_seq
+        source.last_live_seq = seq
+        if last_live_seq is not None and seq <= last_live_seq:
+            self._on_restart(source, seq, events)
+            return
+        if source.awaiting is not None:
+            source.pending[seq] = events
+            return
+        if source.next_seq is None:  # first batch without a snapshot
+            source.next_seq = seq
+            source.synced = seq == 0
+        if seq == source.next_seq:
+            self._apply(source, events)
+        elif seq > source.next_seq:
+            source.num_gaps += 1
+            source.pending[seq] = events
+            self._repair(source)
+        # else: sent before the snapshot or replay that already covered it
+        if (
+            not source.synced
+            and source.awaiting is None
+            and source.replay_endpoint is not None
+            and not source.snapshot_unavailable
+            and time.monotonic() >= source.resync_after_s
+        ):
+            # An earlier repair failed (e.g. the engine was idle and could not answer);
+            # live batches show it is stepping again, so a snapshot can now be served.
+            self._request(source, "snapshot", [SNAPSHOT_REQUEST])
+
+    def _on_restart(self, source: _Source, seq: int, events: list[KVCacheEvent]) -> None:
+        """The live numbering went back: the publisher restarted with a new index."""
+        logger.info("publisher %r restarted (seq %d)", source.publisher_id, seq)
+        source.pending = {seq: events}
+        if source.replay_endpoint is not None and not source.snapshot_unavailable:
+            self._request(source, "snapshot", [SNAPSHOT_REQUEST])
+        else:
+            source.awaiting = None
+            self.mirror.reset(source.publisher_id)
+            source.next_seq = seq
+            source.synced = seq == 0
+            self._drain_pending(source)
+
+    def _repair(self, source: _Source) -> None:
+        if source.replay_endpoint is None:
+            self._skip_ahead(source)
+            return
+        assert source.next_seq is not None
+        source.snapshot_tried = False
+        self._request(source, "replay", [encode_seq(source.next_seq)])
+
+    def _drain_pending(self, source: _Source) -> None:
+        pending = source.pending
+        assert source.next_seq is not None
+        while source.next_seq in pending:
+            self._apply(source, pending.pop(source.next_seq))
+        for seq in [s for s in pending if s < source.next_seq]:
+            del pending[seq]
+
+    def _skip_ahead(self, source: _Source) -> None:
+        """Give up on a hole: jump to the held batches, and say the mirror is incomplete."""
+        while source.pending:
+            source.synced = False
+            source.next_seq = min(source.pending)
+            self._drain_pending(source)
+
+    def _on_reply(self, source: _Source, frames: list[bytes]) -> None:
+        if len(frames) != 4 or frames[0] != b"":
+            source.num_bad_messages += 1
+            return
+        _, head, seq_frame, payload = frames
+        if head == SNAPSHOT_REPLY:
+            if source.awaiting == "snapshot":
+                self._on_snapshot(source, seq_frame, payload)
+        elif seq_frame == END_OF_REPLAY and head == b"":
+            if source.awaiting == "replay":
+                self._on_end_of_replay(source)
+            elif source.awaiting == "snapshot":
+                # A publisher that does not know snapshot requests answers like this.
+                self._on_snapshot(source, END_OF_REPLAY, b"")
+        elif source.awaiting == "replay":
+            try:
+                seq = decode_seq(seq_frame)
+                assert source.next_seq is not None
+                if seq > source.next_seq:  # that batch is gone (dropped or out of the buffer)
+                    source.replay_hole = True
+                    if source.snapshot_unavailable:  # nothing better will come: jump
+                        source.synced = False
+                        source.next_seq = seq
+                if seq == source.next_seq:
+                    self._apply(source, decode_batch(payload).events)
+            except InvalidArgumentError as exc:
+                source.num_bad_messages += 1
+                logger.warning("bad replay message from %r: %s", source.publisher_id, exc)
+
+    def _on_end_of_replay(self, source: _Source) -> None:
+        source.awaiting = None
+        self._drain_pending(source)
+        if not source.pending and not source.replay_hole:
+            return
+        # The replay could not fill the hole: its batches left the buffer or were dropped.
+        if (
+            not source.snapshot_tried
+            and not source.snapshot_unavailable
+            and source.replay_endpoint is not None
+        ):
+            self._request(source, "snapshot", [SNAPSHOT_REQUEST])
+        else:
+            self._skip_ahead(source)
+
+    def _on_snapshot(self, source: _Source, seq_frame: bytes, payload: bytes) -> None:
+        source.awaiting = None
+        if seq_frame == END_OF_REPLAY:
+            source.snapshot_unavailable = True
+            if source.next_seq is None:
+                # Sync from the start of the stream, as far as the replay buffer has it.
+                source.next_seq = 0
+                source.synced = True
+                self.mirror.reset(source.publisher_id)
+                self._request(source, "replay", [encode_seq(0)])
+            else:
+                self._skip_ahead(source)
+            return
+        try:
+            next_seq = decode_seq(seq_frame)
+            stored = stored_from_snapshot_events(decode_batch(payload).events)
+        except InvalidArgumentError as exc:
+            source.num_bad_messages += 1
+            logger.warning("bad snapshot from %r: %s", source.publisher_id, exc)
+            self._skip_ahead(source)
+            return
+        self.mirror.reset(source.publisher_id)
+        self.mirror.apply(source.publisher_id, stored)
+        source.num_snapshots += 1
+        source.next_seq = next_seq
+        source.synced = True
+        self._drain_pending(source)
+        if source.pending:  # live batches after the snapshot went missing too
+            self._repair(source)

@@ -1,0 +1,45 @@
+"""Shared test fixtures: managers whose every call is followed by ``check_invariants()``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pagedkv import FullAttentionSpec, KVCacheManager
+
+
+class CheckedManager:
+    """Proxy over a KVCacheManager that walks all state after every method call."""
+
+    def __init__(self, mgr: KVCacheManager) -> None:
+        self.mgr = mgr
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.mgr, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            self.mgr.check_invariants()
+            return out
+
+        return call
+
+
+def full_spec(block_size: int = 4) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=8, dtype_bytes=2)
+
+
+@pytest.fixture
+def make_mgr() -> Callable[..., Any]:
+    def make(block_size: int = 4, num_blocks: int = 10, max_model_len: int = 1024,
+             **options: Any) -> Any:
+        mgr = KVCacheManager.from_spec(full_spec(block_size), num_blocks=num_blocks,
+                                       max_model_len=max_model_len, **options)
+        mgr.check_invariants()
+        return CheckedManager(mgr)
+
+    return make
