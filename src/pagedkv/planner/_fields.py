@@ -109,7 +109,7 @@ class ConfigFields:
                 raise self.error(key, f"expected an integer, got {value!r}")
         if value < minimum:
             raise self.error(key, f"expected an integer >= {minimum}, got {value!r}")
-        return value
+        return int(value)
 
     def get_bool(self, key: str, default: bool) -> bool:
         """The boolean at ``key``, or ``default`` when absent or null."""

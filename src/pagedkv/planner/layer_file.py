@@ -137,7 +137,7 @@ def parse_layer_file(
         if not isinstance(entry, Mapping):
             raise InputFileError(source, f"expected an object, got {entry!r}", key=key)
         kind = entry.get("kind")
-        if kind not in _KIND_TO_CLASS:
+        if not isinstance(kind, str) or kind not in _KIND_TO_CLASS:
             raise InputFileError(
                 source, f"kind {kind!r} is not one of {', '.join(_KIND_TO_CLASS)}", key=key
             )
@@ -193,9 +193,9 @@ def parse_layer_file(
         raise InputFileError(source, f"expected a positive integer, got {max_len!r}",
                              key="max_position_embeddings")
     name = data.get("name", Path(source).stem)
-    spec = ModelSpec(
+    model = ModelSpec(
         name=str(name), model_type="layer-spec file", tp_size=1, kv_dtype="as given",
         layer_specs=tuple(layer_specs), num_hidden_layers=len(layer_specs),
         max_position_embeddings=max_len,
     )
-    return LayerFileModel(spec=spec, num_parameters=num_parameters, weight_dtype=weight_dtype)
+    return LayerFileModel(spec=model, num_parameters=num_parameters, weight_dtype=weight_dtype)

@@ -500,8 +500,7 @@ def plan_kv_cache(
         isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec)
         for s in layer_to_spec.values()
     ):
-        notes.append("hybrid allocator off: sliding-window and chunked layers are costed "
-                     "as full attention")
+        notes.append("sliding-window and chunked layers costed as full attention")
     if unification is not None:
         if unification.block_size != unification.requested_block_size:
             notes.append(
