@@ -23,7 +23,9 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_HARNESS = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "bench", "vllm_compare"))
+DEFAULT_HARNESS = os.path.normpath(
+    os.path.join(HERE, "..", "..", "shared", "bench", "vllm_compare")
+)
 
 _HASH_ALGOS = {
     "sha256": "sha256_cbor",

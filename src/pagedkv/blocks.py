@@ -18,7 +18,7 @@ blocks with a hash go to the back (``append_n``), freed blocks without one to th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 __all__ = ["FreeBlockQueue"]
 
@@ -131,7 +131,7 @@ class FreeBlockQueue:
         prv[first] = prev_b
         self.num_free += len(ids)
 
-    def __iter__(self) -> Iterable[int]:
+    def __iter__(self) -> Iterator[int]:
         """Iterate ids front to back (O(n); for tests and snapshots, not the hot path)."""
         nxt = self._next
         b = nxt[self._head]
@@ -142,7 +142,7 @@ class FreeBlockQueue:
 
     def to_list(self) -> list[int]:
         """Ids front to back. O(n)."""
-        return list(iter(self))  # type: ignore[call-overload]
+        return list(iter(self))
 
     def check_invariants(self) -> list[int]:
         """Walk the list both ways; assert the links agree and the count is right.

@@ -22,7 +22,6 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.sim.cli",
     "pagedkv.planner.cli",
     "pagedkv.bench",
-    "pagedkv.demo",
 )
 
 

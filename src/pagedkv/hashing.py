@@ -158,14 +158,15 @@ def _encode_tokens(tokens: Sequence[int]) -> bytes:
     """Canonical CBOR array of non-negative token ids."""
     table = _token_table or _build_token_table()
     try:
-        return _head(4, len(tokens)) + b"".join([table[t] for t in tokens])
+        # A negative id would index the table from its end: reject it explicitly.
+        if min(tokens, default=0) >= 0:
+            return _head(4, len(tokens)) + b"".join([table[t] for t in tokens])
     except (IndexError, TypeError):
-        for t in tokens:
-            if not isinstance(t, int) or t < 0:
-                raise InvalidArgumentError(
-                    f"token ids must be non-negative ints, got {t!r}"
-                ) from None
-        return canonical_cbor(list(tokens))
+        pass
+    for t in tokens:
+        if not isinstance(t, int) or t < 0:
+            raise InvalidArgumentError(f"token ids must be non-negative ints, got {t!r}")
+    return canonical_cbor(list(tokens))
 
 
 # ---------------------------------------------------------------- hash functions

@@ -318,7 +318,8 @@ class KVCacheManager:
         new_blocks = []
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(rid, hit[g], total_computed)
-            new_blocks.append(m.allocate_new_blocks(rid, m.slots_needed(num_tokens, num_encoder_tokens)))
+            slots = m.slots_needed(num_tokens, num_encoder_tokens)
+            new_blocks.append(m.allocate_new_blocks(rid, slots))
 
         if self.enable_caching and not delay_caching:
             num_cache = min(total_computed + num_new_tokens, request.num_tokens)

@@ -268,7 +268,7 @@ class BlockPool:
             return
         h = request.block_hashes[num_tokens // self.hash_block_size - 1]
         index = self.index[group]
-        if index.get(h) == block or h in self._dups[group] and block in self._dups[group][h]:
+        if index.get(h) == block or (h in self._dups[group] and block in self._dups[group][h]):
             return
         if self.block_hash[block] is None:
             self.block_hash[block] = h
@@ -343,8 +343,8 @@ class BlockPool:
             return False
         for d in self.index:
             d.clear()
-        for d in self._dups:
-            d.clear()
+        for dups in self._dups:
+            dups.clear()
         self._secondary.clear()
         self.block_hash = [None] * self.num_blocks
         if self.events is not None:
@@ -461,7 +461,7 @@ class BlockPool:
             "ref_cnt": list(self.ref_cnt),
             "block_hash": list(self.block_hash),
             "block_group": [g if h is not None else None
-                            for g, h in zip(self.block_group, self.block_hash)],
+                            for g, h in zip(self.block_group, self.block_hash, strict=True)],
             "free_queue": self.free_queue.to_list(),
             "index": [dict(d) for d in self.index],
             "duplicates": [{h: list(v) for h, v in d.items()} for d in self._dups],
@@ -495,11 +495,11 @@ class BlockPool:
                     registered.add((g, h, b))
         expected: set[tuple[int, bytes, int]] = set()
         for b in range(1, self.num_blocks):
-            h = self.block_hash[b]
-            if h is not None:
-                expected.add((self.block_group[b], h, b))
+            primary = self.block_hash[b]
+            if primary is not None:
+                expected.add((self.block_group[b], primary, b))
             for g2, h2 in self._secondary.get(b, ()):
-                assert h is not None, f"block {b} has secondary keys but no primary hash"
+                assert primary is not None, f"block {b} has secondary keys but no primary hash"
                 expected.add((g2, h2, b))
         assert registered == expected, (
             f"index and block hashes disagree: {len(registered ^ expected)} entries differ"

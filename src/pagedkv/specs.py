@@ -269,7 +269,8 @@ class MambaSpec(KVCacheSpec):
         KVCacheSpec.__post_init__(self)
         _positive("state_bytes", self.state_bytes)
         _positive("page_size_padded_bytes", self.page_size_padded_bytes, allow_none=True)
-        if self.page_size_padded_bytes is not None and self.page_size_padded_bytes < self.state_bytes:
+        padded = self.page_size_padded_bytes
+        if padded is not None and padded < self.state_bytes:
             raise InvalidArgumentError(
                 f"page_size_padded_bytes ({self.page_size_padded_bytes}) is smaller than "
                 f"state_bytes ({self.state_bytes}); padding can only grow a page"

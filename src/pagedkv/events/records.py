@@ -7,7 +7,7 @@ unsigned 64-bit ints routers expect.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 __all__ = [
     "MEDIUM_CPU",
@@ -55,4 +55,4 @@ class AllBlocksCleared(NamedTuple):
     """The whole prefix index was reset."""
 
 
-KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared

@@ -47,7 +47,7 @@ def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
         InvalidArgumentError: no manager serves this kind of spec.
     """
     for t in type(spec).__mro__:
-        cls = _REGISTRY.get(t)  # type: ignore[arg-type]
+        cls = _REGISTRY.get(t)
         if cls is not None:
             return cls
     raise InvalidArgumentError(f"no KV-cache manager is registered for {type(spec).__name__}")

@@ -1,0 +1,34 @@
+"""The public surface is curated: pin it so additions are deliberate."""
+
+from __future__ import annotations
+
+import pagedkv
+
+EXPECTED = [
+    "AllBlocksCleared", "BlockHasher", "BlockRemoved", "BlockStored", "CacheConfig",
+    "ChunkedLocalAttentionSpec", "ComputedBlocks", "ConfigError", "CrossAttentionSpec",
+    "FullAttentionSpec", "InputFileError", "InsufficientMemoryError", "InvalidArgumentError",
+    "KVCacheEvent", "KVCacheManager", "KVCacheSpec", "LoRA", "MLAAttentionSpec", "MambaSpec",
+    "MissingDependencyError", "MultiModalItem", "PagedKVError", "PrefixCacheStats", "Request",
+    "RequestLike", "SinkFullAttentionSpec", "SlidingWindowSpec", "SpecMergeError",
+    "UnknownRequestError", "UnsupportedModelError", "__version__",
+]
+
+
+def test_public_api_is_pinned_and_sorted() -> None:
+    assert pagedkv.__all__ == EXPECTED
+    assert sorted(pagedkv.__all__, key=str.lower) == [
+        n for n in sorted(EXPECTED, key=str.lower)
+    ]
+    for name in pagedkv.__all__:
+        assert hasattr(pagedkv, name), name
+
+
+def test_error_tree() -> None:
+    assert issubclass(pagedkv.InvalidArgumentError, ValueError)
+    assert issubclass(pagedkv.UnknownRequestError, KeyError)
+    assert issubclass(pagedkv.MissingDependencyError, ImportError)
+    for name in ("InvalidArgumentError", "UnknownRequestError", "ConfigError",
+                 "InputFileError", "MissingDependencyError", "SpecMergeError",
+                 "InsufficientMemoryError", "UnsupportedModelError"):
+        assert issubclass(getattr(pagedkv, name), pagedkv.PagedKVError)

@@ -1,0 +1,128 @@
+"""Block hashing: the acceptance vectors, canonical CBOR, extra keys, stability."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pagedkv import BlockHasher, InvalidArgumentError, LoRA, MissingDependencyError, Request
+from pagedkv.hashing import canonical_cbor
+
+SEED = "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+H1234 = "58d0879dff3800f65f8c5fd449d73048c0f7699dd238a03b84b146b151d55111"
+H5678 = "e1bc29393a2da9fd798f35ff04d215f846aee6df4b803ce3d43b57df56b58fb1"
+H1234_SALT = "6b34eefae052446391748e3de039648a84a16ca73963c333b538b6b0f92cc3f8"
+
+
+def test_acceptance_vectors() -> None:
+    h = BlockHasher(4)
+    assert h.seed.hex() == SEED
+    first = h.hash_block(h.seed, [1, 2, 3, 4])
+    assert first.hex() == H1234
+    assert h.hash_block(first, [5, 6, 7, 8]).hex() == H5678
+    assert h.hash_block(h.seed, [1, 2, 3, 4], [["cache_salt", "s1"]]).hex() == H1234_SALT
+
+
+def test_request_hashes_incrementally_and_matches_vectors() -> None:
+    h = BlockHasher(4)
+    req = Request("r", [1, 2, 3, 4, 5, 6], hasher=h)
+    assert [x.hex() for x in req.block_hashes] == [H1234]
+    req.append_output_tokens(7)
+    assert len(req.block_hashes) == 1
+    req.append_output_tokens([8, 9])
+    assert [x.hex() for x in req.block_hashes] == [H1234, H5678]
+    salted = Request("s", [1, 2, 3, 4, 5, 6, 7, 8], hasher=h, cache_salt="s1")
+    assert salted.block_hashes[0].hex() == H1234_SALT
+    # The salt applies to the first block only, but the chain carries it on.
+    assert salted.block_hashes[1] != req.block_hashes[1]
+
+
+def test_caller_supplied_hashes_are_kept_and_the_chain_continues() -> None:
+    h = BlockHasher(4)
+    given_hashes = [b"\x01" * 32]
+    req = Request("r", [0] * 6, hasher=h, block_hashes=given_hashes)
+    assert req.block_hashes == given_hashes
+    req.append_output_tokens([5, 6])
+    assert req.block_hashes[1] == h.hash_block(given_hashes[0], [0, 0, 5, 6])
+
+
+def test_digest_does_not_depend_on_process_or_hash_seed() -> None:
+    code = (
+        "from pagedkv import BlockHasher; h = BlockHasher(4);"
+        "print(h.hash_block(h.seed, [1, 2, 3, 4], [['lora', 'x'], ['mm', 'img', -2]]).hex())"
+    )
+    outs = set()
+    for seed in ("0", "1", "random"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                capture_output=True, text=True).stdout)
+    assert len(outs) == 1
+
+
+def test_secret_seed_changes_every_hash() -> None:
+    plain = BlockHasher(4)
+    secret = BlockHasher(4, secret_seed=b"deployment-secret")
+    assert secret.seed != plain.seed
+    assert secret.hash_block(secret.seed, [1, 2, 3, 4]) != plain.hash_block(plain.seed,
+                                                                            [1, 2, 3, 4])
+
+
+def test_extra_keys_separate_otherwise_equal_blocks() -> None:
+    h = BlockHasher(4)
+    tokens = [0] * 8
+    plain = Request("a", tokens, hasher=h).block_hashes
+    lora = Request("b", tokens, hasher=h, lora=LoRA("x", 1)).block_hashes
+    embeds_1 = Request("c", tokens, hasher=h, prompt_embeds=[b"e1"] * 8).block_hashes
+    embeds_2 = Request("d", tokens, hasher=h, prompt_embeds=[b"e2"] * 8).block_hashes
+    assert len({plain[0], lora[0], embeds_1[0], embeds_2[0]}) == 4
+
+
+def test_xxhash_option() -> None:
+    pytest.importorskip("xxhash")
+    h = BlockHasher(4, algo="xxhash_cbor")
+    assert len(h.seed) == 16
+    assert h.hash_block(h.seed, [1, 2, 3, 4]) != h.hash_block(h.seed, [1, 2, 3, 5])
+
+
+def test_xxhash_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xxhash", None)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'pagedkv\[fast\]'"):
+        BlockHasher(4, algo="xxhash_cbor")
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(InvalidArgumentError, match="unknown hash algorithm"):
+        BlockHasher(4, algo="md5")
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        BlockHasher(2).hash_block(b"", [1, -1])
+    with pytest.raises(InvalidArgumentError, match="cannot CBOR-encode"):
+        canonical_cbor(object())
+
+
+cbor_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.text(max_size=5)
+    | st.binary(max_size=5) | st.floats(allow_nan=False),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=3), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(cbor_values)
+def test_canonical_cbor_matches_cbor2(value: object) -> None:
+    cbor2 = pytest.importorskip("cbor2")
+    assert canonical_cbor(value) == cbor2.dumps(value, canonical=True)
+
+
+@given(st.lists(st.integers(0, 2**20), min_size=4, max_size=4))
+def test_token_fast_path_matches_generic_encoding(tokens: list[int]) -> None:
+    h = BlockHasher(4)
+    import hashlib
+
+    expected = hashlib.sha256(canonical_cbor([h.seed, tokens, None])).digest()
+    assert h.hash_block(h.seed, tokens) == expected
