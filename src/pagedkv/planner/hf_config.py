@@ -683,10 +683,10 @@ def _mamba2_state_elements(
     (kernel - 1)`` plus SSM state ``heads/tp x head_dim x d_state``. Groups that TP cannot
     split are replicated up to ``tp`` (as the reference implementation does for one group).
     """
+    heads = _split_dim(ctx, "mamba_num_heads", num_heads)
     if n_groups % ctx.tp_size:
         n_groups = ctx.tp_size
     conv_dim = _split_dim(ctx, "the Mamba-2 conv dimension", inner + 2 * n_groups * d_state)
-    heads = _split_dim(ctx, "mamba_num_heads", num_heads)
     return conv_dim * (conv_kernel - 1) + heads * head_dim * d_state
 
 
