@@ -152,3 +152,14 @@ def test_usage_errors_exit_2(run_plan: RunPlan, argv: list[str],
         run_plan(*argv)
     assert info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_compare_shows_an_unchanged_layout_once(run_plan: RunPlan) -> None:
+    code, out, _ = run_plan("AI21-Jamba-1.5-Mini", "--kv-cache-memory", "10GiB",
+                            "--max-model-len", "32768", "--compare-hybrid", "--brief")
+    assert code == 0 and out.count("Groups (hybrid on = hybrid off)") == 1
+    assert out.count("grown from 16 to 80") == 1
+    code, out, _ = run_plan("Gemma-3-27B-it", "--kv-cache-memory", "20GiB",
+                            "--max-model-len", "32768", "--compare-hybrid", "--brief")
+    assert "Groups (hybrid on)" in out and "Groups (hybrid off)" in out
+    assert "hybrid off: sliding-window and chunked layers costed as full attention" in out

@@ -363,16 +363,25 @@ def _sections(report: _Report, *, brief: bool) -> list[_Table]:
             title="Plan", headers=("", *(label for label, _ in report.plans)),
             rows=tuple((key, *(col.get(key, "") for col in columns)) for key in keys),
         ))
-    for label, plan in report.plans:
-        suffix = f" ({label})" if len(report.plans) > 1 else ""
-        if plan.groups:
-            tables.append(_groups_table(plan, f"Groups{suffix}"))
-            if not brief:
-                tables.append(_layers_table(plan, f"Layer -> group -> tensor{suffix}"))
+    labels = [label for label, _ in report.plans]
+    shown: list[KVCachePlan] = []
+    for _, plan in report.plans:
+        if not plan.groups or any(p.groups == plan.groups and p.tensors == plan.tensors
+                                  for p in shown):
+            continue  # the same layout was already shown
+        same = [lb for lb, p in report.plans if (p.groups, p.tensors) == (plan.groups,
+                                                                            plan.tensors)]
+        suffix = f" ({' = '.join(same)})" if len(labels) > 1 else ""
+        shown.append(plan)
+        tables.append(_groups_table(plan, f"Groups{suffix}"))
+        if not brief:
+            tables.append(_layers_table(plan, f"Layer -> group -> tensor{suffix}"))
     notes = list(report.notes)
+    everywhere = set.intersection(*(set(plan.notes) for _, plan in report.plans))
+    notes.extend(note for note in report.plans[0][1].notes if note in everywhere)
     for label, plan in report.plans:
-        prefix = f"{label}: " if len(report.plans) > 1 else ""
-        notes.extend(prefix + note for note in plan.notes)
+        prefix = f"{label}: " if len(labels) > 1 else ""
+        notes.extend(prefix + note for note in plan.notes if note not in everywhere)
     if notes:
         tables.append(_Table(title="Notes", headers=None,
                              rows=tuple(("-", note) for note in notes)))
