@@ -62,36 +62,86 @@ class UnitaryCoordinator(Coordinator):
 
 
 class HybridCoordinator(Coordinator):
-    """Several groups: the longest hit valid for all of them, found as a fixed point."""
+    """Several groups: the longest hit valid for all of them, found as a fixed point.
+
+    Lengths are kept multiples of ``lcm_block_size`` (the least common multiple of the
+    group block sizes) so every group's hit ends on one of its own block boundaries.
+
+    1. Full-attention groups (MLA and sinks included) go first. Their hit is downward
+       closed (any shorter block-aligned prefix of a hit is a hit), so each is looked up
+       once and later only truncated. The candidate length ``C`` becomes the shortest of
+       their hits, rounded down to the lcm.
+    2. Every other group is asked for its hit within ``C``; a shorter answer lowers ``C``
+       (rounded down to the lcm) and the pass repeats until one pass changes nothing.
+       ``C`` only decreases, so this ends. Windowed hits are not downward closed (a
+       sliding-window hit of 80 tokens says nothing about 64), which is why they are asked
+       again rather than truncated.
+
+    Worked case: full attention (block 32) + sliding window 32 (block 16), hashes at 16,
+    lcm 32, a 129-token prompt whose first 128 tokens are cached except sliding-window
+    blocks 5 and 6 (tokens 80..111): full attention hits 128; sliding window within 128
+    scans blocks 7, 6 (miss), 5 (miss), 4, 3 -> run ``b3 b4``, 80 tokens; C = 64; full
+    attention truncates to 2 blocks; sliding window within 64 -> ``[0, 0, b2, b3]``, 64;
+    stable: 4 x 16 tokens, not 5 x 16.
+
+    Speculative decoding (``drop_last_hit``): each manager's rule already drops its last
+    hit block (its answer is at most its bound minus one block), so a group is asked
+    within ``min(C + block_size, max_length)``: it looks one block past ``C`` and drops
+    it, landing at ``C`` when the block after ``C`` matched. Asking within ``C`` instead
+    would drop one block per pass and shrink every hit to 0.
+
+    A group that can never hit (Mamba without checkpoints, cross attention) makes every
+    lookup miss, without any lookup.
+    """
 
     def __init__(self, managers: Sequence[SingleTypeManager]) -> None:
         super().__init__(managers)
-        # Full attention first: its hit is a plain prefix, the best starting bound.
-        self._order = sorted(
-            range(len(self.managers)),
-            key=lambda i: not isinstance(self.managers[i], FullAttentionManager),
-        )
         self.lcm_block_size = lcm_block_size([m.spec for m in self.managers])
+        self._full = [i for i, m in enumerate(self.managers)
+                      if isinstance(m, FullAttentionManager)]
+        self._others = [i for i, m in enumerate(self.managers)
+                        if not isinstance(m, FullAttentionManager)]
+        self._never_hits = any(not m.cacheable for m in self.managers)
+        self._drop = [m.drop_last_hit for m in self.managers]
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
     ) -> tuple[tuple[list[int], ...], int]:
+        """Per-group hit blocks and the common hit length (class docstring). Does not
+        modify any state. Cost: one scan per full-attention group, plus one scan per other
+        group and pass; passes are few (each one lowers the length by at least the lcm)."""
+        managers = self.managers
+        if self._never_hits:
+            return tuple([] for _ in managers), 0
         lcm = self.lcm_block_size
+        drop = self._drop
         length = max_length // lcm * lcm
-        hits: list[list[int]] = [[] for _ in self.managers]
-        while True:
+        hits: list[list[int]] = [[] for _ in managers]
+        for i in self._full:
+            m = managers[i]
+            bound = min(length + m.block_size, max_length) if drop[i] else length
+            blocks = m.find_longest_cache_hit(block_hashes, bound)
+            hits[i] = blocks
+            got = len(blocks) * m.block_size
+            if got < length:
+                length = got // lcm * lcm
+        changed = True
+        while changed and length:
             changed = False
-            for i in self._order:
-                m = self.managers[i]
-                blocks = m.find_longest_cache_hit(block_hashes, length)
+            for i in self._others:
+                m = managers[i]
+                bound = min(length + m.block_size, max_length) if drop[i] else length
+                blocks = m.find_longest_cache_hit(block_hashes, bound)
                 hits[i] = blocks
                 got = len(blocks) * m.block_size
                 if got < length:
                     length = got // lcm * lcm
                     changed = True
-            if not changed:
-                break
-        out = tuple(
-            hits[i][: length // m.block_size] for i, m in enumerate(self.managers)
-        )
-        return out, length
+        if not length:
+            return tuple([] for _ in managers), 0
+        for i in self._full:
+            m = managers[i]
+            del hits[i][length // m.block_size :]
+        for i in self._others:
+            assert len(hits[i]) * managers[i].block_size == length, "hybrid hit not stable"
+        return tuple(hits), length

@@ -305,7 +305,7 @@ class KVCacheManager:
             if m.drops_blocks:
                 num_freed += m.num_skipped_blocks_to_free(rid, num_computed)
             num_needed += m.get_num_blocks_to_allocate(
-                rid, m.slots_needed(num_tokens, num_encoder_tokens), hit[g]
+                rid, m.slots_needed(num_tokens, num_encoder_tokens), hit[g], total_computed
             )
         if num_needed > pool.free_queue.num_free + num_freed:
             return None
@@ -313,8 +313,10 @@ class KVCacheManager:
         for m in self._droppers:
             m.remove_skipped_blocks(rid, num_computed)
         if new_computed_blocks and self.enable_caching:
-            for ids in hit:
-                pool.touch(ids)
+            # Claim every group's hit before any group allocates: an allocation takes
+            # blocks from the front of the free queue and would evict an unclaimed hit.
+            for g, m in enumerate(managers):
+                pool.touch(m.claimed_hit_blocks(hit[g], total_computed))
         new_blocks = []
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(rid, hit[g], total_computed)
@@ -459,9 +461,8 @@ class KVCacheManager:
             ids = set(m.req_to_blocks)
             assert tracked is None or ids == tracked, "groups track different requests"
             tracked = ids
-            for blocks in m.req_to_blocks.values():
-                for b in blocks:
-                    counts[b] += 1
+            for b in m.iter_held_blocks():
+                counts[b] += 1
         for b in range(1, pool.num_blocks):
             assert pool.ref_cnt[b] == counts[b], (
                 f"block {b}: ref count {pool.ref_cnt[b]}, held by {counts[b]} block tables"

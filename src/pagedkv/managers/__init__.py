@@ -2,15 +2,44 @@
 
 Each manager class declares the spec classes it serves; :func:`manager_class_for` picks the
 class for a spec (the most specific registered base wins), so adding an attention kind means
-adding one class with ``@register_manager`` and nothing else.
+adding one class with ``@register_manager`` and importing its module here.
+
+=====================  ==========================  ==========================================
+spec                   manager                     lookup / skipped blocks
+=====================  ==========================  ==========================================
+full, MLA              FullAttentionManager        left-to-right prefix / none
+full with sinks        SinkFullAttentionManager    as full; plus per-request sink blocks
+sliding window         SlidingWindowManager        right-to-left window run / before window
+chunked local          ChunkedLocalManager         nulls + current chunk / earlier chunks
+Mamba                  MambaManager                never hits / one state block
+Mamba + checkpoints    MambaCheckpointManager      deepest checkpoint / finished checkpoints
+cross attention        CrossAttentionManager       never hits / encoder blocks held once
+=====================  ==========================  ==========================================
 """
 
-from pagedkv.managers.base import SingleTypeManager, manager_class_for, register_manager
+from pagedkv.managers.base import (
+    SingleTypeManager,
+    SkippingManager,
+    manager_class_for,
+    register_manager,
+)
+from pagedkv.managers.chunked_local import ChunkedLocalManager
+from pagedkv.managers.cross_attention import CrossAttentionManager
 from pagedkv.managers.full import FullAttentionManager
+from pagedkv.managers.mamba import MambaCheckpointManager, MambaManager
+from pagedkv.managers.sinks import SinkFullAttentionManager
+from pagedkv.managers.sliding_window import SlidingWindowManager
 
 __all__ = [
+    "ChunkedLocalManager",
+    "CrossAttentionManager",
     "FullAttentionManager",
+    "MambaCheckpointManager",
+    "MambaManager",
     "SingleTypeManager",
+    "SinkFullAttentionManager",
+    "SkippingManager",
+    "SlidingWindowManager",
     "manager_class_for",
     "register_manager",
 ]

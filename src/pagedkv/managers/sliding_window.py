@@ -1,0 +1,81 @@
+"""Sliding-window attention: a token reads itself and the ``w - 1`` tokens before it.
+
+Skipped prefix: with ``c`` tokens computed, the next token (index ``c``) reads tokens
+``c - w + 1 .. c``, so the first ``max(0, c - w + 1)`` tokens are never read again and every
+block wholly inside them becomes the null block.
+
+Lookup: a hit of ``H`` tokens needs the ``w - 1`` tokens before ``H``, i.e. the
+``n = ceil((w - 1) / block_size)`` blocks ending at ``H``, and nothing before them. So the
+hashes are scanned right to left for the rightmost run of ``n`` consecutive cached blocks;
+blocks before the run are null. If no such run exists, a run that starts at block 0 still
+counts (there is nothing before it to need).
+
+Worked cases (window 8, block size 4 -> n = ceil(7 / 4) = 2):
+
+* 4 cached blocks ``b5 b6 b7 b8`` for tokens 0..15, ``max_length`` 16: the run ``b7 b8``
+  ends at block 3 -> ``[0, 0, b7, b8]``, 16 tokens.
+* cached ``b5 _ b7 _``: no run of 2; the run from block 0 is ``b5`` -> ``[b5]``, 4 tokens.
+* speculative decoding (``drop_last_hit``): a run of n + 1 = 3 is needed and its last
+  block dropped, so the block after the hit is known to match too: ``b6 b7 b8`` ->
+  ``[0, b6, b7]``, 12 tokens.
+
+Admission: after skipping, a request holds the window, one scheduling step and one block
+of misalignment: ``SlidingWindowSpec.max_admission_blocks``.
+"""
+
+from __future__ import annotations
+
+from pagedkv.managers.base import SkippingManager, register_manager
+from pagedkv.pool import BlockPool
+from pagedkv.specs import SlidingWindowSpec, cdiv
+
+__all__ = ["SlidingWindowManager"]
+
+
+@register_manager(SlidingWindowSpec)
+class SlidingWindowManager(SkippingManager):
+    """Sliding-window groups. No cascade attention (leading blocks are null)."""
+
+    def __init__(
+        self, spec: SlidingWindowSpec, pool: BlockPool, group: int, *, drop_last_hit: bool = False
+    ) -> None:
+        super().__init__(spec, pool, group, drop_last_hit=drop_last_hit)
+        self.sliding_window = spec.sliding_window
+        #: Consecutive cached blocks a hit must end with (one more with drop_last_hit).
+        self.num_run_blocks = cdiv(spec.sliding_window - 1, spec.block_size) + int(drop_last_hit)
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``max(0, c - w + 1)``: window 8, 13 computed -> 6 (tokens 0..5)."""
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """Rightmost run of ``num_run_blocks`` cached blocks ending within ``max_length``
+        tokens, null blocks before it; else the cached run from block 0. With
+        ``drop_last_hit`` the run's last block is then dropped. Does not modify any state.
+        O(blocks scanned) dict lookups: at worst every block up to ``max_length``."""
+        hashes = self.group_hashes(block_hashes)
+        num_blocks = min(max_length // self.block_size, len(hashes))
+        need = self.num_run_blocks
+        if need == 0:
+            # Window 1: a token reads only itself, every earlier block is skippable.
+            return [0] * num_blocks
+        get = self.pool.index[self.group].get
+        run: list[int] = []  # the current run, right to left
+        out: list[int] | None = None
+        for i in range(num_blocks - 1, -1, -1):
+            b = get(hashes[i])
+            if b is None:
+                run.clear()
+                continue
+            run.append(b)
+            if len(run) == need:
+                run.reverse()
+                out = [0] * i
+                out.extend(run)
+                break
+        if out is None:
+            run.reverse()  # the run that reached block 0 (possibly empty)
+            out = run
+        if self.drop_last_hit and out:
+            out.pop()
+        return out
