@@ -11,8 +11,8 @@ pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 
 import zmq
-from conftest import FakeEngine
 
+from conftest import FakeEngine
 from pagedkv.events import MEDIUM_GPU, BlockStored
 from pagedkv.events.snapshot import SNAPSHOT_REPLY, SNAPSHOT_REQUEST, stored_from_snapshot_events
 from pagedkv.events.subscriber import index_counts
@@ -28,11 +28,23 @@ def converge(engine, publisher, subscriber, publisher_id="p0", timeout_s=5.0):
     while time.monotonic() < deadline:
         publisher.publish(engine.take_events())
         subscriber.poll(0.01)
-        if subscriber.mirror.blocks(publisher_id) == want and not subscriber.status(
-            publisher_id
-        ).repairing:
+        if (
+            subscriber.mirror.blocks(publisher_id) == want
+            and not subscriber.status(publisher_id).repairing
+        ):
             return True
     return False
+
+
+def wait_until_sent(publisher, timeout_s=2.0):
+    """Wait until the sender thread has put every accepted batch on the wire."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = publisher.stats
+        if stats.num_sent_batches + stats.num_dropped_batches >= stats.next_seq:
+            return
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.002)
 
 
 def follow(subscriber, publisher, publisher_id="p0", **kwargs):
@@ -72,7 +84,10 @@ def test_late_joiner_catches_up_by_snapshot(rng, make_publisher, make_subscriber
         engine.random_step()
         engine.store()
         publisher.publish(engine.take_events())
-    assert len(engine.copies) > 50
+    for _ in range(20):  # whatever the random run did last, the index is not empty
+        engine.store()
+    publisher.publish(engine.take_events())
+    assert len(engine.copies) >= 20
     subscriber = make_subscriber()
     follow(subscriber, publisher)
     for _ in range(30):
@@ -85,34 +100,113 @@ def test_late_joiner_catches_up_by_snapshot(rng, make_publisher, make_subscriber
     assert status.next_seq == publisher.stats.next_seq
 
 
-def test_missed_batches_are_repaired_by_replay(rng, make_publisher, make_subscriber):
-    engine = FakeEngine(rng, block_size=512)  # big payloads overflow socket buffers fast
-    publisher = make_publisher(snapshot_fn=engine.snapshot, topic=TOPIC, hwm=1)
-    subscriber = make_subscriber(rcvhwm=1)
-    follow(subscriber, publisher)
-    assert converge(engine, publisher, subscriber)
-    for _ in range(5):  # bursts while the subscriber does not read, until it lost some
-        for _ in range(1500):
-            engine.store(num_blocks=2)
-            publisher.publish(engine.take_events())
-        deadline = time.monotonic() + 2.0
-        while publisher.stats.num_sent_batches < publisher.stats.next_seq:
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        subscriber.poll(0.05)
-        if subscriber.status("p0").num_gaps:
-            break
+class LossyLink:
+    """A forwarder on 127.0.0.1 between publisher and subscriber that loses chosen batches.
+
+    Pumped by the test thread (no thread of its own): subscriptions go upstream, batches
+    downstream unless their sequence number is in ``lose``.
+    """
+
+    def __init__(self, publisher_endpoint):
+        self.context = zmq.Context()
+        self.upstream = self.context.socket(zmq.XSUB)
+        self.upstream.connect(publisher_endpoint)
+        self.downstream = self.context.socket(zmq.XPUB)
+        self.downstream.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.downstream.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.lose: set[int] = set()
+        self.num_lost = 0
+
+    def pump(self):
+        while self.downstream.poll(0):
+            self.upstream.send_multipart(self.downstream.recv_multipart())
+        while self.upstream.poll(0):
+            frames = self.upstream.recv_multipart()
+            if decode_seq(frames[1]) in self.lose:
+                self.num_lost += 1
+            else:
+                self.downstream.send_multipart(frames)
+
+    def close(self):
+        self.upstream.close(linger=0)
+        self.downstream.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+def lossy_link():
+    links = []
+
+    def make(endpoint):
+        links.append(LossyLink(endpoint))
+        return links[-1]
+
+    yield make
+    for link in links:
+        link.close()
+
+
+def run_through_link(engine, publisher, subscriber, link, num_steps):
+    for _ in range(num_steps):
+        engine.random_step()
+        engine.store()
+        publisher.publish(engine.take_events())
+        link.pump()
+        subscriber.poll(0.001)
+
+
+def converge_through_link(engine, publisher, subscriber, link, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    want = index_counts(engine.snapshot())
+    while time.monotonic() < deadline:
+        publisher.publish(engine.take_events())
+        link.pump()
+        subscriber.poll(0.005)
+        if subscriber.mirror.blocks("p0") == want and not subscriber.status("p0").repairing:
+            return True
+    return False
+
+
+def test_missed_batches_are_repaired_by_replay(rng, make_publisher, make_subscriber, lossy_link):
+    engine = FakeEngine(rng)
+    publisher = make_publisher(snapshot_fn=engine.snapshot, topic=TOPIC)
+    link = lossy_link(publisher.last_endpoint)
+    subscriber = make_subscriber(idle_probe_s=None)
+    subscriber.add_publisher(
+        "p0", link.endpoint, replay_endpoint=publisher.last_replay_endpoint, topic=TOPIC
+    )
+    assert converge_through_link(engine, publisher, subscriber, link)
+    first = publisher.stats.next_seq
+    link.lose = {first + 10, first + 11, first + 12, first + 40}
+    run_through_link(engine, publisher, subscriber, link, 80)
+    assert converge_through_link(engine, publisher, subscriber, link)
+    assert link.num_lost == 4
     status = subscriber.status("p0")
-    assert status.num_gaps >= 1 and status.num_replay_requests >= 1
-    assert converge(engine, publisher, subscriber, timeout_s=8.0)
-    status = subscriber.status("p0")
-    assert status.synced
+    assert status.synced and status.num_gaps == 2 and status.num_replay_requests == 2
     assert status.num_snapshots == 1  # only the initial sync: replay did the repair
+    assert status.next_seq == publisher.stats.next_seq
 
 
-def test_dropped_batches_are_counted_and_repaired_by_snapshot(
-    rng, make_publisher, make_subscriber
-):
+def test_lost_tail_is_found_by_the_idle_probe(rng, make_publisher, make_subscriber, lossy_link):
+    engine = FakeEngine(rng)
+    publisher = make_publisher(snapshot_fn=engine.snapshot, topic=TOPIC)
+    link = lossy_link(publisher.last_endpoint)
+    subscriber = make_subscriber(idle_probe_s=0.1)
+    subscriber.add_publisher(
+        "p0", link.endpoint, replay_endpoint=publisher.last_replay_endpoint, topic=TOPIC
+    )
+    assert converge_through_link(engine, publisher, subscriber, link)
+    first = publisher.stats.next_seq
+    link.lose = set(range(first + 20, first + 30))  # the last ten batches before a pause
+    run_through_link(engine, publisher, subscriber, link, 30)
+    assert subscriber.status("p0").num_gaps == 0  # nothing after the loss reveals it
+    assert converge_through_link(engine, publisher, subscriber, link)
+    status = subscriber.status("p0")
+    assert status.synced and status.next_seq == publisher.stats.next_seq
+    assert status.num_snapshots == 1 and status.num_replay_requests >= 1
+
+
+def test_dropped_batches_are_counted_and_repaired_by_snapshot(rng, make_publisher, make_subscriber):
     engine = FakeEngine(rng, block_size=64)
     publisher = make_publisher(snapshot_fn=engine.snapshot, topic=TOPIC, max_queue_size=2)
     subscriber = make_subscriber()
@@ -163,6 +257,7 @@ def test_replay_and_snapshot_requests_on_a_raw_dealer(rng, make_publisher):
     for _ in range(8):
         engine.store()
         publisher.publish(engine.take_events())
+    wait_until_sent(publisher)
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     try:

@@ -13,8 +13,12 @@ Repair rules, per publisher (sequence numbers are per publisher, +1 per batch):
   before it was sent), a snapshot replaces the mirrored index and held batches from the
   snapshot's sequence number on are applied;
 * a batch numbered lower than expected means the publisher restarted: resync by snapshot;
+* losing the last batches before a pause shows no gap, so a publisher quiet for
+  ``idle_probe_s`` is probed with a replay request from ``next_seq`` (answered with just
+  the end marker when nothing was lost);
 * with no replay endpoint, or when every repair failed, the subscriber skips ahead and
-  reports the publisher as not synced.
+  reports the publisher as not synced (and asks for a snapshot again once live batches
+  show the publisher is stepping).
 
 Everything runs in the caller's thread, inside :meth:`Subscriber.poll`.
 Needs the ``events`` extra (pyzmq, msgpack).
@@ -228,6 +232,7 @@ class _Source:
         self.dealer: Any = None
         self.next_seq: int | None = None
         self.last_live_seq: int | None = None  # highest seq seen on the SUB socket
+        self.quiet_since_s = time.monotonic()  # last live batch or finished repair
         self.synced = False
         self.pending: dict[int, list[KVCacheEvent]] = {}
         self.awaiting: str | None = None  # "replay" | "snapshot"
@@ -249,6 +254,11 @@ class _Source:
 class Subscriber:
     """Mirrors one or many publishers into a :class:`MirrorIndex`.
 
+    ``request_timeout_s`` bounds the wait for a replay or snapshot answer (three tries,
+    then the subscriber skips ahead); ``idle_probe_s`` is the quiet time after which a
+    publisher is probed for lost tail batches (None: never); ``rcvhwm`` is the SUB
+    socket's receive high-water mark in messages.
+
     Not thread-safe: one thread calls every method. Sockets connect to the given
     endpoints (publishers bind). Close with :meth:`close` or a ``with`` block.
 
@@ -261,6 +271,7 @@ class Subscriber:
         *,
         context: Any = None,
         request_timeout_s: float = 2.0,
+        idle_probe_s: float | None = 1.0,
         rcvhwm: int = 100_000,
     ) -> None:
         zmq: Any = require("zmq", "events", "the KV-cache event subscriber")
@@ -273,6 +284,7 @@ class Subscriber:
         self._sources: dict[str, _Source] = {}
         self._socket_to_source: dict[Any, tuple[_Source, bool]] = {}  # (source, is_sub)
         self._request_timeout_s = request_timeout_s
+        self._idle_probe_s = idle_probe_s
         self._rcvhwm = rcvhwm
         self._closed = False
 
@@ -346,9 +358,21 @@ class Subscriber:
                     if source.dealer is not sock:
                         break
         now = time.monotonic()
+        probe_s = self._idle_probe_s
         for source in self._sources.values():
-            if source.awaiting is not None and now > source.deadline_s:
-                self._retry(source)
+            if source.awaiting is not None:
+                if now > source.deadline_s:
+                    self._retry(source)
+            elif (
+                probe_s is not None
+                and source.replay_endpoint is not None
+                and source.next_seq is not None
+                and now - source.quiet_since_s > probe_s
+            ):
+                # Loss of the last batches before a pause shows no gap; a replay from
+                # next_seq finds them (and costs one end marker when nothing was lost).
+                source.quiet_since_s = now
+                self._request(source, "replay", [encode_seq(source.next_seq)])
         return self._total_applied() - before
 
     def sync(self, timeout_s: float) -> bool:
@@ -450,6 +474,7 @@ class Subscriber:
             return  # if a batch was lost here, the next one shows the gap
         last_live_seq = source.last_live_seq
         source.last_live_seq = seq
+        source.quiet_since_s = time.monotonic()
         if last_live_seq is not None and seq <= last_live_seq:
             self._on_restart(source, seq, events)
             return
@@ -544,6 +569,7 @@ class Subscriber:
 
     def _on_end_of_replay(self, source: _Source) -> None:
         source.awaiting = None
+        source.quiet_since_s = time.monotonic()
         self._drain_pending(source)
         if not source.pending and not source.replay_hole:
             return
