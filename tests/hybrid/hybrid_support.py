@@ -124,9 +124,10 @@ def hit_is_valid(mgr: KVCacheManager, block_hashes: list[bytes],
         spec = m.spec
         bs = spec.block_size
         blocks = hit[g]
-        if isinstance(spec, MambaSpec) and not spec.cache_checkpoints or isinstance(
-            spec, CrossAttentionSpec
-        ):
+        never_hits = isinstance(spec, CrossAttentionSpec) or (
+            isinstance(spec, MambaSpec) and not spec.cache_checkpoints
+        )
+        if never_hits:
             if num_hit:
                 return f"group {g}: {type(spec).__name__} cannot hit"
             continue

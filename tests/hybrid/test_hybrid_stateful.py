@@ -1,0 +1,198 @@
+"""Hypothesis stateful tests: random request lifecycles on hybrid layouts.
+
+After every step: ``check_invariants()`` (pool, tables, ref count = number of tables holding
+a block), and a reference model of what must hold, restated independently of the code:
+
+* every hit is valid for every group (``hit_is_valid``: right length per group, real blocks
+  registered under the hash ending at their boundary, every position the next token reads
+  is real), is a multiple of the lcm of the block sizes and below the prompt length;
+* a refused allocation leaves the whole state dump unchanged;
+* each windowed table has exactly ``num_skipped_tokens(c) // block_size`` leading nulls,
+  ``c`` being the computed tokens at its last allocation (skipped blocks are freed as the
+  request advances, no earlier and no later);
+* real blocks held per request and group never exceed the spec's admission cap for the
+  largest step the test schedules;
+* once every request is freed, every block is free again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybrid_support import chunked, full, hit_is_valid, make_mgr, mamba, real_blocks, sliding
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from pagedkv import KVCacheSpec, Request
+from pagedkv.managers import SkippingManager
+from pagedkv.specs import lcm_block_size
+
+MAX_MODEL_LEN = 96
+MAX_STEP_TOKENS = 16
+PREFIXES = [list(range(100, 140)), list(range(200, 224)), list(range(300, 356)), []]
+
+
+class _Live:
+    def __init__(self, req: Request, hit: Any) -> None:
+        self.req = req
+        self.hit = hit  # ComputedBlocks until the first allocation succeeds, then None
+        self.last_computed = 0
+
+
+def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
+    class HybridMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mgr = make_mgr(groups, num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN,
+                                drop_last_hit=drop)
+            self.lcm = lcm_block_size(groups)
+            self.live: dict[str, _Live] = {}
+            self.next_id = 0
+            self.prompts: list[list[int]] = []
+
+        def _state(self) -> Any:
+            return self.mgr.debug_state()
+
+        @initialize(prefix=st.sampled_from(range(len(PREFIXES) - 1)),
+                    chunk=st.integers(4, MAX_STEP_TOKENS))
+        def seed(self, prefix: int, chunk: int) -> None:
+            """Start with one finished request, so lookups can hit from the first step."""
+            self.arrive(prefix, 5, 0)
+            live = self.live[f"r{self.next_id - 1}"]
+            while live.req.num_computed_tokens < live.req.num_tokens:
+                assert self._allocate(live, min(chunk, live.req.num_tokens
+                                                 - live.req.num_computed_tokens))
+            self.finish(0)
+
+        @precondition(lambda self: bool(self.prompts))
+        @rule(pick=st.integers(min_value=0))
+        def arrive_again(self, pick: int) -> None:
+            """A prompt seen before (a retry, a shared document)."""
+            self._arrive(self.prompts[pick % len(self.prompts)])
+
+        @rule(prefix=st.sampled_from(range(len(PREFIXES))),
+              suffix=st.integers(min_value=1, max_value=30),
+              salt=st.integers(min_value=0, max_value=2))
+        def arrive(self, prefix: int, suffix: int, salt: int) -> None:
+            prompt = PREFIXES[prefix] + [7000 + 100 * salt + i for i in range(suffix)]
+            self._arrive(prompt[: MAX_MODEL_LEN - 8])
+
+        def _arrive(self, prompt: list[int]) -> None:
+            self.prompts.append(prompt)
+            rid = f"r{self.next_id}"
+            self.next_id += 1
+            req = self.mgr.new_request(rid, prompt)
+            hit = self.mgr.get_computed_blocks(req)
+            n = hit.num_computed_tokens
+            assert n < req.num_tokens and n % self.lcm == 0
+            why = hit_is_valid(self.mgr, req.block_hashes, hit.block_ids, n)
+            assert why is None, why
+            event("lookup hit" if n else "lookup miss")
+            self.live[rid] = _Live(req, hit)
+
+        def _allocate(self, live: _Live, num_new: int) -> bool:
+            mgr = self.mgr
+            req = live.req
+            hit = live.hit
+            before = self._state()
+            out = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
+            if out is None:
+                assert self._state() == before, "a refused allocation changed state"
+                event("allocation refused")
+                return False
+            computed = req.num_computed_tokens + (hit.num_computed_tokens if hit else 0)
+            live.last_computed = computed
+            req.num_computed_tokens = computed + num_new
+            live.hit = None
+            return True
+
+        @precondition(lambda self: any(
+            lv.req.num_computed_tokens + (lv.hit.num_computed_tokens if lv.hit else 0)
+            < lv.req.num_tokens for lv in self.live.values()))
+        @rule(pick=st.integers(min_value=0), step=st.integers(1, MAX_STEP_TOKENS))
+        def prefill(self, pick: int, step: int) -> None:
+            waiting = [lv for lv in self.live.values()
+                       if lv.req.num_computed_tokens + (lv.hit.num_computed_tokens if lv.hit
+                                                        else 0) < lv.req.num_tokens]
+            live = waiting[pick % len(waiting)]
+            done = live.req.num_computed_tokens + (live.hit.num_computed_tokens if live.hit
+                                                   else 0)
+            if not self._allocate(live, min(step, live.req.num_tokens - done)):
+                self._preempt(live)
+
+        @precondition(lambda self: any(
+            lv.hit is None and lv.req.num_computed_tokens == lv.req.num_tokens
+            and lv.req.num_tokens < MAX_MODEL_LEN for lv in self.live.values()))
+        @rule(pick=st.integers(min_value=0), token=st.integers(0, 3))
+        def decode(self, pick: int, token: int) -> None:
+            running = [lv for lv in self.live.values()
+                       if lv.hit is None and lv.req.num_computed_tokens == lv.req.num_tokens
+                       and lv.req.num_tokens < MAX_MODEL_LEN]
+            live = running[pick % len(running)]
+            live.req.append_output_tokens(token)
+            if not self._allocate(live, 1):
+                self._preempt(live)
+
+        def _preempt(self, live: _Live) -> None:
+            self.mgr.free(live.req)
+            del self.live[live.req.request_id]
+
+        @precondition(lambda self: bool(self.live))
+        @rule(pick=st.integers(min_value=0))
+        def finish(self, pick: int) -> None:
+            rids = sorted(self.live)
+            self._preempt(self.live[rids[pick % len(rids)]])
+
+        @rule(ids=st.lists(st.integers(1, num_blocks - 1), max_size=4))
+        def evict(self, ids: list[int]) -> None:
+            self.mgr.evict_blocks(ids)
+
+        @precondition(lambda self: not self.live)
+        @rule()
+        def reset(self) -> None:
+            assert self.mgr.num_free_blocks == num_blocks - 1, "blocks leaked"
+            assert self.mgr.reset_prefix_cache()
+
+        @invariant()
+        def consistent(self) -> None:
+            mgr = self.mgr
+            mgr.check_invariants()
+            for rid, live in self.live.items():
+                if not mgr.has_request(rid):
+                    continue
+                tables = mgr.get_block_ids(rid)
+                for g, m in enumerate(mgr.managers):
+                    cap = m.spec.max_admission_blocks(
+                        MAX_MODEL_LEN, max_num_batched_tokens=MAX_STEP_TOKENS)
+                    assert real_blocks(tables[g]) <= cap, (rid, g, tables[g], cap)
+                    if isinstance(m, SkippingManager):
+                        skipped = min(m.num_skipped_tokens(live.last_computed) // m.block_size,
+                                      len(tables[g]))
+                        nulls = len(tables[g]) - len(
+                            [b for b in tables[g] if b]) if tables[g] else 0
+                        assert nulls == skipped, (rid, g, tables[g], live.last_computed)
+
+    return HybridMachine
+
+
+_SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow,
+                                            HealthCheck.filter_too_much])
+
+TestFullSliding = _machine([full(8), sliding(4, 12)], 28, False).TestCase
+TestFullSliding.settings = _SETTINGS
+TestFullChunked = _machine([full(4), chunked(4, 16)], 28, False).TestCase
+TestFullChunked.settings = _SETTINGS
+TestFullMamba = _machine([full(4), mamba(8)], 24, False).TestCase
+TestFullMamba.settings = _SETTINGS
+TestFullSlidingMambaDrop = _machine([full(4), sliding(4, 8), mamba(8)], 40, True).TestCase
+TestFullSlidingMambaDrop.settings = _SETTINGS
+TestFullChunkedDrop = _machine([full(8), chunked(8, 16)], 24, True).TestCase
+TestFullChunkedDrop.settings = _SETTINGS
