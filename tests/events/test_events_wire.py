@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("msgpack")
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedkv.errors import InvalidArgumentError
@@ -193,6 +193,7 @@ removed_events = st.builds(
 any_event = stored_events | removed_events | st.just(AllBlocksCleared())
 
 
+@settings(max_examples=60, deadline=None)
 @given(
     events=st.lists(any_event, max_size=20),
     ts=st.floats(allow_nan=False, allow_infinity=False),
