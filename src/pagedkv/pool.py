@@ -258,26 +258,106 @@ class BlockPool:
 
     def cache_partial_block(
         self, request: HashedRequest, block: int, num_tokens: int, group: int
-    ) -> None:
-        """Also register ``block`` under the hash of the prefix of ``num_tokens`` tokens,
-        which ends inside it (``num_tokens`` is a multiple of the hash block size and not
-        of the group's block size). Such an entry lets a prompt that shares only part of
-        the block still hit. O(1).
+    ) -> bytes | None:
+        """Also register ``block`` under the hash of the request's first ``num_tokens``
+        tokens, a prefix that ends *inside* the block, so a prompt sharing only part of the
+        block can find it. Only for groups whose block is k > 1 hash blocks long.
+
+        ``num_tokens`` must be a multiple of the hash block size and not of the group's
+        block size; ``block`` is the request's block holding token ``num_tokens - 1`` and
+        must be in use. Worked case (hash block 16, group block 64): ``num_tokens`` 80 ->
+        the key is ``block_hashes[80 // 16 - 1] = block_hashes[4]``, inside block 1 (tokens
+        64..127), so ``block`` is the request's table entry 1.
+
+        A block without a hash gets the key as its primary hash; a block that has one keeps
+        it and gets the key as a secondary entry. Eviction drops every key of the block;
+        ``cache_full_blocks`` promotes it (the partial keys are removed, with removed
+        events, and the full-block hash registered). With events on, a stored event
+        announces the key as one hash block chained to its parent. Registering a key the
+        block already has changes nothing. The null block and a pool with caching off are
+        ignored.
+
+        Returns:
+            The registered hash, or None when nothing was registered.
+
+        Raises:
+            InvalidArgumentError: ``num_tokens`` or ``block`` break the rules above;
+                nothing changed.
+
+        O(1), plus building the event.
         """
-        if not block:
-            return
-        h = request.block_hashes[num_tokens // self.hash_block_size - 1]
+        if not block or not self.enable_caching:
+            return None
+        hbs = self.hash_block_size
+        group_bs = self.groups[group].block_size
+        num_hashed_tokens = len(request.block_hashes) * hbs
+        if (
+            num_tokens <= 0
+            or num_tokens % hbs
+            or not num_tokens % group_bs
+            or num_tokens > num_hashed_tokens
+        ):
+            raise InvalidArgumentError(
+                f"cache_partial_block: num_tokens={num_tokens} must be a positive multiple of "
+                f"the hash block size {hbs}, not a multiple of group {group}'s block size "
+                f"{group_bs}, and at most the {num_hashed_tokens} hashed tokens"
+            )
+        if not 0 < block < self.num_blocks or self.ref_cnt[block] == 0:
+            raise InvalidArgumentError(
+                f"cache_partial_block: block {block!r} is not an in-use block of this pool; "
+                "register a block the request holds"
+            )
+        i = num_tokens // hbs - 1
+        h = request.block_hashes[i]
         index = self.index[group]
-        if index.get(h) == block or (h in self._dups[group] and block in self._dups[group][h]):
-            return
+        dups = self._dups[group].get(h)
+        if index.get(h) == block or (dups is not None and block in dups):
+            return h
         if self.block_hash[block] is None:
             self.block_hash[block] = h
             self.block_group[block] = group
+            primary = True
         else:
             self._secondary.setdefault(block, []).append((group, h))
-        primary = index.setdefault(h, block)
-        if primary != block:
+            primary = False
+        if index.setdefault(h, block) != block:
             self._dups[group].setdefault(h, []).append(block)
+        if self.events is not None:
+            self._emit_partial_stored(request, block, i, group, primary)
+        return h
+
+    def _emit_partial_stored(
+        self, request: HashedRequest, block: int, i: int, group: int, primary: bool
+    ) -> None:
+        """Stored event for a partial key: hash block ``i`` chained to hash ``i - 1``."""
+        assert self.events is not None and self._stored_meta is not None
+        hbs = self.hash_block_size
+        hashes = request.block_hashes
+        parent = hashes[i - 1] if i else None
+        token_ids = request.all_token_ids[i * hbs : (i + 1) * hbs]
+        extra = _extra_keys_of(request, i * hbs, (i + 1) * hbs)
+        lora = request.lora
+        info = self.groups[group]
+        if primary:
+            self._stored_meta[block] = _StoredMeta(
+                parent, token_ids, hbs, extra, lora.adapter_id if lora else None,
+                lora.name if lora else None,
+            )
+        self.events.append(
+            BlockStored(
+                block_hashes=[hashes[i]],
+                parent_block_hash=parent,
+                token_ids=token_ids,
+                block_size=hbs,
+                lora_id=lora.adapter_id if lora else None,
+                medium=MEDIUM_GPU,
+                lora_name=lora.name if lora else None,
+                extra_keys=[extra],
+                group_idx=group,
+                kv_cache_spec_kind=info.kind,
+                kv_cache_spec_sliding_window=info.sliding_window,
+            )
+        )
 
     def _unregister(self, group: int, h: bytes, b: int) -> bool:
         index = self.index[group]
