@@ -126,3 +126,23 @@ def test_token_fast_path_matches_generic_encoding(tokens: list[int]) -> None:
 
     expected = hashlib.sha256(canonical_cbor([h.seed, tokens, None])).digest()
     assert h.hash_block(h.seed, tokens) == expected
+
+
+@given(st.lists(st.integers(0, 2**33), min_size=0, max_size=23), st.integers(1, 5))
+def test_incremental_hashing_equals_block_by_block(tokens: list[int], block_size: int) -> None:
+    """The fast path (table encoding, large ids falling back) equals hashing each full block
+    on its own, and never hashes a partial block."""
+    h = BlockHasher(block_size)
+    got: list[bytes] = []
+    h.extend(got, tokens)
+    expected: list[bytes] = []
+    parent = h.seed
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        parent = h.hash_block(parent, tokens[s : s + block_size])
+        expected.append(parent)
+    assert got == expected
+
+
+def test_negative_token_in_a_prompt_is_rejected() -> None:
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        Request("r", [1, 2, 3, -4], hasher=BlockHasher(2))
