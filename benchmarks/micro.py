@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Micro-benchmarks behind the NOTE comments in the code: best-of-N timings (other load on
+the machine only ever slows a run down, so the minimum is the figure to compare).
+
+    python benchmarks/micro.py            # hashing and pool block operations
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from pagedkv import BlockHasher, Request
+from pagedkv.pool import BlockPool
+
+
+def best_of(fn, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def hashing(rounds: int = 30) -> None:
+    rng = random.Random(0)
+    tokens = [rng.randrange(32000) for _ in range(8192)]
+    num_blocks = len(tokens) // 16
+    for algo in ("sha256_cbor", "xxhash_cbor"):
+        try:
+            hasher = BlockHasher(16, algo=algo)
+        except ImportError:
+            print(f"hashing {algo}: skipped (pip install 'pagedkv[fast]')")
+            continue
+        s = best_of(lambda h=hasher: Request("r", tokens, hasher=h), rounds)
+        print(f"hashing {algo:<12} {s / num_blocks * 1e6:6.3f} us per 16-token block "
+              f"(8,192-token prompt, best of {rounds})")
+
+
+def pool_ops(rounds: int = 40) -> None:
+    pool = BlockPool(100_000, hash_block_size=16)
+    hasher = BlockHasher(16)
+    reqs = [Request(f"r{i}", list(range(i * 10_000, i * 10_000 + 6400)), hasher=hasher)
+            for i in range(20)]
+    best_alloc = best_free = float("inf")
+    for _ in range(rounds):
+        for r in reqs:
+            t = time.perf_counter()
+            ids = pool.get_new_blocks(400)
+            best_alloc = min(best_alloc, time.perf_counter() - t)
+            pool.cache_full_blocks(r, ids, 0, 400, 0)
+            ids.reverse()
+            t = time.perf_counter()
+            pool.free_blocks(ids)
+            best_free = min(best_free, time.perf_counter() - t)
+    print(f"allocate 400 blocks  {best_alloc / 400 * 1e9:6.0f} ns per block (best of {rounds})")
+    print(f"free 400 blocks      {best_free / 400 * 1e9:6.0f} ns per block (best of {rounds})")
+
+
+if __name__ == "__main__":
+    hashing()
+    pool_ops()

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Per-operation cost must not grow with pool size: the same operations on pools of
+10,000 and 1,000,000 blocks, each pool first filled to capacity with cached blocks (so the
+prefix index and the free queue are as large as the pool), then measured.
+
+Prints, per pool size: build time, bytes per block (tracemalloc, manager just built), and
+the best-of-N cost of: allocate a 64-block prompt (evicting cached blocks), free it, and a
+64-block lookup that hits; then the 1M/10k ratios.
+
+    python benchmarks/scaling.py
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+import tracemalloc
+
+from pagedkv import FullAttentionSpec, KVCacheManager
+
+BS = 16
+SPEC = FullAttentionSpec(block_size=BS, num_kv_heads=8, head_size=128, dtype_bytes=2)
+
+
+def measure(num_blocks: int, rounds: int = 200) -> dict[str, float]:
+    gc.collect()
+    tracemalloc.start()
+    mgr = KVCacheManager.from_spec(SPEC, num_blocks=num_blocks, max_model_len=1 << 20)
+    bytes_per_block = tracemalloc.get_traced_memory()[0] / num_blocks
+    tracemalloc.stop()
+    del mgr
+    gc.collect()
+    build_s = float("inf")
+    for _ in range(3):  # tracemalloc slows allocation: time the build without it
+        t = time.perf_counter()
+        mgr = KVCacheManager.from_spec(SPEC, num_blocks=num_blocks, max_model_len=1 << 20)
+        build_s = min(build_s, time.perf_counter() - t)
+
+    # Fill the pool with cached blocks: requests of 1024 tokens, allocated then freed.
+    rng = random.Random(0)
+    n = 0
+    while mgr.pool.num_cached_blocks() < num_blocks - 1 - 64:
+        req = mgr.new_request(f"fill{n}", [n * 1024 + i for i in range(1024)])
+        if mgr.allocate_slots(req, 1024) is None:
+            break
+        mgr.free(req)
+        n += 1
+    hot = mgr.new_request("hot", [rng.randrange(32000) for _ in range(64 * BS + 1)])
+    mgr.allocate_slots(hot, hot.num_tokens)  # kept in use: its blocks are never evicted
+    probe = mgr.new_request("probe", hot.all_token_ids)
+
+    best = {"allocate_64": 1e9, "free_64": 1e9, "lookup_64": 1e9}
+    for i in range(rounds):
+        req = mgr.new_request(f"m{i}", [(1 << 30) + i * 2048 + j for j in range(64 * BS)])
+        t = time.perf_counter()
+        mgr.allocate_slots(req, req.num_tokens)
+        best["allocate_64"] = min(best["allocate_64"], time.perf_counter() - t)
+        t = time.perf_counter()
+        mgr.free(req)
+        best["free_64"] = min(best["free_64"], time.perf_counter() - t)
+        t = time.perf_counter()
+        hit = mgr.get_computed_blocks(probe)
+        best["lookup_64"] = min(best["lookup_64"], time.perf_counter() - t)
+        assert hit.num_computed_tokens == 64 * BS
+    return {"build_s": build_s, "bytes_per_block": bytes_per_block,
+            **{k: v * 1e6 for k, v in best.items()}}
+
+
+def main() -> None:
+    small = measure(10_000)
+    large = measure(1_000_000)
+    print(f"{'':<20} {'10,000 blocks':>14} {'1,000,000 blocks':>17} {'ratio':>7}")
+    for key, unit in (("build_s", "s"), ("bytes_per_block", "B"), ("allocate_64", "us"),
+                      ("free_64", "us"), ("lookup_64", "us")):
+        print(f"{key + ' (' + unit + ')':<20} {small[key]:>14.3f} {large[key]:>17.3f} "
+              f"{large[key] / small[key]:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
