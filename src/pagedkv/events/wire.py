@@ -81,6 +81,14 @@ def wire_hash(block_hash: bytes | int) -> int:
     return int.from_bytes(block_hash[-8:], "big")  # type: ignore[index]
 
 
+def _wire_hashes(block_hashes: Sequence[bytes | int]) -> list[int]:
+    """:func:`wire_hash` of each hash (inlined: this runs once per encoded block)."""
+    return [
+        h if type(h) is int else int.from_bytes(h[-8:], "big")  # type: ignore[index]
+        for h in block_hashes
+    ]
+
+
 def encode_seq(seq: int) -> bytes:
     """Sequence number as the 8-byte big-endian frame. O(1)."""
     return seq.to_bytes(_SEQ_BYTES, "big")
@@ -150,7 +158,7 @@ class BatchEncoder:
             return self._pack(  # type: ignore[no-any-return]
                 {
                     "type": _BLOCK_REMOVED,
-                    "block_hashes": [wire_hash(h) for h in removed.block_hashes],
+                    "block_hashes": _wire_hashes(removed.block_hashes),
                     "medium": removed.medium,
                     "group_idx": removed.group_idx,
                 }
@@ -165,7 +173,7 @@ class BatchEncoder:
         # map16 header below, so msgpack writes everything else in a single call.
         items: list[Any] = [
             "type", _BLOCK_STORED,
-            "block_hashes", [wire_hash(h) for h in event.block_hashes],
+            "block_hashes", _wire_hashes(event.block_hashes),
             "parent_block_hash", None if parent is None else wire_hash(parent),
             "token_ids", event.token_ids,
             "block_size", event.block_size,
@@ -201,7 +209,7 @@ def _as_array(event: KVCacheEvent) -> list[Any]:
         parent = stored.parent_block_hash
         return [
             _BLOCK_STORED,
-            [wire_hash(h) for h in stored.block_hashes],
+            _wire_hashes(stored.block_hashes),
             None if parent is None else wire_hash(parent),
             stored.token_ids,
             stored.block_size,
@@ -217,7 +225,7 @@ def _as_array(event: KVCacheEvent) -> list[Any]:
         removed: BlockRemoved = event  # type: ignore[assignment]
         return [
             _BLOCK_REMOVED,
-            [wire_hash(h) for h in removed.block_hashes],
+            _wire_hashes(removed.block_hashes),
             removed.medium,
             removed.group_idx,
         ]
