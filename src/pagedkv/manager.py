@@ -251,8 +251,10 @@ class KVCacheManager:
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
         yet); call :meth:`cache_blocks` when it is.
 
-        Order: free blocks that fell out of windows, check capacity, adopt hit blocks,
-        allocate, register blocks that became full.
+        Order: check capacity for every group at once (counting the blocks that fell out
+        of windows as freed), free those blocks, claim every group's hit blocks, then
+        allocate and register blocks that became full. Claiming all hits before any group
+        allocates means one group's allocation can never evict another group's hit.
 
         Returns:
             The newly allocated block ids per group, or ``None`` when there are not enough
