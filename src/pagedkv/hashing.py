@@ -176,16 +176,13 @@ def _encode_tokens(tokens: Sequence[int]) -> bytes:
 # ---------------------------------------------------------------- hash functions
 
 
-def _sha256(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def _hash_fn(algo: str) -> Callable[[bytes], bytes]:
+def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
+    """The hash object constructor for ``algo``; ``ctor(data).digest()`` is the digest."""
     if algo == "sha256_cbor":
-        return _sha256
+        return hashlib.sha256
     if algo == "xxhash_cbor":
         xxhash: Any = require("xxhash", "fast", "the xxhash_cbor block hash")
-        return xxhash.xxh3_128_digest  # type: ignore[no-any-return]
+        return xxhash.xxh3_128  # type: ignore[no-any-return]
     raise InvalidArgumentError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
 
 
@@ -196,7 +193,7 @@ class BlockHasher:
     :meth:`extend` when they grow, so each block is hashed exactly once.
     """
 
-    __slots__ = ("_fn", "algo", "block_size", "seed")
+    __slots__ = ("_ctor", "algo", "block_size", "seed")
 
     def __init__(
         self, block_size: int, *, algo: str = "sha256_cbor", secret_seed: bytes | None = None
@@ -205,12 +202,12 @@ class BlockHasher:
             raise InvalidArgumentError(f"block_size must be a positive int, got {block_size!r}")
         self.block_size = block_size
         self.algo = algo
-        self._fn = _hash_fn(algo)
+        self._ctor = _hash_ctor(algo)
         seed_input: Any = (
             _NONE_HASH_INPUT if secret_seed is None else ["pagedkv-secret-seed", secret_seed]
         )
         #: The parent hash of a request's first block.
-        self.seed: bytes = self._fn(canonical_cbor(seed_input))
+        self.seed: bytes = self._ctor(canonical_cbor(seed_input)).digest()
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -221,7 +218,8 @@ class BlockHasher:
         else:
             extra = canonical_cbor(extra_keys)
         data = b"\x83" + _head(2, len(parent)) + parent + _encode_tokens(tokens) + extra
-        return self._fn(data)
+        digest: bytes = self._ctor(data).digest()
+        return digest
 
     def extend(
         self,
@@ -242,7 +240,7 @@ class BlockHasher:
         end = len(token_ids) - bs
         if start > end:
             return
-        fn = self._fn
+        ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
         plain = lora is None and not mm_items and cache_salt is None and prompt_embeds is None
         if plain:
@@ -256,7 +254,7 @@ class BlockHasher:
                 enc = list(map(table.__getitem__, token_ids[start : end + bs]))
                 payloads = [join(enc[s : s + bs]) for s in range(0, end + 1 - start, bs)]
                 for payload in payloads:
-                    parent = fn(join((head, parent, array_head, payload, b"\xf6")))
+                    parent = ctor(join((head, parent, array_head, payload, b"\xf6"))).digest()
                     append(parent)
                 return
             except (IndexError, TypeError):
