@@ -117,26 +117,25 @@ class HybridCoordinator(Coordinator):
         drop = self._drop
         length = max_length // lcm * lcm
         hits: list[list[int]] = [[] for _ in managers]
-        for i in self._full:
+
+        def ask(i: int, length: int) -> int:
+            """Group i's hit within ``length`` (one block more under drop_last_hit, since
+            the group drops it again); returns the new common length."""
             m = managers[i]
             bound = min(length + m.block_size, max_length) if drop[i] else length
-            blocks = m.find_longest_cache_hit(block_hashes, bound)
-            hits[i] = blocks
-            got = len(blocks) * m.block_size
-            if got < length:
-                length = got // lcm * lcm
+            hits[i] = m.find_longest_cache_hit(block_hashes, bound)
+            got = len(hits[i]) * m.block_size
+            return got // lcm * lcm if got < length else length
+
+        for i in self._full:
+            length = ask(i, length)
         changed = True
         while changed and length:
             changed = False
             for i in self._others:
-                m = managers[i]
-                bound = min(length + m.block_size, max_length) if drop[i] else length
-                blocks = m.find_longest_cache_hit(block_hashes, bound)
-                hits[i] = blocks
-                got = len(blocks) * m.block_size
-                if got < length:
-                    length = got // lcm * lcm
-                    changed = True
+                shorter = ask(i, length)
+                changed = changed or shorter != length
+                length = shorter
         if not length:
             return tuple([] for _ in managers), 0
         for i in self._full:

@@ -38,14 +38,14 @@ from pagedkv.events.records import KVCacheEvent
 from pagedkv.hashing import HASH_ALGOS, BlockHasher, LoRA, MultiModalItem
 from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.metrics import HitRateWindow, PrefixCacheStats
-from pagedkv.pool import BlockPool, GroupInfo
+from pagedkv.pool import BlockPool, GroupInfo, HashedRequest
 from pagedkv.request import Request
 from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
 
 __all__ = ["CacheConfig", "ComputedBlocks", "KVCacheManager", "RequestLike"]
 
 
-class RequestLike(Protocol):
+class RequestLike(HashedRequest, Protocol):
     """What the manager reads from a request. :class:`pagedkv.Request` has all of it; an
     engine can adapt its own request type instead."""
 
@@ -57,18 +57,6 @@ class RequestLike(Protocol):
     def num_computed_tokens(self) -> int: ...
     @property
     def num_preemptions(self) -> int: ...
-    @property
-    def block_hashes(self) -> list[bytes]: ...
-    @property
-    def all_token_ids(self) -> list[int]: ...
-    @property
-    def lora(self) -> LoRA | None: ...
-    @property
-    def mm_items(self) -> Sequence[MultiModalItem]: ...
-    @property
-    def cache_salt(self) -> str | None: ...
-    @property
-    def prompt_embeds(self) -> Sequence[bytes] | None: ...
 
 
 class ComputedBlocks(NamedTuple):
