@@ -282,7 +282,9 @@ def test_stopped_subscriber_does_not_slow_the_engine(rng, make_publisher, make_s
     # The subscriber stalls: still connected, never reading, so its pipe fills to the HWM.
     without_reader = step_costs_s(800, read=False)
     wait_until_sent(publisher)  # the sender thread is not held up by the stalled reader
-    assert max(with_reader) < 0.05 and max(without_reader) < 0.05
+    # No call blocks: allow two outliers per run for the OS descheduling this process on a
+    # busy machine, which has nothing to do with the subscriber.
+    assert sorted(with_reader)[-3] < 0.05 and sorted(without_reader)[-3] < 0.05
     # Engine-side cost is a queue put: a few microseconds, whoever listens.
     assert statistics.median(without_reader) < 3 * statistics.median(with_reader) + 20e-6
     assert statistics.median(without_reader) < 200e-6

@@ -112,17 +112,21 @@ class ZmqEventPublisher:
         self._closed = False
         self._abandon = False  # set by close() to stop flushing
 
-        self._pub = self._open(zmq.PUB, config.endpoint, hwm=config.hwm)
-        self._router = None
-        if config.replay_endpoint is not None:
-            try:
+        self._pub: Any = None
+        self._router: Any = None
+        try:
+            self._pub = self._open(zmq.PUB, config.endpoint, hwm=config.hwm)
+            if config.replay_endpoint is not None:
                 # Room for a whole replay, so a replay is never cut short by the HWM.
                 self._router = self._open(
                     zmq.ROUTER, config.replay_endpoint, hwm=config.buffer_steps + 16
                 )
-            except Exception:
+        except Exception:
+            if self._pub is not None:
                 self._pub.close(linger=0)
-                raise
+            if self._own_context:
+                self._context.term()
+            raise
         self._thread = threading.Thread(target=self._run, name="pagedkv-kv-events", daemon=True)
         self._thread.start()
 

@@ -338,7 +338,10 @@ class Subscriber:
 
         Returns the number of batches (and snapshots) applied. Never waits longer than
         ``timeout_s``; retries overdue repair requests.
+        Raises InvalidArgumentError after :meth:`close`.
         """
+        if self._closed:
+            raise InvalidArgumentError("poll() on a closed Subscriber")
         before = self._total_applied()
         ready = self._poller.poll(max(0, int(timeout_s * 1000)))
         for sock, _ in ready:
@@ -493,6 +496,7 @@ class Subscriber:
         # else: sent before the snapshot or replay that already covered it
         if (
             not source.synced
+            and source.want_snapshot
             and source.awaiting is None
             and source.replay_endpoint is not None
             and not source.snapshot_unavailable
