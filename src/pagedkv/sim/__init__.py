@@ -1,0 +1,53 @@
+"""The workload simulator behind ``pagedkv simulate``.
+
+Pieces, each usable on its own (all built on the public :mod:`pagedkv` API only):
+
+* :mod:`~pagedkv.sim.workloads` — a workload is a tuple of :class:`SimRequest`; loaders for
+  Mooncake-style JSONL traces (``hash_ids``) and Azure-style CSV traces (lengths only), and
+  the block hashes a request has at a given block size;
+* :mod:`~pagedkv.sim.generators` — synthetic workloads with an analytic ideal hit rate;
+* :mod:`~pagedkv.sim.scheduler` — continuous batching on a :class:`pagedkv.KVCacheManager`
+  with a simulated clock (engine mode);
+* :mod:`~pagedkv.sim.pure_cache` — lookup, store, free, one request at a time;
+* :mod:`~pagedkv.sim.bounds` — the infinite-cache ceiling and the offline-optimal (Belady)
+  hit rate at a capacity;
+* :mod:`~pagedkv.sim.report` — terminal table, JSON, PNG plots;
+* :mod:`~pagedkv.sim.cli` — the ``simulate`` subcommand.
+"""
+
+from pagedkv.sim.bounds import BoundResult, belady_hits, infinite_cache_hits
+from pagedkv.sim.generators import agent_loops, multi_turn, system_prompts
+from pagedkv.sim.pure_cache import PureCacheResult, run_pure_cache
+from pagedkv.sim.scheduler import (
+    EngineResult,
+    EngineSimulator,
+    SchedulerConfig,
+    StepTimeModel,
+)
+from pagedkv.sim.workloads import (
+    SimRequest,
+    Workload,
+    bundled_trace_path,
+    load_trace,
+    request_block_hashes,
+)
+
+__all__ = [
+    "BoundResult",
+    "EngineResult",
+    "EngineSimulator",
+    "PureCacheResult",
+    "SchedulerConfig",
+    "SimRequest",
+    "StepTimeModel",
+    "Workload",
+    "agent_loops",
+    "belady_hits",
+    "bundled_trace_path",
+    "infinite_cache_hits",
+    "load_trace",
+    "multi_turn",
+    "request_block_hashes",
+    "run_pure_cache",
+    "system_prompts",
+]

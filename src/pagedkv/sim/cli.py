@@ -1,0 +1,328 @@
+"""``pagedkv simulate``: replay a workload through the KV-cache manager and report.
+
+A thin layer over :mod:`pagedkv.sim`. With no arguments it replays the bundled default
+workload (the first requests of Mooncake's conversation trace) on the capacity the planner
+gives Llama-3.1-8B on one 80 GB GPU, in engine mode, and writes its plots to
+``./pagedkv-report/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError, MissingDependencyError
+from pagedkv.sim.bounds import access_sequence, belady_hits, infinite_cache_hits
+from pagedkv.sim.generators import GENERATORS
+from pagedkv.sim.pure_cache import capacity_sweep, run_pure_cache
+from pagedkv.sim.report import ProgressReporter, print_report, summarize, write_plots
+from pagedkv.sim.scheduler import EngineSimulator, SchedulerConfig, StepTimeModel
+from pagedkv.sim.workloads import Workload, bundled_trace_path, check_block_size, load_trace
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_MODEL = "Llama-3.1-8B"
+DEFAULT_GPU_MEMORY = "80GB"
+#: Used when the planner is unavailable and no --num-blocks is given.
+FALLBACK_CAPACITY_TOKENS = 400_000
+DEFAULT_SWEEP_TOKENS: tuple[int | None, ...] = (
+    10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, None
+)
+
+# generator name -> {flag dest: generator keyword}
+_GEN_PARAMS: dict[str, dict[str, str]] = {
+    "system-prompts": {
+        "groups": "num_groups", "per_group": "questions_per_group",
+        "shared_tokens": "system_tokens", "message_tokens": "question_tokens",
+        "output_tokens": "output_tokens", "interval_s": "interval_s",
+    },
+    "multi-turn": {
+        "sessions": "num_conversations", "turns": "num_turns",
+        "shared_tokens": "system_tokens", "message_tokens": "user_tokens",
+        "output_tokens": "output_tokens", "interval_s": "interval_s", "think_s": "think_s",
+    },
+    "agent": {
+        "sessions": "num_agents", "turns": "num_steps",
+        "shared_tokens": "tool_prefix_tokens", "first_tokens": "task_tokens",
+        "message_tokens": "observation_tokens", "output_tokens": "action_tokens",
+        "interval_s": "interval_s", "think_s": "think_s",
+    },
+}
+_ALL_GEN_FLAGS = sorted({d for m in _GEN_PARAMS.values() for d in m})
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``simulate`` on an argparse sub-parsers action with ``func=run``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="replay a workload through the KV-cache manager and report hit rates",
+        description=(
+            "Replay a workload through a continuous-batching scheduler (engine mode) or "
+            "lookup-store-free (pure-cache mode) on the KV-cache manager, and report the "
+            "prefix-cache hit rate beside the Belady optimum and the infinite-cache "
+            "ceiling, KV usage, evictions, preemptions, queueing and TTFT. With no "
+            "arguments: the bundled head of Mooncake's conversation trace, on the capacity "
+            f"of {DEFAULT_MODEL} on one {DEFAULT_GPU_MEMORY} GPU."
+        ),
+    )
+    w = p.add_argument_group("workload (default: the bundled Mooncake conversation head)")
+    src = w.add_mutually_exclusive_group()
+    src.add_argument("--trace", metavar="PATH",
+                     help="Mooncake-style JSONL or Azure-style CSV trace (.gz too)")
+    src.add_argument("--generator", choices=sorted(GENERATORS),
+                     help="a synthetic workload with an analytic ideal hit rate")
+    w.add_argument("--trace-format", choices=["auto", "mooncake", "azure"], default="auto",
+                   help="trace format (default: by file name, else by content)")
+    w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
+                   help="tokens per hash_ids entry of a JSONL trace (default 512)")
+    w.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    w.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip and count malformed trace lines instead of failing")
+    g = p.add_argument_group("generator parameters (defaults per generator; see docs)")
+    g.add_argument("--groups", type=int, metavar="N", help="system-prompts: system prompts")
+    g.add_argument("--per-group", type=int, metavar="N",
+                   help="system-prompts: questions per system prompt")
+    g.add_argument("--sessions", type=int, metavar="N",
+                   help="multi-turn: conversations; agent: agents")
+    g.add_argument("--turns", type=int, metavar="N", help="multi-turn: turns; agent: steps")
+    g.add_argument("--shared-tokens", type=int, metavar="TOKENS",
+                   help="shared system prompt / tool prefix length")
+    g.add_argument("--message-tokens", type=int, metavar="TOKENS",
+                   help="question / user message / observation length")
+    g.add_argument("--first-tokens", type=int, metavar="TOKENS", help="agent: task length")
+    g.add_argument("--output-tokens", type=int, metavar="TOKENS",
+                   help="answer / reply / action length")
+    g.add_argument("--interval-s", type=float, metavar="S",
+                   help="seconds between request (session) starts")
+    g.add_argument("--think-s", type=float, metavar="S",
+                   help="multi-turn, agent: seconds from a reply to the next turn")
+    c = p.add_argument_group("cache capacity")
+    c.add_argument("--block-size", type=int, default=16, metavar="TOKENS",
+                   help="tokens per block (default 16; a divisor or multiple of the "
+                   "trace's hash block size)")
+    c.add_argument("--num-blocks", type=int, metavar="N",
+                   help="blocks in the pool, the null block included")
+    c.add_argument("--model", metavar="MODEL",
+                   help=f"size the pool with the planner: config.json or bundled name "
+                   f"(default without --num-blocks: {DEFAULT_MODEL})")
+    c.add_argument("--gpu-memory", metavar="SIZE",
+                   help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY})")
+    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="share of GPU memory the engine may use (default 0.9)")
+    c.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel size for --model (default 1)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--mode", choices=["engine", "pure-cache"], default="engine",
+                   help="engine: continuous batching with a simulated clock (default); "
+                   "pure-cache: lookup, store, free, one request at a time")
+    e.add_argument("--token-budget", type=int, default=8192, metavar="TOKENS",
+                   help="tokens computed per step (default 8192)")
+    e.add_argument("--max-running", type=int, default=256, metavar="N",
+                   help="most requests running at once (default 256)")
+    e.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                   help="arrival rate multiplier: 2 = twice as fast (default 1)")
+    e.add_argument("--arrivals", choices=["trace", "at-once"], default="trace",
+                   help="arrival times from the workload (default) or all at time 0")
+    d = StepTimeModel()
+    e.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_s * 1e3,
+                   metavar="MS", help=f"step-time model: per step (default "
+                   f"{d.step_overhead_s * 1e3:g} ms)")
+    e.add_argument("--prefill-token-us", type=float, default=d.prefill_token_s * 1e6,
+                   metavar="US", help=f"per prefill token (default {d.prefill_token_s * 1e6:g} µs)")
+    e.add_argument("--decode-seq-us", type=float, default=d.decode_seq_s * 1e6,
+                   metavar="US", help=f"per decoding sequence (default "
+                   f"{d.decode_seq_s * 1e6:g} µs)")
+    a = p.add_argument_group("analysis and output")
+    a.add_argument("--capacity-sweep", nargs="?", const="default", metavar="TOKENS,...",
+                   help="also report pure-cache hit rate vs capacity (LRU, Belady, "
+                   "infinite); default capacities 1e4,1e5,1e6,3e6,1e7,unlimited tokens")
+    a.add_argument("--warmup-fraction", type=float, default=0.5, metavar="F",
+                   help="'after warm-up' rates count requests from this fraction on "
+                   "(default 0.5)")
+    a.add_argument("--no-bounds", action="store_true",
+                   help="skip the Belady and infinite-cache bounds")
+    a.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    a.add_argument("--plot-dir", default="pagedkv-report", metavar="DIR",
+                   help="where PNG plots go (default ./pagedkv-report)")
+    a.add_argument("--no-plots", action="store_true", help="write no plots")
+    a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a.add_argument("--check-invariants", action="store_true",
+                   help="debug: walk the manager's state after every step (slow)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
+    given = [f for f in _ALL_GEN_FLAGS if getattr(args, f) is not None]
+    if args.generator is None:
+        if given:
+            raise InvalidArgumentError(
+                f"--{given[0].replace('_', '-')} is a generator parameter; add --generator"
+            )
+        path = Path(args.trace) if args.trace else bundled_trace_path()
+        wl = load_trace(path, fmt=args.trace_format, skip_bad_lines=args.skip_bad_lines,
+                        limit=args.limit, source_block_size=args.trace_block_size)
+        what = wl.description if args.trace else f"bundled default workload: {wl.description}"
+        if wl.num_skipped_lines:
+            what += f"; {wl.num_skipped_lines} bad lines skipped (first: " \
+                    f"{wl.first_skipped_problem})"
+        return wl, what
+    mapping = _GEN_PARAMS[args.generator]
+    for f in given:
+        if f not in mapping:
+            raise InvalidArgumentError(
+                f"--{f.replace('_', '-')} does not apply to --generator {args.generator}"
+            )
+    kwargs = {mapping[f]: getattr(args, f) for f in given}
+    wl = GENERATORS[args.generator](**kwargs).limited(args.limit)
+    return wl, f"generator {args.generator}: {wl.description}"
+
+
+def _capacity(args: argparse.Namespace, wl: Workload) -> tuple[int, dict[str, Any]]:
+    """(num_blocks, how it was chosen)."""
+    bs = args.block_size
+    if args.num_blocks is not None:
+        if args.model is not None or args.gpu_memory is not None:
+            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
+        return args.num_blocks, {"source": "--num-blocks"}
+    model = args.model or DEFAULT_MODEL
+    gpu = args.gpu_memory or DEFAULT_GPU_MEMORY
+    try:
+        from pagedkv import planner
+    except ImportError:
+        if args.model is not None:
+            raise MissingDependencyError("--model needs pagedkv.planner") from None
+        return FALLBACK_CAPACITY_TOKENS // bs + 1, {
+            "source": f"fallback {FALLBACK_CAPACITY_TOKENS:,} tokens"}
+    config, source, name = planner.load_config(model)
+    spec = planner.model_spec_from_config(config, name=name, source=source, tp_size=args.tp,
+                                          block_size=bs)
+    weights = planner.estimate_weights(config, source=source, tp_size=args.tp)
+    budget = planner.kv_cache_budget(
+        gpu_memory_bytes=planner.parse_bytes(gpu, what="--gpu-memory"),
+        utilization=args.gpu_memory_utilization,
+        weight_bytes=weights.weight_bytes_per_rank,
+        activation_reserve_bytes=planner.parse_bytes("2GiB", what="activation reserve"),
+    )
+    max_len = max(r.num_prompt_tokens + max(1, r.num_output_tokens) for r in wl.requests)
+    plan = planner.plan_kv_cache(
+        spec.layer_to_spec, available_bytes=max(budget.kv_cache_bytes, 0),
+        max_model_len=max_len, model_name=spec.name,
+    )
+    info: dict[str, Any] = {
+        "source": f"planner: {spec.name} on {gpu} (utilization "
+                  f"{args.gpu_memory_utilization:g}, TP {args.tp})",
+        "plan_num_blocks": plan.num_blocks, "plan_block_size": plan.block_size,
+        "plan_kv_tokens": plan.kv_tokens, "plan_groups": len(plan.groups),
+    }
+    if len(plan.groups) == 1 and plan.block_size == bs:
+        return plan.num_blocks, info
+    info["note"] = (
+        f"the plan has {len(plan.groups)} groups of block size {plan.block_size}; simulated "
+        f"as one full-attention group holding its {plan.kv_tokens:,} token slots"
+    )
+    return plan.kv_tokens // bs + 1, info
+
+
+def _sweep_capacities(text: str) -> list[int | None]:
+    if text == "default":
+        return list(DEFAULT_SWEEP_TOKENS)
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("unlimited", "inf", "none"):
+            out.append(None)
+            continue
+        try:
+            out.append(int(float(part)))
+        except ValueError:
+            raise InvalidArgumentError(
+                f"--capacity-sweep: {part!r} is not a token count (e.g. 1e6) or 'unlimited'"
+            ) from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``pagedkv simulate`` for parsed ``args``; returns the exit code.
+
+    Raises:
+        PagedKVError: bad input (trace lines, impossible settings); the CLI prints it.
+    """
+    if args.limit is not None and args.limit < 1:
+        raise InvalidArgumentError(f"--limit must be >= 1, got {args.limit}")
+    if not 0.0 <= args.warmup_fraction < 1.0:
+        raise InvalidArgumentError(
+            f"--warmup-fraction must be in [0, 1), got {args.warmup_fraction}"
+        )
+    progress = ProgressReporter(enabled=not args.no_progress)
+    wl, what = _workload(args)
+    bs = args.block_size
+    check_block_size(bs, wl.source_block_size)
+    num_blocks, capacity_info = _capacity(args, wl)
+    settings: dict[str, Any] = {"capacity": capacity_info}
+    progress.phase(f"replaying {len(wl.requests)} requests")
+    if args.mode == "engine":
+        step = StepTimeModel(
+            step_overhead_s=args.step_overhead_ms / 1e3,
+            prefill_token_s=args.prefill_token_us / 1e6,
+            decode_seq_s=args.decode_seq_us / 1e6,
+        )
+        cfg = SchedulerConfig(
+            token_budget=args.token_budget, max_running=args.max_running,
+            arrivals=args.arrivals, rate_scale=args.rate_scale, step_time=step,
+            check_invariants_every_step=args.check_invariants,
+        )
+        settings.update(token_budget=cfg.token_budget, max_running=cfg.max_running,
+                        arrivals=cfg.arrivals, rate_scale=cfg.rate_scale,
+                        step_overhead_s=step.step_overhead_s,
+                        prefill_token_s=step.prefill_token_s, decode_seq_s=step.decode_seq_s)
+        result = EngineSimulator(wl, block_size=bs, num_blocks=num_blocks, config=cfg).run(
+            progress
+        )
+    else:
+        result = run_pure_cache(wl, block_size=bs, num_blocks=num_blocks, progress=progress,
+                                check_invariants=args.check_invariants)
+    infinite = belady = None
+    if not args.no_bounds:
+        progress.phase("bounds (infinite cache, Belady)")
+        seq = access_sequence(wl, bs)
+        infinite = infinite_cache_hits(seq)
+        belady = belady_hits(seq, num_blocks - 1)
+    sweep = []
+    if args.capacity_sweep:
+        progress.phase("capacity sweep")
+        sweep = capacity_sweep(wl, block_size=bs,
+                               capacities_tokens=_sweep_capacities(args.capacity_sweep),
+                               warmup_fraction=args.warmup_fraction, progress=progress)
+    progress.close()
+    summary = summarize(
+        result, description=what, warmup_start=int(len(wl.requests) * args.warmup_fraction),
+        infinite=infinite, belady=belady, ideal_hit_rate=wl.ideal_hit_rate(bs, args.mode),
+        sweep=sweep, settings=settings,
+    )
+    plots: list[str] = []
+    plot_note = None
+    if not args.no_plots:
+        try:
+            plots = [str(p) for p in write_plots(summary, args.plot_dir)]
+        except MissingDependencyError as exc:
+            plot_note = f"plots skipped: {exc}"
+    summary["plots"] = plots
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        if plot_note:
+            print(plot_note, file=sys.stderr)
+        return 0
+    print_report(summary)
+    print(f"capacity: {capacity_info['source']}"
+          + (f"; {capacity_info['note']}" if "note" in capacity_info else ""))
+    if plots:
+        print(f"plots written to {Path(args.plot_dir).resolve()}: "
+              + ", ".join(Path(p).name for p in plots))
+    elif plot_note:
+        print(plot_note)
+    return 0

@@ -1,0 +1,157 @@
+"""Pure-cache mode: the setting in which hit-rate-vs-capacity curves are drawn.
+
+Each request, in workload order, is looked up (``get_computed_blocks``), its whole prompt
+is "computed" in one ``allocate_slots`` call — which stores its full prompt blocks in the
+prefix index — and it is freed at once. No decode, no concurrency, no clock: the only
+thing that varies with capacity is which blocks the manager's eviction (LRU, deepest
+block of a chain first) has kept.
+
+A prompt longer than the whole cache stores only its first ``num_blocks - 1`` blocks (it
+could not be held at once); its lookup is still counted in full.
+
+Worked case, block size 4, 3 usable blocks (``num_blocks=4``): prompt A = blocks
+``a1 a2 a3`` + 2 tokens (14 tokens), then B = ``a1 a2 b3`` + 1 token (13 tokens).
+A misses (0 of 14 tokens hit) and, longer than the cache, stores ``a1 a2 a3`` only; freed
+tail first, the LRU order is a3, a2, a1. B hits ``a1 a2`` (8 of 13 tokens), stores ``b3``
+(truncated to 12 tokens) and so evicts ``a3``, the front of the queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pagedkv import InvalidArgumentError
+from pagedkv.sim.bounds import AccessSequence, access_sequence, belady_hits, infinite_cache_hits
+from pagedkv.sim.results import SimResult
+from pagedkv.sim.scheduler import build_manager, make_request
+from pagedkv.sim.workloads import Workload
+
+__all__ = [
+    "PureCacheResult",
+    "SweepRow",
+    "capacity_sweep",
+    "run_pure_cache",
+    "unlimited_num_blocks",
+]
+
+PureCacheResult = SimResult
+
+
+def run_pure_cache(
+    workload: Workload,
+    *,
+    block_size: int,
+    num_blocks: int,
+    progress: Callable[[int, int], None] | None = None,
+    check_invariants: bool = False,
+) -> SimResult:
+    """Replay ``workload`` in pure-cache mode on a fresh manager of ``num_blocks`` blocks.
+
+    ``lookup_time_s`` of request ``i`` is its nominal arrival time. ``check_invariants``
+    walks the manager's state after every request (slow; for tests).
+
+    Raises:
+        InvalidArgumentError: a block size the workload cannot be replayed at.
+    """
+    wall0 = time.perf_counter()
+    mgr = build_manager(workload, block_size=block_size, num_blocks=num_blocks)
+    reqs = workload.requests
+    n = len(reqs)
+    max_tokens = (num_blocks - 1) * block_size
+    res = SimResult(
+        mode="pure-cache", workload=workload.name, block_size=block_size,
+        num_blocks=num_blocks, query_tokens=[r.num_prompt_tokens for r in reqs],
+        hit_tokens=[0] * n, lookup_time_s=[r.arrival_s for r in reqs],
+    )
+    hits = res.hit_tokens
+    for i in range(n):
+        req = make_request(mgr, workload, i, block_size)
+        hit = mgr.get_computed_blocks(req)
+        num_hit = hit.num_computed_tokens
+        hits[i] = num_hit
+        num_new = min(req.num_tokens, max_tokens) - num_hit
+        if num_new > 0:
+            new = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
+            assert new is not None, "an empty cache must hold one prompt's blocks"
+            mgr.free(req)
+        if check_invariants:
+            mgr.check_invariants()
+        if progress is not None and i % 512 == 0:
+            progress(i, n)
+    if progress is not None:
+        progress(n, n)
+    res.evicted_blocks = mgr.num_evicted_blocks
+    res.wall_s = time.perf_counter() - wall0
+    return res
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepRow:
+    """Hit rates at one capacity: LRU (pagedkv in pure-cache mode), the Belady bound and
+    the infinite ceiling, over all requests and over those after the warm-up."""
+
+    capacity_tokens: int | None
+    num_blocks: int
+    lru: float
+    lru_after_warmup: float
+    belady: float
+    belady_after_warmup: float
+    infinite: float
+    infinite_after_warmup: float
+    evicted_blocks: int
+
+
+def unlimited_num_blocks(seq: AccessSequence) -> int:
+    """A pool size at which pure-cache mode never evicts: every distinct block plus the
+    largest prompt (its partial block included) plus the null block."""
+    largest = max(
+        (seq.starts[i + 1] - seq.starts[i] for i in range(seq.num_requests)), default=0
+    )
+    return len(set(seq.items)) + largest + 2
+
+
+def capacity_sweep(
+    workload: Workload,
+    *,
+    block_size: int,
+    capacities_tokens: Sequence[int | None],
+    warmup_fraction: float = 0.5,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[SweepRow]:
+    """Pure-cache hit rates at each capacity in tokens (None = unlimited; a capacity holds
+    ``floor(tokens / block_size)`` blocks). "After warm-up" counts only requests from
+    ``floor(n * warmup_fraction)`` on, the cache having served the earlier ones.
+
+    Raises:
+        InvalidArgumentError: a block size the workload cannot be replayed at, or a
+            capacity below one block.
+    """
+    seq = access_sequence(workload, block_size)
+    inf = infinite_cache_hits(seq)
+    start = int(len(workload.requests) * warmup_fraction)
+    rows: list[SweepRow] = []
+    for step, cap in enumerate(capacities_tokens):
+        if progress is not None:
+            progress(step, len(capacities_tokens))
+        if cap is None:
+            num_blocks = unlimited_num_blocks(seq)
+        else:
+            if cap < block_size:
+                raise InvalidArgumentError(
+                    f"capacity {cap} tokens is less than one block of {block_size} tokens"
+                )
+            num_blocks = cap // block_size + 1
+        lru = run_pure_cache(workload, block_size=block_size, num_blocks=num_blocks)
+        bel = inf if cap is None else belady_hits(seq, num_blocks - 1)
+        rows.append(SweepRow(
+            capacity_tokens=cap, num_blocks=num_blocks,
+            lru=lru.hit_rate(), lru_after_warmup=lru.hit_rate(start),
+            belady=bel.hit_rate(), belady_after_warmup=bel.hit_rate(start),
+            infinite=inf.hit_rate(), infinite_after_warmup=inf.hit_rate(start),
+            evicted_blocks=lru.evicted_blocks,
+        ))
+    if progress is not None:
+        progress(len(capacities_tokens), len(capacities_tokens))
+    return rows
