@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from pagedkv.coordinator import (
     Coordinator,
@@ -34,13 +34,17 @@ from pagedkv.coordinator import (
     UnitaryCoordinator,
 )
 from pagedkv.errors import InvalidArgumentError, UnknownRequestError
-from pagedkv.events.records import KVCacheEvent
+from pagedkv.events.config import KVEventsConfig
+from pagedkv.events.records import BlockStored, KVCacheEvent
 from pagedkv.hashing import HASH_ALGOS, BlockHasher, LoRA, MultiModalItem
 from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.metrics import HitRateWindow, PrefixCacheStats
 from pagedkv.pool import BlockPool, GroupInfo, HashedRequest
 from pagedkv.request import Request
 from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
+
+if TYPE_CHECKING:
+    from pagedkv.events.publisher import ZmqEventPublisher
 
 __all__ = ["CacheConfig", "ComputedBlocks", "KVCacheManager", "RequestLike"]
 
@@ -75,6 +79,8 @@ class CacheConfig:
     block size (every group block size must be a multiple of it).
     ``drop_last_hit``: speculative decoding whose draft head needs the last block's hidden
     states; the last hit block is dropped so it is recomputed.
+    ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
+    ``enable_events``; needs the ``events`` extra); see :meth:`KVCacheManager.publish_events`.
     """
 
     groups: tuple[KVCacheSpec, ...]
@@ -87,6 +93,7 @@ class CacheConfig:
     enable_events: bool = False
     drop_last_hit: bool = False
     hit_rate_window_requests: int = 1000
+    kv_events: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -129,7 +136,7 @@ class KVCacheManager:
                 )
                 for s in specs
             ],
-            enable_events=config.enable_events,
+            enable_events=config.enable_events or config.kv_events is not None,
         )
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed)
         self.managers: list[SingleTypeManager] = [
@@ -147,6 +154,13 @@ class KVCacheManager:
         self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0)
         self._stats = [0, 0, 0, 0, 0, 0]
         self.hit_rate_window = HitRateWindow(config.hit_rate_window_requests)
+        self.publisher: ZmqEventPublisher | None = None
+        if config.kv_events is not None:
+            from pagedkv.events.publisher import ZmqEventPublisher
+
+            self.publisher = ZmqEventPublisher(
+                config.kv_events, snapshot_fn=self.prefix_index_snapshot
+            )
 
     @classmethod
     def from_spec(
@@ -412,9 +426,29 @@ class KVCacheManager:
         """The KV-cache events buffered since the last call (empty when events are off)."""
         return self.pool.take_events()
 
-    def prefix_index_snapshot(self) -> list[KVCacheEvent]:
+    def publish_events(self) -> int:
+        """Hand the events buffered since the last call to the ZeroMQ publisher (configured
+        by ``CacheConfig.kv_events``) and return how many there were.
+
+        Call once per scheduler step, also when nothing happened: snapshot requests from
+        subscribers are answered on this call. Never blocks: a slow or absent subscriber
+        costs nothing here (the publisher drops and counts batches past its queue).
+        Without a publisher the events are simply taken and discarded.
+        """
+        events = self.pool.take_events()
+        if self.publisher is not None:
+            self.publisher.publish(events)
+        return len(events)
+
+    def close(self) -> None:
+        """Release the event publisher's sockets and thread (if any). Idempotent."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+
+    def prefix_index_snapshot(self) -> list[BlockStored]:
         """Stored events recreating the current prefix index (events must be on)."""
-        return list(self.pool.prefix_index_snapshot())
+        return self.pool.prefix_index_snapshot()
 
     # ---------------------------------------------------------------- checks
 

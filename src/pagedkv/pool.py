@@ -247,7 +247,7 @@ class BlockPool:
         index = self.index[group]
         bh = self.block_hash
         bg = self.block_group
-        new_hashes: list[bytes] | None = [] if self.events is not None else None
+        stored: list[int] | None = [] if self.events is not None else None
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
             if not b:
@@ -262,12 +262,11 @@ class BlockPool:
             primary = index.setdefault(h, b)
             if primary != b:
                 self._dups[group].setdefault(h, []).append(b)
-            if new_hashes is not None:
-                new_hashes.append(h)
+            if stored is not None:
+                stored.append(i)
                 self._remember(request, b, hashes, i, group)
-        if new_hashes:
-            self._emit_stored(request, blocks, hashes, num_cached_blocks, num_full_blocks, group,
-                              new_hashes)
+        if stored:
+            self._emit_stored(request, hashes, stored, group)
 
     def cache_partial_block(
         self, request: HashedRequest, block: int, num_tokens: int, group: int
@@ -472,39 +471,39 @@ class BlockPool:
         )
 
     def _emit_stored(
-        self,
-        request: HashedRequest,
-        blocks: Sequence[int],
-        hashes: Sequence[bytes],
-        num_cached: int,
-        num_full: int,
-        group: int,
-        new_hashes: list[bytes],
+        self, request: HashedRequest, hashes: Sequence[bytes], stored: list[int], group: int
     ) -> None:
+        """One stored event per run of consecutive newly registered block positions
+        (ascending ``stored``): null or already registered blocks split the range, so each
+        event's ``token_ids`` cover exactly its blocks and its parent is the hash just
+        before its first block."""
         assert self.events is not None
         info = self.groups[group]
         bs = info.block_size
         lora = request.lora
-        extra = [
-            _extra_keys_of(request, i * bs, (i + 1) * bs)
-            for i in range(num_cached, num_full)
-            if blocks[i]
-        ]
-        self.events.append(
-            BlockStored(
-                block_hashes=new_hashes,
-                parent_block_hash=hashes[num_cached - 1] if num_cached else None,
-                token_ids=request.all_token_ids[num_cached * bs : num_full * bs],
-                block_size=bs,
-                lora_id=lora.adapter_id if lora else None,
-                medium=MEDIUM_GPU,
-                lora_name=lora.name if lora else None,
-                extra_keys=extra,
-                group_idx=group,
-                kv_cache_spec_kind=info.kind,
-                kv_cache_spec_sliding_window=info.sliding_window,
+        tokens = request.all_token_ids
+        run_start = 0
+        for k in range(1, len(stored) + 1):
+            if k < len(stored) and stored[k] == stored[k - 1] + 1:
+                continue
+            first, last = stored[run_start], stored[k - 1] + 1
+            run_start = k
+            self.events.append(
+                BlockStored(
+                    block_hashes=list(hashes[first:last]),
+                    parent_block_hash=hashes[first - 1] if first else None,
+                    token_ids=tokens[first * bs : last * bs],
+                    block_size=bs,
+                    lora_id=lora.adapter_id if lora else None,
+                    medium=MEDIUM_GPU,
+                    lora_name=lora.name if lora else None,
+                    extra_keys=[_extra_keys_of(request, j * bs, (j + 1) * bs)
+                                for j in range(first, last)],
+                    group_idx=group,
+                    kv_cache_spec_kind=info.kind,
+                    kv_cache_spec_sliding_window=info.sliding_window,
+                )
             )
-        )
 
     def prefix_index_snapshot(self) -> list[BlockStored]:
         """BlockStored events that recreate the current index, parents before children.

@@ -343,3 +343,41 @@ def test_prefix_index_snapshot_lists_parents_first(make_mgr: Any) -> None:
         assert ev.parent_block_hash is None or ev.parent_block_hash in seen
         seen.update(ev.block_hashes)
     assert seen == set(a.block_hashes[:3]) | set(b.block_hashes[:3])
+
+
+def test_stored_events_split_at_blocks_not_newly_registered(make_mgr: Any) -> None:
+    """Every stored event's token_ids cover exactly its blocks: a block in the range that
+    is already registered (here via delayed caching of a partially cached table) splits
+    the event, and its parent is the hash right before it."""
+    m = make_mgr(num_blocks=20, enable_events=True)
+    a = m.new_request("a", list(range(16)))
+    assert m.allocate_slots(a, 16, delay_caching=True) == ([1, 2, 3, 4],)
+    m.cache_blocks(a, 8)
+    [first] = m.take_events()
+    assert first.block_hashes == a.block_hashes[:2]
+    m.evict_blocks([2])  # block 2 leaves the index; blocks 1 stays registered
+    m.take_events()
+    m.cache_blocks(a, 16)  # positions 2 and 3 are new; 0 and 1 were counted as cached
+    [ev] = m.take_events()
+    assert ev.block_hashes == a.block_hashes[2:4]
+    assert ev.parent_block_hash == a.block_hashes[1]
+    assert ev.token_ids == list(range(8, 16))
+    for e in (first, ev):
+        assert len(e.token_ids) == len(e.block_hashes) * e.block_size
+        assert len(e.extra_keys) == len(e.block_hashes)
+
+
+def test_stored_events_split_around_null_blocks() -> None:
+    from pagedkv import BlockHasher, Request
+    from pagedkv.pool import BlockPool
+
+    pool = BlockPool(10, hash_block_size=4, enable_events=True)
+    req = Request("r", list(range(20)), hasher=BlockHasher(4))
+    ids = pool.get_new_blocks(4)
+    table = [ids[0], 0, ids[1], ids[2], 0]  # block positions 1 and 4 are null
+    pool.cache_full_blocks(req, table, 0, 5, 0)
+    events = pool.take_events()
+    assert [e.block_hashes for e in events] == [req.block_hashes[0:1], req.block_hashes[2:4]]
+    assert [e.parent_block_hash for e in events] == [None, req.block_hashes[1]]
+    assert [e.token_ids for e in events] == [list(range(0, 4)), list(range(8, 16))]
+    pool.check_invariants()

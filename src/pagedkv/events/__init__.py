@@ -1,9 +1,11 @@
 """KV-cache events: what the pool stored, removed or cleared.
 
-The record types here are dependency-free; the wire encoding (msgpack, vLLM's format) and
-the ZeroMQ publisher/subscriber live in submodules that import their optional extras.
+The record types and the publisher config here are dependency-free; the wire encoding
+(msgpack, vLLM's format) and the ZeroMQ publisher/subscriber live in submodules
+(``wire``, ``publisher``, ``subscriber``) that import their optional extras.
 """
 
+from pagedkv.events.config import KVEventsConfig, kv_topic
 from pagedkv.events.records import (
     MEDIUM_CPU,
     MEDIUM_GPU,
@@ -20,4 +22,6 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "KVCacheEvent",
+    "KVEventsConfig",
+    "kv_topic",
 ]
