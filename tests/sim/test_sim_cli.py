@@ -1,0 +1,82 @@
+"""``pagedkv simulate`` end to end (small runs): the default workload, JSON, plots, the
+capacity sweep, generators, and errors reported as one line with exit code 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pagedkv.cli import main
+
+
+def test_default_workload_runs_and_writes_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plots = tmp_path / "report"
+    code = main(["simulate", "--limit", "150", "--no-progress", "--plot-dir", str(plots)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "bundled default workload" in out
+    assert "hit rate (all requests)" in out and "Belady optimum" in out
+    assert "TTFT p50" in out and "planner: Llama-3.1-8B" in out
+    assert f"plots written to {plots.resolve()}" in out
+    assert (plots / "hit_rate_usage.png").stat().st_size > 1000
+
+
+def test_json_pure_cache_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([
+        "simulate", "--limit", "200", "--mode", "pure-cache", "--block-size", "512",
+        "--num-blocks", "101", "--capacity-sweep", "1e4,1e5,unlimited", "--json",
+        "--no-progress", "--plot-dir", str(tmp_path),
+    ])
+    assert code == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["mode"] == "pure-cache" and s["capacity_tokens"] == 100 * 512
+    assert s["hit_rate"] <= s["belady_hit_rate"] <= s["infinite_cache_hit_rate"]
+    rows = s["capacity_sweep"]
+    assert [r["capacity_tokens"] for r in rows] == [10_000, 100_000, None]
+    assert rows[-1]["lru"] == rows[-1]["infinite"] and rows[-1]["evicted_blocks"] == 0
+    assert all(r["lru"] <= r["belady"] <= r["infinite"] for r in rows)
+    assert rows[0]["num_blocks"] == 10_000 // 512 + 1
+    assert sorted(Path(p).name for p in s["plots"]) == [
+        "hit_rate_usage.png", "hit_rate_vs_capacity.png"]
+
+
+def test_generator_reports_ideal(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--generator", "system-prompts", "--groups", "2",
+                 "--per-group", "4", "--num-blocks", "2000", "--no-plots", "--json"])
+    assert code == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["hit_rate"] == pytest.approx(s["ideal_hit_rate"])
+    assert s["ideal_hit_rate"] == pytest.approx(2 * 3 * 1536 / (2 * 4 * 1736))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--groups", "3"], "--groups is a generator parameter"),
+        (["--generator", "multi-turn", "--groups", "3"], "does not apply"),
+        (["--block-size", "48"], "divisor of 512"),
+        (["--num-blocks", "10", "--model", "Llama-3.1-8B"], "either --num-blocks"),
+        (["--trace", "/nonexistent.jsonl"], "cannot open"),
+    ],
+)
+def test_errors_exit_1(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--no-plots", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pagedkv simulate: error:") and message in err
+
+
+def test_bad_trace_line_and_skip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "input_length": 40, "output_length": 2}\n'
+    )
+    assert main(["simulate", "--trace", str(trace), "--num-blocks", "50", "--no-plots"]) == 1
+    assert f"{trace}:2: key 'hash_ids': missing" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(trace), "--num-blocks", "50", "--no-plots",
+                 "--skip-bad-lines", "--trace-block-size", "64"]) == 0
+    assert "1 bad lines skipped" in capsys.readouterr().out
