@@ -93,7 +93,9 @@ class ProgressReporter:
 def _rich_console(stream: TextIO) -> Any:
     from rich.console import Console
 
-    return Console(file=stream)
+    # Not a terminal (a pipe, a file): rich would wrap at 80 columns; lines here are wider.
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(file=stream) if tty else Console(file=stream, width=110)
 
 
 # ---------------------------------------------------------------- summary
@@ -250,13 +252,14 @@ def _header(s: dict[str, Any]) -> str:
 def _sweep_lines(s: dict[str, Any]) -> list[list[str]]:
     return [
         [_cap(r["capacity_tokens"]), _pct(r["lru"]), _pct(r["lru_after_warmup"]),
-         _pct(r["belady"]), _pct(r["belady_after_warmup"]), _pct(r["infinite"])]
+         _pct(r["belady"]), _pct(r["belady_after_warmup"]), _pct(r["infinite"]),
+         _pct(r["infinite_after_warmup"])]
         for r in s.get("capacity_sweep", ())
     ]
 
 
 _SWEEP_HEAD = ["capacity (tokens)", "LRU", "LRU after warm-up", "Belady",
-               "Belady after warm-up", "infinite"]
+               "Belady after warm-up", "infinite", "infinite after warm-up"]
 
 
 def render_text(s: dict[str, Any]) -> str:
@@ -270,8 +273,9 @@ def render_text(s: dict[str, Any]) -> str:
     sweep = _sweep_lines(s)
     if sweep:
         lines.append("Hit rate vs capacity (pure-cache mode)")
-        widths = [max(len(r[i]) for r in [_SWEEP_HEAD, *sweep]) for i in range(6)]
-        for r in [_SWEEP_HEAD, *sweep]:
+        table = [_SWEEP_HEAD, *sweep]
+        widths = [max(len(r[i]) for r in table) for i in range(len(_SWEEP_HEAD))]
+        for r in table:
             lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
