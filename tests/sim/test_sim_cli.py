@@ -80,3 +80,29 @@ def test_bad_trace_line_and_skip(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["simulate", "--trace", str(trace), "--num-blocks", "50", "--no-plots",
                  "--skip-bad-lines", "--trace-block-size", "64"]) == 0
     assert "1 bad lines skipped" in capsys.readouterr().out
+
+
+def test_engine_bounds_count_replies_and_skip_rejected(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Multi-turn in engine mode: replies are cached while decoding, so the ceiling the
+    # report shows includes them and equals the engine-mode analytic ideal.
+    assert main(["simulate", "--generator", "multi-turn", "--sessions", "3", "--turns", "3",
+                 "--num-blocks", "3000", "--no-plots", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["hit_rate"] == pytest.approx(s["ideal_hit_rate"])
+    assert s["infinite_cache_hit_rate"] == pytest.approx(s["ideal_hit_rate"])
+    # A request longer than the whole cache is rejected, and left out of the bounds too:
+    # the other two share everything but the last token, so both rates are 1 hit in 2.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 65, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 9, "input_length": 4000, "output_length": 1, "hash_ids": [1, 2, 3, 4, '
+        '5, 6, 7, 8]}\n'
+        '{"timestamp": 9, "input_length": 65, "output_length": 1, "hash_ids": [1]}\n'
+    )
+    assert main(["simulate", "--trace", str(trace), "--num-blocks", "20", "--no-plots",
+                 "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["rejected_requests"] == 1
+    assert s["hit_rate"] == s["infinite_cache_hit_rate"] == s["belady_hit_rate"] == 64 / 130

@@ -24,10 +24,13 @@ access is a stored-only one has no useful next access (it is re-stored there for
 "epoch" argument: splitting a block at its uncounted accesses turns the problem into plain
 caching with bypass, where MIN is optimal). Cost: O(accesses * log C).
 
-In engine mode the same figures are shown beside the achieved hit rate as a reference:
-they bound what a different eviction policy or more memory could win when requests are
-served one at a time; concurrency (blocks held by running requests) only lowers what is
-achievable.
+In engine mode the same figures are shown beside the achieved hit rate as a *reference*,
+computed on the requests the engine admitted (not the rejected ones) and with the blocks
+each request fills while decoding stored too (``with_outputs``: a multi-turn reply
+reappears in the next prompt). They say what a different eviction policy or more memory
+could win with requests served one at a time in arrival order; they are not a proof about
+the concurrent engine, whose running requests pin blocks and whose chunked prefills store
+blocks later than the relaxation does.
 
 Block identities: trace blocks get ints from the chain of ``(parent, hash_id)`` (sub-block
 ``j`` of source block ``B`` is ``B * k + j``, the same identity as the derived hashes of
@@ -38,6 +41,7 @@ manager would hash them (SHA-256 over their tokens) and numbered by digest.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv import BlockHasher
@@ -108,18 +112,32 @@ class BoundResult:
         return sum(self.hit_tokens[start:]) / q if q else 0.0
 
 
-def access_sequence(workload: Workload, block_size: int) -> AccessSequence:
-    """Build the pure-cache access sequence of ``workload`` at ``block_size``.
-    O(total prompt blocks)."""
+def access_sequence(
+    workload: Workload,
+    block_size: int,
+    *,
+    with_outputs: bool = False,
+    indices: Sequence[int] | None = None,
+) -> AccessSequence:
+    """Build the access sequence of ``workload`` at ``block_size``. O(total blocks).
+
+    ``with_outputs``: each request also stores, uncounted, the full blocks it fills while
+    decoding (prompt + all output tokens but the last), as engine mode does. Only requests
+    with real output tokens (generators) have such blocks others can hit; trace requests'
+    decode tokens are unique placeholders and are left out. ``indices``: only these
+    requests, in this order (engine mode leaves out the requests it rejected).
+    """
     check_block_size(block_size, workload.source_block_size)
     src = workload.source_block_size
+    order = range(len(workload.requests)) if indices is None else indices
     chain: dict[tuple[int, int], int] = {}
     digests: dict[bytes, int] = {}
     hasher: BlockHasher | None = None
     items: list[int] = []
     starts = [0]
     num_queried: list[int] = []
-    for index, r in enumerate(workload.requests):
+    for index in order:
+        r = workload.requests[index]
         n = r.num_prompt_tokens
         s = n // block_size
         num_queried.append((n - 1) // block_size)
@@ -151,7 +169,11 @@ def access_sequence(workload: Workload, block_size: int) -> AccessSequence:
                 if hasher is None:
                     hasher = BlockHasher(block_size)
                 hashes = []
-                hasher.extend(hashes, r.prompt_token_ids)
+                tokens = r.prompt_token_ids
+                outs = r.output_token_ids
+                if with_outputs and outs:
+                    tokens = tokens + outs[: max(1, r.num_output_tokens) - 1]
+                hasher.extend(hashes, tokens)
             for h in hashes:
                 v = digests.get(h)
                 if v is None:
@@ -160,7 +182,7 @@ def access_sequence(workload: Workload, block_size: int) -> AccessSequence:
         starts.append(len(items))
     return AccessSequence(
         block_size=block_size, items=items, starts=starts, num_queried=num_queried,
-        query_tokens=[r.num_prompt_tokens for r in workload.requests],
+        query_tokens=[workload.requests[i].num_prompt_tokens for i in order],
     )
 
 

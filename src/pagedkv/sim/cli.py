@@ -286,9 +286,16 @@ def run(args: argparse.Namespace) -> int:
         result = run_pure_cache(wl, block_size=bs, num_blocks=num_blocks, progress=progress,
                                 check_invariants=args.check_invariants)
     infinite = belady = None
+    warmup_start = int(len(wl.requests) * args.warmup_fraction)
+    bounds_warmup_start = warmup_start
     if not args.no_bounds:
         progress.phase("bounds (infinite cache, Belady)")
-        seq = access_sequence(wl, bs)
+        engine = args.mode == "engine"
+        admitted = [i for i, t in enumerate(result.lookup_time_s) if t is not None]
+        seq = access_sequence(wl, bs, with_outputs=engine,
+                              indices=admitted if engine and result.rejected else None)
+        if engine and result.rejected:
+            bounds_warmup_start = sum(1 for i in admitted if i < warmup_start)
         infinite = infinite_cache_hits(seq)
         belady = belady_hits(seq, num_blocks - 1)
     sweep = []
@@ -299,9 +306,9 @@ def run(args: argparse.Namespace) -> int:
                                warmup_fraction=args.warmup_fraction, progress=progress)
     progress.close()
     summary = summarize(
-        result, description=what, warmup_start=int(len(wl.requests) * args.warmup_fraction),
-        infinite=infinite, belady=belady, ideal_hit_rate=wl.ideal_hit_rate(bs, args.mode),
-        sweep=sweep, settings=settings,
+        result, description=what, warmup_start=warmup_start,
+        bounds_warmup_start=bounds_warmup_start, infinite=infinite, belady=belady,
+        ideal_hit_rate=wl.ideal_hit_rate(bs, args.mode), sweep=sweep, settings=settings,
     )
     plots: list[str] = []
     plot_note = None

@@ -110,6 +110,7 @@ def summarize(
     *,
     description: str,
     warmup_start: int,
+    bounds_warmup_start: int | None = None,
     infinite: BoundResult | None = None,
     belady: BoundResult | None = None,
     ideal_hit_rate: float | None = None,
@@ -118,8 +119,11 @@ def summarize(
     num_windows: int = 20,
 ) -> dict[str, Any]:
     """Everything the report shows, as plain JSON-ready values (rates are fractions,
-    times seconds). ``warmup_start``: index of the first request counted "after warm-up".
+    times seconds). ``warmup_start``: index of the first request counted "after warm-up";
+    ``bounds_warmup_start`` the same position in the bounds' request list (default the
+    same index; differs when the bounds leave rejected requests out).
     """
+    bw = warmup_start if bounds_warmup_start is None else bounds_warmup_start
     hit, query = result.totals()
     hit2, query2 = result.totals(warmup_start)
     out: dict[str, Any] = {
@@ -140,10 +144,10 @@ def summarize(
         "ideal_hit_rate": ideal_hit_rate,
         "infinite_cache_hit_rate": infinite.hit_rate() if infinite else None,
         "infinite_cache_hit_rate_after_warmup": (
-            infinite.hit_rate(warmup_start) if infinite else None
+            infinite.hit_rate(bw) if infinite else None
         ),
         "belady_hit_rate": belady.hit_rate() if belady else None,
-        "belady_hit_rate_after_warmup": belady.hit_rate(warmup_start) if belady else None,
+        "belady_hit_rate_after_warmup": belady.hit_rate(bw) if belady else None,
         "evicted_blocks": result.evicted_blocks,
         "preemptions": result.preemptions,
         "preempted_relookup_tokens": result.preempted_query_tokens,
@@ -326,7 +330,7 @@ def write_plots(s: dict[str, Any], plot_dir: str | Path) -> list[Path]:
         MissingDependencyError: matplotlib is not installed (``pip install
             'pagedkv[plot]'``).
     """
-    require("matplotlib", "plot", "PNG plots")
+    require("matplotlib", "plot", "writing PNG plots")
     import matplotlib
 
     matplotlib.use("Agg")
