@@ -33,21 +33,30 @@ def _run(cmd: list[str], cwd: str) -> dict:  # type: ignore[type-arg]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--vllm-python", required=True, help="python of a venv with vllm")
     ap.add_argument("--harness-dir", default=HARNESS)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--hash-algo-pagedkv", default=None,
-                    help="hash algo for pagedkv only (e.g. xxhash), vLLM keeps the default")
+    ap.add_argument(
+        "--hash-algo-pagedkv",
+        default=None,
+        help="hash algo for pagedkv only (e.g. xxhash), vLLM keeps the default",
+    )
     ap.add_argument("workload", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     flags = [f for f in a.workload if f != "--"]
     pk_flags = list(flags)
     if a.hash_algo_pagedkv:
         pk_flags += ["--hash-algo", a.hash_algo_pagedkv]
-    pk_cmd = [sys.executable, os.path.join(HERE, "vllm_compare_adapter.py"),
-              "--harness-dir", a.harness_dir, *pk_flags]
+    pk_cmd = [
+        sys.executable,
+        os.path.join(HERE, "vllm_compare_adapter.py"),
+        "--harness-dir",
+        a.harness_dir,
+        *pk_flags,
+    ]
     vl_cmd = [a.vllm_python, os.path.join(a.harness_dir, "drive_vllm.py"), *flags]
     pk_runs, vl_runs = [], []
     for _ in range(a.rounds):

@@ -34,15 +34,19 @@ def hashing(rounds: int = 30) -> None:
             print(f"hashing {algo}: skipped (pip install 'pagedkv[fast]')")
             continue
         s = best_of(lambda h=hasher: Request("r", tokens, hasher=h), rounds)
-        print(f"hashing {algo:<12} {s / num_blocks * 1e6:6.3f} us per 16-token block "
-              f"(8,192-token prompt, best of {rounds})")
+        print(
+            f"hashing {algo:<12} {s / num_blocks * 1e6:6.3f} us per 16-token block "
+            f"(8,192-token prompt, best of {rounds})"
+        )
 
 
 def pool_ops(rounds: int = 40) -> None:
     pool = BlockPool(100_000, hash_block_size=16)
     hasher = BlockHasher(16)
-    reqs = [Request(f"r{i}", list(range(i * 10_000, i * 10_000 + 6400)), hasher=hasher)
-            for i in range(20)]
+    reqs = [
+        Request(f"r{i}", list(range(i * 10_000, i * 10_000 + 6400)), hasher=hasher)
+        for i in range(20)
+    ]
     best_alloc = best_free = float("inf")
     for _ in range(rounds):
         for r in reqs:

@@ -63,18 +63,28 @@ def measure(num_blocks: int, rounds: int = 200) -> dict[str, float]:
         hit = mgr.get_computed_blocks(probe)
         best["lookup_64"] = min(best["lookup_64"], time.perf_counter() - t)
         assert hit.num_computed_tokens == 64 * BS
-    return {"build_s": build_s, "bytes_per_block": bytes_per_block,
-            **{k: v * 1e6 for k, v in best.items()}}
+    return {
+        "build_s": build_s,
+        "bytes_per_block": bytes_per_block,
+        **{k: v * 1e6 for k, v in best.items()},
+    }
 
 
 def main() -> None:
     small = measure(10_000)
     large = measure(1_000_000)
     print(f"{'':<20} {'10,000 blocks':>14} {'1,000,000 blocks':>17} {'ratio':>7}")
-    for key, unit in (("build_s", "s"), ("bytes_per_block", "B"), ("allocate_64", "us"),
-                      ("free_64", "us"), ("lookup_64", "us")):
-        print(f"{key + ' (' + unit + ')':<20} {small[key]:>14.3f} {large[key]:>17.3f} "
-              f"{large[key] / small[key]:>7.2f}")
+    for key, unit in (
+        ("build_s", "s"),
+        ("bytes_per_block", "B"),
+        ("allocate_64", "us"),
+        ("free_64", "us"),
+        ("lookup_64", "us"),
+    ):
+        print(
+            f"{key + ' (' + unit + ')':<20} {small[key]:>14.3f} {large[key]:>17.3f} "
+            f"{large[key] / small[key]:>7.2f}"
+        )
 
 
 if __name__ == "__main__":

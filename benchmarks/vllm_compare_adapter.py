@@ -107,8 +107,7 @@ class PagedKVAdapter:
     def extra_stats(self) -> dict[str, Any]:
         st = self.mgr.make_prefix_cache_stats()
         return {
-            "prefix_cache_stats": {"requests": st.requests, "queries": st.queries,
-                                   "hits": st.hits},
+            "prefix_cache_stats": {"requests": st.requests, "queries": st.queries, "hits": st.hits},
             "cached_hash_entries": self.mgr.pool.num_cached_blocks(),
             "usable_blocks": self.mgr.pool.num_blocks - 1,
         }
@@ -121,17 +120,22 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, known.harness_dir)
     import workload  # the harness module
 
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--harness-dir", default=DEFAULT_HARNESS)
     workload.add_workload_args(ap)
     ap.add_argument("--pretty", action="store_true", help="indent the JSON")
     args = ap.parse_args(rest)
     import pagedkv
 
-    info = {"impl": "pagedkv", "pagedkv_version": pagedkv.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count()}
+    info = {
+        "impl": "pagedkv",
+        "pagedkv_version": pagedkv.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+    }
     out = workload.run_cli(lambda a, r: PagedKVAdapter(a), args, info)
     print(json.dumps(out, indent=2 if args.pretty else None))
 

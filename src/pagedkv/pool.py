@@ -171,6 +171,30 @@ class BlockPool:
         ids = self.free_queue.popleft_n(n)
         ref = self.ref_cnt
         bh = self.block_hash
+        # NOTE: the common eviction (events off, the block is the only block under its key
+        # and has no partial-prefix keys) is inlined: one dict delete instead of two calls
+        # and three lookups. A 64-block allocate evicting 64 cached blocks of a 1M-block
+        # pool: 86 -> 54 us (benchmarks/ab_eviction.py, interleaved best of 200).
+        if self.events is None:
+            bg = self.block_group
+            index = self.index
+            dups = self._dups
+            secondary = self._secondary
+            num_evicted = 0
+            for b in ids:
+                h = bh[b]
+                if h is not None:
+                    g = bg[b]
+                    dg = dups[g]
+                    if (not dg or h not in dg) and (not secondary or b not in secondary):
+                        del index[g][h]
+                        bh[b] = None
+                        num_evicted += 1
+                    else:
+                        self._evict(b)
+                ref[b] = 1
+            self.num_evicted_blocks += num_evicted
+            return ids
         for b in ids:
             if bh[b] is not None:
                 self._evict(b)
