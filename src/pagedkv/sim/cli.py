@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
+from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.bounds import access_sequence, belady_hits, infinite_cache_hits
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.pure_cache import capacity_sweep, run_pure_cache
@@ -149,6 +150,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="where PNG plots go (default ./pagedkv-report)")
     a.add_argument("--no-plots", action="store_true", help="write no plots")
     a.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev = p.add_argument_group("KV-cache events (engine mode; needs pagedkv[events])")
+    ev.add_argument("--kv-events-endpoint", default=None, metavar="ENDPOINT",
+                    help="publish the simulated engine's KV-cache events live on this ZeroMQ "
+                    "PUB endpoint in vLLM's wire format (e.g. tcp://127.0.0.1:5557)")
+    ev.add_argument("--kv-events-replay-endpoint", default=None, metavar="ENDPOINT",
+                    help="ROUTER endpoint serving replay and snapshot requests")
+    ev.add_argument("--kv-events-topic", default="", help="topic frame, e.g. kv@pod@model")
+    ev.add_argument("--kv-events-form", choices=("map", "array"), default="map",
+                    help="map: vLLM >= 0.24; array: vLLM <= 0.23")
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
     p.set_defaults(func=run)
@@ -257,6 +267,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(
             f"--warmup-fraction must be in [0, 1), got {args.warmup_fraction}"
         )
+    if args.kv_events_endpoint and args.mode != "engine":
+        raise InvalidArgumentError(
+            "--kv-events-endpoint publishes the events of the simulated engine: use it with "
+            "--mode engine"
+        )
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
     bs = args.block_size
@@ -270,10 +285,19 @@ def run(args: argparse.Namespace) -> int:
             prefill_token_s=args.prefill_token_us / 1e6,
             decode_seq_s=args.decode_seq_us / 1e6,
         )
+        kv_events = None
+        if args.kv_events_endpoint:
+            kv_events = KVEventsConfig(
+                endpoint=args.kv_events_endpoint,
+                replay_endpoint=args.kv_events_replay_endpoint,
+                topic=args.kv_events_topic,
+                wire_form=args.kv_events_form,
+            )
+            settings["kv_events_endpoint"] = args.kv_events_endpoint
         cfg = SchedulerConfig(
             token_budget=args.token_budget, max_running=args.max_running,
             arrivals=args.arrivals, rate_scale=args.rate_scale, step_time=step,
-            check_invariants_every_step=args.check_invariants,
+            check_invariants_every_step=args.check_invariants, kv_events=kv_events,
         )
         settings.update(token_budget=cfg.token_budget, max_running=cfg.max_running,
                         arrivals=cfg.arrivals, rate_scale=cfg.rate_scale,

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv import FullAttentionSpec, InvalidArgumentError, KVCacheManager, Request
+from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.workloads import SimRequest, Workload, check_block_size, request_block_hashes
 
@@ -111,6 +112,7 @@ class SchedulerConfig:
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     num_samples: int = 400
     check_invariants_every_step: bool = False
+    kv_events: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
         if self.token_budget < 1 or self.max_running < 1:
@@ -132,9 +134,16 @@ def request_blocks_needed(r: SimRequest, block_size: int) -> int:
     return -(-total // block_size)
 
 
-def build_manager(workload: Workload, *, block_size: int, num_blocks: int) -> KVCacheManager:
+def build_manager(
+    workload: Workload,
+    *,
+    block_size: int,
+    num_blocks: int,
+    kv_events: KVEventsConfig | None = None,
+) -> KVCacheManager:
     """A one-group full-attention manager sized for ``workload`` (``max_model_len`` = its
-    longest prompt + output), SHA-256 hashing of generated tokens, events off.
+    longest prompt + output), SHA-256 hashing of generated tokens; KV-cache events are
+    published per ``kv_events`` (off by default).
 
     Raises:
         InvalidArgumentError: a block size the workload's hashes cannot be replayed at, or
@@ -151,7 +160,8 @@ def build_manager(workload: Workload, *, block_size: int, num_blocks: int) -> KV
     )
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128,
                              dtype_bytes=2)
-    return KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len)
+    return KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len,
+                                    kv_events=kv_events)
 
 
 def make_request(
@@ -228,7 +238,8 @@ class EngineSimulator:
         self.workload = workload
         self.block_size = block_size
         self.config = config or SchedulerConfig()
-        self.manager = build_manager(workload, block_size=block_size, num_blocks=num_blocks)
+        self.manager = build_manager(workload, block_size=block_size, num_blocks=num_blocks,
+                                     kv_events=self.config.kv_events)
 
     def run(self, progress: Progress | None = None) -> SimResult:
         """Run to completion; returns the measurements. ``progress`` is called every few
@@ -265,6 +276,7 @@ class EngineSimulator:
         max_running = cfg.max_running
         step_model = cfg.step_time
         check = cfg.check_invariants_every_step
+        publish = cfg.kv_events is not None
         allocate = mgr.allocate_slots
         waiting: deque[_Live] = deque()
         running: list[_Live] = []
@@ -373,6 +385,8 @@ class EngineSimulator:
 
             now += step_model.step_time_s(num_prefill, len(decode))
             steps += 1
+            if publish:
+                mgr.publish_events()
             finished = False
             for live in decode:
                 live.computed += 1
@@ -418,4 +432,7 @@ class EngineSimulator:
         res.num_steps = steps
         res.sim_duration_s = now
         res.wall_s = time.perf_counter() - wall0
+        if publish:
+            mgr.publish_events()
+            mgr.close()
         return res
