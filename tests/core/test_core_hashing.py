@@ -146,3 +146,17 @@ def test_incremental_hashing_equals_block_by_block(tokens: list[int], block_size
 def test_negative_token_in_a_prompt_is_rejected() -> None:
     with pytest.raises(InvalidArgumentError, match="non-negative"):
         Request("r", [1, 2, 3, -4], hasher=BlockHasher(2))
+
+
+@given(st.lists(st.lists(st.integers(0, 300), min_size=0, max_size=12), max_size=6),
+       st.integers(0, 3))
+def test_memo_never_changes_a_digest(prompts: list[list[int]], memo_blocks: int) -> None:
+    """Hashing with a tiny memo (rotating often) or none equals hashing without a memo."""
+    plain = BlockHasher(2, memo_blocks=0)
+    memo = BlockHasher(2, memo_blocks=memo_blocks)
+    for tokens in prompts + prompts:
+        a: list[bytes] = []
+        b: list[bytes] = []
+        plain.extend(a, tokens)
+        memo.extend(b, tokens)
+        assert a == b
