@@ -79,6 +79,8 @@ class CacheConfig:
     block size (every group block size must be a multiple of it).
     ``drop_last_hit``: speculative decoding whose draft head needs the last block's hidden
     states; the last hit block is dropped so it is recomputed.
+    ``hash_memo_blocks``: how many recently hashed blocks the hasher remembers so repeated
+    prefixes are not re-hashed (0: off); see :class:`pagedkv.BlockHasher`.
     ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
     ``enable_events``; needs the ``events`` extra); see :meth:`KVCacheManager.publish_events`.
     """
@@ -94,6 +96,7 @@ class CacheConfig:
     drop_last_hit: bool = False
     hit_rate_window_requests: int = 1000
     kv_events: KVEventsConfig | None = None
+    hash_memo_blocks: int = 16384
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -138,7 +141,8 @@ class KVCacheManager:
             ],
             enable_events=config.enable_events or config.kv_events is not None,
         )
-        self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed)
+        self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
+                                  memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
             manager_class_for(s)(s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, s in enumerate(specs)
