@@ -137,9 +137,9 @@ def canonical_cbor(obj: Any) -> bytes:
     return b"".join(out)
 
 
-# NOTE: token ids are encoded through a lookup table of pre-encoded CBOR unsigned ints:
-# one C-level list index per token instead of a branchy Python encode (hashing a prompt went
-# from 9.0 to 5.4 us per 16-token block under load; see benchmarks/README.md, "hashing").
+# Token ids outside 256..65535 (and blocks with extra keys) are encoded through a lookup
+# table of pre-encoded CBOR unsigned ints: one C-level list index per token instead of a
+# branchy Python encode. The common range takes the sequential path in _block_payloads.
 # The table ends with a poisoned half (None entries) so a negative id, which Python would
 # index from the end, or an id past the table, fails the join and takes the checked path.
 _TABLE_SIZE = 1 << 17
@@ -327,7 +327,7 @@ class BlockHasher:
                             append(parent)
                         continue
                     # NOTE: the memo (class docstring) makes a repeated block cost one dict
-                    # lookup instead of a digest: benchmarks/ab_hashing.py.
+                    # lookup instead of a digest (benchmarks/micro.py, "hashing memo").
                     memo = self._memo
                     old = self._memo_old
                     for payload in payloads:
