@@ -71,29 +71,6 @@ class GroupInfo:
         self.sliding_window = sliding_window
 
 
-class _StoredMeta:
-    """What a BlockStored event said about one cached block (kept only with events on,
-    so a snapshot can re-announce the index)."""
-
-    __slots__ = ("block_size", "extra_keys", "lora_id", "lora_name", "parent", "token_ids")
-
-    def __init__(
-        self,
-        parent: bytes | None,
-        token_ids: list[int],
-        block_size: int,
-        extra_keys: Any,
-        lora_id: int | None,
-        lora_name: str | None,
-    ) -> None:
-        self.parent = parent
-        self.token_ids = token_ids
-        self.block_size = block_size
-        self.extra_keys = extra_keys
-        self.lora_id = lora_id
-        self.lora_name = lora_name
-
-
 class BlockPool:
     """Fixed pool of ``num_blocks`` blocks shared by every KV-cache group.
 
@@ -131,7 +108,9 @@ class BlockPool:
         self._secondary: dict[int, list[tuple[int, bytes]]] = {}
         #: Buffered events, or None when events are off.
         self.events: list[KVCacheEvent] | None = [] if enable_events else None
-        self._stored_meta: dict[int, _StoredMeta] | None = {} if enable_events else None
+        # Block id -> the stored event that announced it (the block is the one whose hash
+        # that event lists): what a snapshot re-announces. Kept only with events on.
+        self._stored_meta: dict[int, BlockStored] | None = {} if enable_events else None
         #: Cumulative number of cached blocks evicted (reused or dropped from the index).
         self.num_evicted_blocks = 0
 
@@ -171,34 +150,44 @@ class BlockPool:
         ids = self.free_queue.popleft_n(n)
         ref = self.ref_cnt
         bh = self.block_hash
-        # NOTE: the common eviction (events off, the block is the only block under its key
-        # and has no partial-prefix keys) is inlined: one dict delete instead of two calls
-        # and three lookups. A 64-block allocate evicting 64 cached blocks of a 1M-block
-        # pool: 86 -> 54 us (benchmarks/ab_eviction.py, interleaved best of 200).
-        if self.events is None:
-            bg = self.block_group
-            index = self.index
-            dups = self._dups
-            secondary = self._secondary
-            num_evicted = 0
-            for b in ids:
-                h = bh[b]
-                if h is not None:
-                    g = bg[b]
-                    dg = dups[g]
-                    if (not dg or h not in dg) and (not secondary or b not in secondary):
-                        del index[g][h]
-                        bh[b] = None
-                        num_evicted += 1
-                    else:
-                        self._evict(b)
-                ref[b] = 1
-            self.num_evicted_blocks += num_evicted
-            return ids
+        bg = self.block_group
+        index = self.index
+        dups = self._dups
+        secondary = self._secondary
+        events = self.events
+        removed: list[bytes] | None = None if events is None else []
+        removed_group = 0
+        num_evicted = 0
+        # NOTE: the common eviction (the block is the only block under its key and has no
+        # partial-prefix keys) is inlined: one dict delete instead of two calls and three
+        # lookups. A 64-block allocate evicting 64 cached blocks of a 1M-block pool:
+        # 86 -> 54 us (benchmarks/ab_eviction.py, interleaved best of 200).
         for b in ids:
-            if bh[b] is not None:
-                self._evict(b)
+            h = bh[b]
+            if h is not None:
+                g = bg[b]
+                dg = dups[g]
+                if (not dg or h not in dg) and (not secondary or b not in secondary):
+                    del index[g][h]
+                    bh[b] = None
+                    num_evicted += 1
+                    if removed is not None:
+                        # One removed event per run of same-group evictions, not per block.
+                        self._stored_meta.pop(b, None)  # type: ignore[union-attr]
+                        if g != removed_group and removed:
+                            events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
+                            removed = []
+                        removed_group = g
+                        removed.append(h)
+                else:
+                    if removed:
+                        events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
+                        removed = []
+                    self._evict(b)
             ref[b] = 1
+        if removed:
+            events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
+        self.num_evicted_blocks += num_evicted
         return ids
 
     def touch(self, ids: Iterable[int]) -> None:
@@ -288,9 +277,8 @@ class BlockPool:
                 self._dups[group].setdefault(h, []).append(b)
             if stored is not None:
                 stored.append(i)
-                self._remember(request, b, hashes, i, group)
         if stored:
-            self._emit_stored(request, hashes, stored, group)
+            self._emit_stored(request, blocks, hashes, stored, group)
 
     def cache_partial_block(
         self, request: HashedRequest, block: int, num_tokens: int, group: int
@@ -374,26 +362,22 @@ class BlockPool:
         extra = _extra_keys_of(request, i * hbs, (i + 1) * hbs)
         lora = request.lora
         info = self.groups[group]
-        if primary:
-            self._stored_meta[block] = _StoredMeta(
-                parent, token_ids, hbs, extra, lora.adapter_id if lora else None,
-                lora.name if lora else None,
-            )
-        self.events.append(
-            BlockStored(
-                block_hashes=[hashes[i]],
-                parent_block_hash=parent,
-                token_ids=token_ids,
-                block_size=hbs,
-                lora_id=lora.adapter_id if lora else None,
-                medium=MEDIUM_GPU,
-                lora_name=lora.name if lora else None,
-                extra_keys=[extra],
-                group_idx=group,
-                kv_cache_spec_kind=info.kind,
-                kv_cache_spec_sliding_window=info.sliding_window,
-            )
+        event = BlockStored(
+            block_hashes=[hashes[i]],
+            parent_block_hash=parent,
+            token_ids=token_ids,
+            block_size=hbs,
+            lora_id=lora.adapter_id if lora else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.name if lora else None,
+            extra_keys=[extra],
+            group_idx=group,
+            kv_cache_spec_kind=info.kind,
+            kv_cache_spec_sliding_window=info.sliding_window,
         )
+        if primary:
+            self._stored_meta[block] = event
+        self.events.append(event)
 
     def _unregister(self, group: int, h: bytes, b: int) -> bool:
         index = self.index[group]
@@ -479,55 +463,47 @@ class BlockPool:
         self.events = []
         return events
 
-    def _remember(
-        self, request: HashedRequest, b: int, hashes: Sequence[bytes], i: int, group: int
-    ) -> None:
-        assert self._stored_meta is not None
-        bs = self.groups[group].block_size
-        lora = request.lora
-        self._stored_meta[b] = _StoredMeta(
-            hashes[i - 1] if i else None,
-            request.all_token_ids[i * bs : (i + 1) * bs],
-            bs,
-            _extra_keys_of(request, i * bs, (i + 1) * bs),
-            lora.adapter_id if lora else None,
-            lora.name if lora else None,
-        )
-
     def _emit_stored(
-        self, request: HashedRequest, hashes: Sequence[bytes], stored: list[int], group: int
+        self,
+        request: HashedRequest,
+        blocks: Sequence[int],
+        hashes: list[bytes],
+        stored: list[int],
+        group: int,
     ) -> None:
         """One stored event per run of consecutive newly registered block positions
         (ascending ``stored``): null or already registered blocks split the range, so each
         event's ``token_ids`` cover exactly its blocks and its parent is the hash just
-        before its first block."""
-        assert self.events is not None
+        before its first block. Each block remembers its event (for snapshots)."""
+        assert self.events is not None and self._stored_meta is not None
+        if stored[-1] - stored[0] + 1 == len(stored):  # the usual case: one run
+            runs = [(stored[0], stored[-1] + 1)]
+        else:
+            runs = []
+            run_start = 0
+            for k in range(1, len(stored) + 1):
+                if k == len(stored) or stored[k] != stored[k - 1] + 1:
+                    runs.append((stored[run_start], stored[k - 1] + 1))
+                    run_start = k
         info = self.groups[group]
         bs = info.block_size
         lora = request.lora
+        lora_id = lora.adapter_id if lora else None
+        lora_name = lora.name if lora else None
         tokens = request.all_token_ids
-        run_start = 0
-        for k in range(1, len(stored) + 1):
-            if k < len(stored) and stored[k] == stored[k - 1] + 1:
-                continue
-            first, last = stored[run_start], stored[k - 1] + 1
-            run_start = k
-            self.events.append(
-                BlockStored(
-                    block_hashes=list(hashes[first:last]),
-                    parent_block_hash=hashes[first - 1] if first else None,
-                    token_ids=tokens[first * bs : last * bs],
-                    block_size=bs,
-                    lora_id=lora.adapter_id if lora else None,
-                    medium=MEDIUM_GPU,
-                    lora_name=lora.name if lora else None,
-                    extra_keys=[_extra_keys_of(request, j * bs, (j + 1) * bs)
-                                for j in range(first, last)],
-                    group_idx=group,
-                    kv_cache_spec_kind=info.kind,
-                    kv_cache_spec_sliding_window=info.sliding_window,
-                )
+        plain = (lora is None and not request.mm_items and request.cache_salt is None
+                 and request.prompt_embeds is None)
+        for first, last in runs:
+            extra = [None] * (last - first) if plain else [
+                _extra_keys_of(request, j * bs, (j + 1) * bs) for j in range(first, last)
+            ]
+            event = BlockStored(
+                hashes[first:last], hashes[first - 1] if first else None,
+                tokens[first * bs : last * bs], bs, lora_id, MEDIUM_GPU, lora_name, extra,
+                group, info.kind, info.sliding_window,
             )
+            self.events.append(event)
+            self._stored_meta.update(dict.fromkeys(blocks[first:last], event))
 
     def prefix_index_snapshot(self) -> list[BlockStored]:
         """BlockStored events that recreate the current index, parents before children.
@@ -541,15 +517,25 @@ class BlockPool:
             raise InvalidArgumentError(
                 "a prefix-index snapshot needs the pool built with enable_events=True"
             )
+        meta = self._stored_meta
         cached = {
-            b: (self.block_hash[b], self.block_group[b])
-            for b in self._stored_meta
+            b: (self.block_hash[b], self.block_group[b]) for b in meta
             if self.block_hash[b] is not None
         }
+
+        def position(b: int) -> tuple[BlockStored, int]:
+            event = meta[b]
+            h = self.block_hash[b]
+            return event, (event.block_hashes.index(h) if h in event.block_hashes else 0)
+
+        def parent_of(b: int) -> bytes | None:
+            event, k = position(b)
+            return event.block_hashes[k - 1] if k else event.parent_block_hash
+
         known = {h for h, _ in cached.values()}
         children: dict[bytes | None, list[int]] = {}
         for b in cached:
-            parent = self._stored_meta[b].parent
+            parent = parent_of(b)
             children.setdefault(parent if parent in known else None, []).append(b)
         out: list[BlockStored] = []
         todo = sorted(children.get(None, []))
@@ -557,12 +543,14 @@ class BlockPool:
             b = todo.pop()
             h, g = cached[b]
             assert h is not None
-            meta = self._stored_meta[b]
+            event, k = position(b)
+            bs = event.block_size
             info = self.groups[g]
             out.append(
                 BlockStored(
-                    [h], meta.parent, meta.token_ids, meta.block_size, meta.lora_id,
-                    MEDIUM_GPU, meta.lora_name, [meta.extra_keys], g, info.kind,
+                    [h], parent_of(b), event.token_ids[k * bs : (k + 1) * bs], bs,
+                    event.lora_id, MEDIUM_GPU, event.lora_name,
+                    [event.extra_keys[k] if event.extra_keys else None], g, info.kind,
                     info.sliding_window,
                 )
             )
@@ -625,6 +613,9 @@ class BlockPool:
         if self._stored_meta is not None:
             for b in self._stored_meta:
                 assert self.block_hash[b] is not None, f"stale stored metadata for block {b}"
+            for b in range(1, self.num_blocks):
+                if self.block_hash[b] is not None and self.enable_caching:
+                    assert b in self._stored_meta, f"cached block {b} was never announced"
 
 
 def _extra_keys_of(request: HashedRequest, start: int, end: int) -> list[Any] | None:
