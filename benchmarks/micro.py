@@ -29,7 +29,7 @@ def hashing(rounds: int = 30) -> None:
     num_blocks = len(tokens) // 16
     for algo in ("sha256_cbor", "xxhash_cbor"):
         try:
-            hasher = BlockHasher(16, algo=algo)
+            hasher = BlockHasher(16, algo=algo, memo_blocks=0)  # every block hashed
         except ImportError:
             print(f"hashing {algo}: skipped (pip install 'pagedkv[fast]')")
             continue
