@@ -497,19 +497,26 @@ def _read_qwen(ctx: _Ctx) -> list[KVCacheSpec | None]:
     ]
 
 
-@_family("gemma2")
-def _read_gemma2(ctx: _Ctx) -> list[KVCacheSpec | None]:
-    """Gemma 2: ``layer_types`` when present, else even layers sliding (window default
-    4096) and odd layers full; head size 256 unless ``head_dim`` says otherwise."""
+def _alternating_layers(
+    ctx: _Ctx, *, head_dim_default: int | None, window_default: int
+) -> list[KVCacheSpec | None]:
+    """``layer_types`` when present, else even layers sliding and odd layers full."""
     f = ctx.f
     num_layers = f.get_int("num_hidden_layers")
-    att = _attention(ctx, head_dim_default=256)
-    window = f.get_int("sliding_window", 4096)
+    att = _attention(ctx, head_dim_default=head_dim_default)
+    window = f.get_int("sliding_window", window_default)
     layer_types = f.str_list("layer_types", length=num_layers) or [
         "sliding_attention" if index % 2 == 0 else "full_attention"
         for index in range(num_layers)
     ]
     return _from_layer_types(ctx, layer_types, att, window, "layer_types")
+
+
+@_family("gemma2")
+def _read_gemma2(ctx: _Ctx) -> list[KVCacheSpec | None]:
+    """Gemma 2: ``layer_types`` when present, else even layers sliding (window default
+    4096) and odd layers full; head size 256 unless ``head_dim`` says otherwise."""
+    return _alternating_layers(ctx, head_dim_default=256, window_default=4096)
 
 
 _GEMMA3_TEXT_DEFAULTS: Mapping[str, Any] = {
@@ -552,15 +559,7 @@ def _read_gemma3(ctx: _Ctx) -> list[KVCacheSpec | None]:
 def _read_gpt_oss(ctx: _Ctx) -> list[KVCacheSpec | None]:
     """gpt-oss: ``layer_types`` (default: even layers sliding, odd full), window default
     128, head size default 64."""
-    f = ctx.f
-    num_layers = f.get_int("num_hidden_layers")
-    att = _attention(ctx, head_dim_default=64)
-    window = f.get_int("sliding_window", 128)
-    layer_types = f.str_list("layer_types", length=num_layers) or [
-        "sliding_attention" if index % 2 == 0 else "full_attention"
-        for index in range(num_layers)
-    ]
-    return _from_layer_types(ctx, layer_types, att, window, "layer_types")
+    return _alternating_layers(ctx, head_dim_default=64, window_default=128)
 
 
 _LLAMA4_TEXT_DEFAULTS: Mapping[str, Any] = {
