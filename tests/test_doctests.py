@@ -1,0 +1,24 @@
+"""The examples in docstrings run and print what they show."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "pagedkv.planner",
+    "pagedkv.planner.units",
+    "pagedkv.events.config",
+    "pagedkv.events.snapshot",
+    "pagedkv.events.wire",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0, f"{name} has no examples"
+    assert result.failed == 0
