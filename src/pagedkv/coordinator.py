@@ -27,7 +27,6 @@ class Coordinator:
 
     def __init__(self, managers: Sequence[SingleTypeManager]) -> None:
         self.managers = list(managers)
-        self._empty: tuple[list[int], ...] = tuple([] for _ in self.managers)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

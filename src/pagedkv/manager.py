@@ -111,9 +111,6 @@ class CacheConfig:
             )
 
 
-_EMPTY_HIT = ComputedBlocks((), 0)
-
-
 class KVCacheManager:
     """Block tables, prefix caching and events for every KV-cache group of one model.
 
