@@ -244,6 +244,10 @@ class BlockHasher:
     ``memo_blocks`` entries each, the older dropped whole when the newer fills: O(1) per
     block, ~200 bytes per entry). ``memo_blocks=0`` turns it off. The memo never changes a
     digest; it only skips recomputing one.
+
+    One hasher may be shared by threads (e.g. a front end hashing requests while the
+    scheduler runs): a race on the memo can only lose entries, never yield a wrong digest,
+    since every entry is keyed by its full input.
     """
 
     __slots__ = ("_ctor", "_memo", "_memo_old", "algo", "block_size", "memo_blocks", "seed")

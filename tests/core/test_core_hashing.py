@@ -160,3 +160,34 @@ def test_memo_never_changes_a_digest(prompts: list[list[int]], memo_blocks: int)
         plain.extend(a, tokens)
         memo.extend(b, tokens)
         assert a == b
+
+
+def test_a_hasher_shared_by_threads_gives_the_same_digests() -> None:
+    import random
+    import threading
+
+    shared = BlockHasher(4, memo_blocks=8)  # a tiny memo: generations swap constantly
+    reference = BlockHasher(4, memo_blocks=0)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(40) for _ in range(rng.randrange(4, 60))] for _ in range(200)]
+    expected = []
+    for p in prompts:
+        hs: list[bytes] = []
+        reference.extend(hs, p)
+        expected.append(hs)
+    errors: list[int] = []
+
+    def work(offset: int) -> None:
+        for i in range(len(prompts)):
+            j = (i + offset) % len(prompts)
+            got: list[bytes] = []
+            shared.extend(got, prompts[j])
+            if got != expected[j]:
+                errors.append(j)
+
+    threads = [threading.Thread(target=work, args=(k * 37,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
