@@ -322,6 +322,10 @@ class BlockHasher:
             chunk = max(1, _CHUNK_TOKENS // bs) * bs
             stop = end + bs
             memo_cap = self.memo_blocks
+            # Chained hashes: once one block misses the memo, every later block of this
+            # call misses too (its parent is new), so lookups stop at the first miss and the
+            # rest is only inserted.
+            looking = memo_cap > 0
             try:
                 for c in range(start, stop, chunk):
                     payloads = _block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
@@ -333,20 +337,22 @@ class BlockHasher:
                     # NOTE: the memo (class docstring) makes a repeated block cost one dict
                     # lookup instead of a digest (benchmarks/micro.py, "hashing memo").
                     memo = self._memo
-                    old = self._memo_old
                     for payload in payloads:
                         key = parent + payload
-                        h = memo.get(key)
-                        if h is None:
-                            h = old.get(key)
-                            if h is None:
-                                h = ctor(join((head, parent, array_head, payload, tail))).digest()
-                            memo[key] = h
-                            if len(memo) >= memo_cap:
-                                self._memo_old = old = memo
-                                self._memo = memo = {}
-                        parent = h
-                        append(h)
+                        if looking:
+                            h = memo.get(key) or self._memo_old.get(key)
+                            if h is not None:
+                                memo[key] = h
+                                parent = h
+                                append(h)
+                                continue
+                            looking = False
+                        parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                        append(parent)
+                        memo[key] = parent
+                        if len(memo) >= memo_cap:
+                            self._memo_old = memo
+                            self._memo = memo = {}
                 return
             except (IndexError, TypeError):
                 # An id outside the table: the checked path below encodes it or raises.
