@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from scaling import fill_with_cached_blocks  # benchmarks/ is the script's directory
+
 from pagedkv import FullAttentionSpec, KVCacheManager
 from pagedkv.pool import BlockPool
 
@@ -31,13 +33,7 @@ def main() -> None:
     inlined = BlockPool.get_new_blocks
     for num_blocks in (10_000, 1_000_000):
         mgr = KVCacheManager.from_spec(SPEC, num_blocks=num_blocks, max_model_len=1 << 20)
-        n = 0
-        while mgr.pool.num_cached_blocks() < num_blocks - 1 - 64:
-            fill = mgr.new_request(f"f{n}", [n * 1024 + i for i in range(1024)])
-            if mgr.allocate_slots(fill, 1024) is None:
-                break
-            mgr.free(fill)
-            n += 1
+        fill_with_cached_blocks(mgr, spare_blocks=64)
         best = {"general": float("inf"), "inlined": float("inf")}
         for i in range(400):
             req = mgr.new_request(f"m{i}", [(1 << 30) + i * 2048 + j for j in range(1024)])

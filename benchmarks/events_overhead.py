@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any
 
 from pagedkv import FullAttentionSpec, KVCacheManager
-from pagedkv.bench import WORKLOADS, BenchConfig, _workload
+from pagedkv.bench import WORKLOADS, BenchConfig, build_workload
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
     ap.add_argument("--num-requests", type=int, default=2000)
     a = ap.parse_args()
-    specs, num_blocks = _workload(BenchConfig(workload=a.workload,
+    specs, num_blocks = build_workload(BenchConfig(workload=a.workload,
                                               num_requests=a.num_requests))
     max_len = max(len(s.prompt) + len(s.decode) for s in specs)
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)

@@ -23,6 +23,19 @@ BS = 16
 SPEC = FullAttentionSpec(block_size=BS, num_kv_heads=8, head_size=128, dtype_bytes=2)
 
 
+def fill_with_cached_blocks(mgr: KVCacheManager, *, spare_blocks: int) -> None:
+    """Fill the pool with cached blocks (1,024-token requests allocated then freed) until
+    all but ``spare_blocks`` usable blocks are cached."""
+    target = mgr.pool.num_blocks - 1 - spare_blocks
+    n = 0
+    while mgr.pool.num_cached_blocks() < target:
+        req = mgr.new_request(f"fill{n}", [n * 1024 + i for i in range(1024)])
+        if mgr.allocate_slots(req, 1024) is None:
+            break
+        mgr.free(req)
+        n += 1
+
+
 def measure(num_blocks: int, rounds: int = 200) -> dict[str, float]:
     gc.collect()
     tracemalloc.start()
@@ -37,15 +50,8 @@ def measure(num_blocks: int, rounds: int = 200) -> dict[str, float]:
         mgr = KVCacheManager.from_spec(SPEC, num_blocks=num_blocks, max_model_len=1 << 20)
         build_s = min(build_s, time.perf_counter() - t)
 
-    # Fill the pool with cached blocks: requests of 1024 tokens, allocated then freed.
+    fill_with_cached_blocks(mgr, spare_blocks=64)
     rng = random.Random(0)
-    n = 0
-    while mgr.pool.num_cached_blocks() < num_blocks - 1 - 64:
-        req = mgr.new_request(f"fill{n}", [n * 1024 + i for i in range(1024)])
-        if mgr.allocate_slots(req, 1024) is None:
-            break
-        mgr.free(req)
-        n += 1
     hot = mgr.new_request("hot", [rng.randrange(32000) for _ in range(64 * BS + 1)])
     mgr.allocate_slots(hot, hot.num_tokens)  # kept in use: its blocks are never evicted
     probe = mgr.new_request("probe", hot.all_token_ids)

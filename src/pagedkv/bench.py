@@ -31,7 +31,7 @@ from pagedkv.manager import KVCacheManager
 from pagedkv.request import Request
 from pagedkv.specs import FullAttentionSpec
 
-__all__ = ["BenchConfig", "add_parser", "run_bench"]
+__all__ = ["BenchConfig", "add_parser", "build_workload", "run_bench"]
 
 WORKLOADS = ("shared-prefix", "heavy-eviction", "no-sharing")
 OPS = ("hash_prompt", "lookup", "allocate_prefill", "append_token", "allocate_decode", "free")
@@ -57,7 +57,7 @@ class _Spec:
     decode: list[int]
 
 
-def _workload(cfg: BenchConfig) -> tuple[list[_Spec], int]:
+def build_workload(cfg: BenchConfig) -> tuple[list[_Spec], int]:
     rng = random.Random(cfg.seed)
     vocab = 32000
     if cfg.workload == "shared-prefix":
@@ -94,7 +94,7 @@ def _percentiles(ns: list[int]) -> dict[str, float]:
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Replay the workload once on a fresh manager; return the report as a dict."""
-    specs, num_blocks = _workload(cfg)
+    specs, num_blocks = build_workload(cfg)
     max_len = max(len(s.prompt) + len(s.decode) for s in specs)
     spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=8, head_size=128,
                              dtype_bytes=2)

@@ -306,12 +306,11 @@ class KVCacheManager:
 
         num_needed = 0
         num_freed = 0
+        slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
         for g, m in enumerate(managers):
             if m.drops_blocks:
                 num_freed += m.num_skipped_blocks_to_free(rid, num_computed)
-            num_needed += m.get_num_blocks_to_allocate(
-                rid, m.slots_needed(num_tokens, num_encoder_tokens), hit[g], total_computed
-            )
+            num_needed += m.get_num_blocks_to_allocate(rid, slots[g], hit[g], total_computed)
         if num_needed > pool.free_queue.num_free + num_freed:
             return None
 
@@ -325,8 +324,7 @@ class KVCacheManager:
         new_blocks = []
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(rid, hit[g], total_computed)
-            slots = m.slots_needed(num_tokens, num_encoder_tokens)
-            new_blocks.append(m.allocate_new_blocks(rid, slots))
+            new_blocks.append(m.allocate_new_blocks(rid, slots[g]))
 
         if self.enable_caching and not delay_caching:
             num_cache = min(total_computed + num_new_tokens, request.num_tokens)
