@@ -25,6 +25,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pagedkv.errors import InvalidArgumentError, require
@@ -32,6 +33,7 @@ from pagedkv.errors import InvalidArgumentError, require
 __all__ = [
     "HASH_ALGOS",
     "BlockHasher",
+    "HashExtras",
     "LoRA",
     "MultiModalItem",
     "canonical_cbor",
@@ -55,6 +57,59 @@ class MultiModalItem(NamedTuple):
     identifier: str
     offset: int
     length: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HashExtras:
+    """What makes equal tokens mean different things: a LoRA adapter, multimodal items,
+    a cache salt, prompt embeddings. Part of every block hash (as *extra keys*, module
+    docstring) and of every stored event. A request without any has ``None`` instead.
+
+    >>> extras = HashExtras(lora=LoRA("sql", 1), cache_salt="tenant-7")
+    >>> extras.block_keys(0, 4)
+    [['lora', 'sql'], ['cache_salt', 'tenant-7']]
+    >>> extras.block_keys(4, 8)
+    [['lora', 'sql']]
+    >>> HashExtras(mm_items=[MultiModalItem("img", 6, 4)]).block_keys(4, 8)
+    [['mm', 'img', 2]]
+    >>> HashExtras().is_empty
+    True
+    """
+
+    lora: LoRA | None = None
+    mm_items: tuple[MultiModalItem, ...] = ()
+    cache_salt: str | None = None
+    prompt_embeds: tuple[bytes, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Sequences given as lists become tuples: the value stays immutable and hashable.
+        if not isinstance(self.mm_items, tuple):
+            object.__setattr__(self, "mm_items", tuple(self.mm_items))
+        if self.prompt_embeds is not None and not isinstance(self.prompt_embeds, tuple):
+            object.__setattr__(self, "prompt_embeds", tuple(self.prompt_embeds))
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is set (such extras change no hash)."""
+        return (self.lora is None and not self.mm_items and self.cache_salt is None
+                and self.prompt_embeds is None)
+
+    def block_keys(self, start: int, end: int) -> list[Any] | None:
+        """Extra hash keys of the block of tokens ``[start, end)``; ``None`` when it has
+        none. O(number of multimodal items + embedding bytes of the block)."""
+        keys: list[Any] = []
+        if self.lora is not None:
+            keys.append(["lora", self.lora.name])
+        for item in self.mm_items:
+            if item.offset < end and item.offset + item.length > start:
+                keys.append(["mm", item.identifier, item.offset - start])
+        if self.cache_salt is not None and start == 0:
+            keys.append(["cache_salt", self.cache_salt])
+        embeds = self.prompt_embeds
+        if embeds is not None and start < len(embeds):
+            digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
+            keys.append(["embeds", digest])
+        return keys or None
 
 
 # ---------------------------------------------------------------- canonical CBOR
@@ -292,15 +347,16 @@ class BlockHasher:
         self,
         hashes: list[bytes],
         token_ids: Sequence[int],
-        *,
-        lora: LoRA | None = None,
-        mm_items: Sequence[MultiModalItem] = (),
-        cache_salt: str | None = None,
-        prompt_embeds: Sequence[bytes] | None = None,
+        extras: HashExtras | None = None,
+        keys_out: list[list[Any] | None] | None = None,
     ) -> None:
         """Append to ``hashes`` the hash of every full block of ``token_ids`` not hashed yet.
 
-        Mutates ``hashes`` only. Cost: one hash per new full block.
+        ``extras`` (``None``: none) enter every hash as the block's extra keys; with
+        ``extras``, the keys computed for each new block are appended to ``keys_out`` when
+        given (stored events reuse them instead of deriving them again).
+
+        Mutates ``hashes`` and ``keys_out`` only. Cost: one hash per new full block.
         """
         bs = self.block_size
         start = len(hashes) * bs
@@ -309,8 +365,7 @@ class BlockHasher:
             return
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
-        plain = lora is None and not mm_items and cache_salt is None and prompt_embeds is None
-        if plain:
+        if extras is None:
             # Fast path, in chunks of about 1,024 tokens (a cache-sized working set): the
             # chunk's block payloads (see _block_payloads), then one digest per block.
             table: list[Any] = _token_table or _build_token_table()
@@ -359,33 +414,9 @@ class BlockHasher:
                 start = len(hashes) * bs
         for s in range(start, end + 1, bs):
             tokens = token_ids[s : s + bs]
-            keys = block_extra_keys(
-                s, s + bs, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
-                prompt_embeds=prompt_embeds,
-            ) if not plain else None
+            keys = None if extras is None else extras.block_keys(s, s + bs)
             parent = self.hash_block(parent, tokens, keys)
             hashes.append(parent)
+            if keys_out is not None and extras is not None:
+                keys_out.append(keys)
 
-
-def block_extra_keys(
-    start: int,
-    end: int,
-    *,
-    lora: LoRA | None = None,
-    mm_items: Sequence[MultiModalItem] = (),
-    cache_salt: str | None = None,
-    prompt_embeds: Sequence[bytes] | None = None,
-) -> list[Any] | None:
-    """Extra hash keys of the block of tokens ``[start, end)``; ``None`` when it has none."""
-    keys: list[Any] = []
-    if lora is not None:
-        keys.append(["lora", lora.name])
-    for item in mm_items:
-        if item.offset < end and item.offset + item.length > start:
-            keys.append(["mm", item.identifier, item.offset - start])
-    if cache_salt is not None and start == 0:
-        keys.append(["cache_salt", cache_salt])
-    if prompt_embeds is not None and start < len(prompt_embeds):
-        digest = hashlib.sha256(b"".join(prompt_embeds[start:end])).digest()
-        keys.append(["embeds", digest])
-    return keys or None
