@@ -317,8 +317,9 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of non-null blocks in use."""
-        return self.pool.usage
+        """Fraction of non-null blocks in use (ref count > 0)."""
+        pool = self.pool
+        return 1.0 - pool.free_queue.num_free / (pool.num_blocks - 1)
 
     @property
     def num_evicted_blocks(self) -> int:
@@ -375,7 +376,7 @@ class KVCacheManager:
 
     def prefix_index_snapshot(self) -> list[BlockStored]:
         """Stored events recreating the current prefix index (events must be on)."""
-        return self.pool.prefix_index_snapshot()
+        return self.recorder.snapshot(self.pool.block_hash, self.pool.block_group)
 
     # ---------------------------------------------------------------- checks
 

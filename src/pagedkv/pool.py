@@ -29,7 +29,6 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventRecorder, GroupInfo
-from pagedkv.events.records import BlockStored
 from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.request import RequestLike
 
@@ -80,15 +79,6 @@ class BlockPool:
         self.num_evicted_blocks = 0
 
     # ------------------------------------------------------------------ queries
-
-    @property
-    def usage(self) -> float:
-        """Fraction of non-null blocks in use (ref count > 0)."""
-        return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
-
-    def get_cached_block(self, block_hash: bytes, group: int) -> int | None:
-        """The block cached under ``(block_hash, group)``, or None. O(1); no state change."""
-        return self.index[group].get(block_hash)
 
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
@@ -240,20 +230,17 @@ class BlockPool:
 
         A block without a hash gets the key as its primary hash; a block that has one keeps
         it and gets the key as a secondary entry. Eviction drops every key of the block;
-        ``cache_full_blocks`` promotes it (the partial keys are removed and the full-block
-        hash registered). The recorder is told of the key as one hash block chained to its
-        parent. Registering a key the
-        block already has changes nothing. The null block and a pool with caching off are
-        ignored.
+        ``cache_full_blocks`` promotes it (partial keys removed, full-block hash
+        registered). The recorder hears of the key as one hash block chained to its parent.
+        Registering a key the block already has, the null block, and a pool with caching
+        off change nothing.
 
         Returns:
-            The registered hash, or None when nothing was registered.
+            The registered hash, or None when nothing was registered. O(1).
 
         Raises:
             InvalidArgumentError: ``num_tokens`` or ``block`` break the rules above;
                 nothing changed.
-
-        O(1), plus building the event.
         """
         if not block or not self.enable_caching:
             return None
@@ -294,24 +281,19 @@ class BlockPool:
         self.recorder.stored_partial(request, block, i, group, primary)
         return h
 
-    def _unregister(self, group: int, h: bytes, b: int) -> bool:
+    def _unregister(self, group: int, h: bytes, b: int) -> None:
+        """Drop the entry ``(h, group) -> b``; a duplicate becomes primary if ``b`` was."""
         index = self.index[group]
+        dups = self._dups[group].get(h)
         if index.get(h) == b:
-            dups = self._dups[group].get(h)
             if dups:
                 index[h] = dups.pop(0)
-                if not dups:
-                    del self._dups[group][h]
             else:
                 del index[h]
-            return True
-        dups = self._dups[group].get(h)
-        if dups and b in dups:
+        elif dups and b in dups:
             dups.remove(b)
-            if not dups:
-                del self._dups[group][h]
-            return True
-        return False
+        if dups is not None and not dups:
+            del self._dups[group][h]
 
     def _evict(self, b: int, *, count: bool = True) -> None:
         """Drop every index entry of block ``b`` and clear its hash; tell the recorder."""
@@ -320,15 +302,13 @@ class BlockPool:
         g = self.block_group[b]
         self._unregister(g, h, b)
         self.block_hash[b] = None
-        removed = [(g, h)]
+        self.recorder.removed([h], g)
         if self._secondary:
             for g2, h2 in self._secondary.pop(b, ()):
                 self._unregister(g2, h2, b)
-                removed.append((g2, h2))
+                self.recorder.removed([h2], g2)
         if count:
             self.num_evicted_blocks += 1
-        for g2, h2 in removed:
-            self.recorder.removed([h2], g2)
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix index (they stay allocated if in use).
@@ -361,17 +341,6 @@ class BlockPool:
         self.block_hash = [None] * self.num_blocks
         self.recorder.cleared()
         return True
-
-    # ------------------------------------------------------------------ events
-
-    def prefix_index_snapshot(self) -> list[BlockStored]:
-        """Stored records recreating the current index, parents before children (the
-        recorder must be an :class:`~pagedkv.events.recorder.EventBuffer`).
-
-        Raises:
-            InvalidArgumentError: the recorder keeps no record of what was stored.
-        """
-        return self.recorder.snapshot(self.block_hash, self.block_group)
 
     # ------------------------------------------------------------------ checks
 

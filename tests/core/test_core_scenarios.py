@@ -394,3 +394,28 @@ def test_stored_events_split_around_null_blocks() -> None:
     assert [e.parent_block_hash for e in events] == [None, req.block_hashes[1]]
     assert [e.token_ids for e in events] == [list(range(0, 4)), list(range(8, 16))]
     pool.check_invariants()
+
+
+def test_stored_events_reuse_the_hashers_extra_keys_and_derive_missing_ones(
+        make_mgr: Any) -> None:
+    """Keys the hasher recorded are the ones the event carries; a request whose hashes
+    were supplied by the caller (no keys recorded) gets the same keys derived."""
+    extras = HashExtras(mm_items=[MultiModalItem("img", 2, 5)], cache_salt="s")
+    m = make_mgr(enable_events=True)
+    a, _, _ = prefill(m, "a", list(range(9)), hash_extras=extras)
+    assert a.block_extra_keys == [extras.block_keys(0, 4), extras.block_keys(4, 8)]
+    [ev] = m.take_events()
+    assert ev.extra_keys == a.block_extra_keys
+    assert ev.extra_keys is not a.block_extra_keys  # a copy: the request keeps growing
+    m2 = make_mgr(enable_events=True)
+    b, _, _ = prefill(m2, "b", list(range(9)), hash_extras=extras,
+                      block_hashes=a.block_hashes)
+    assert b.block_extra_keys == []
+    [ev2] = m2.take_events()
+    assert ev2 == ev
+
+
+def test_null_recorder_has_no_snapshot(make_mgr: Any) -> None:
+    m = make_mgr()
+    with pytest.raises(InvalidArgumentError, match="enable_events=True"):
+        m.prefix_index_snapshot()
