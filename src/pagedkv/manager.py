@@ -42,6 +42,9 @@ from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
 from pagedkv.pool import BlockPool
 from pagedkv.request import Request, RequestLike
+from pagedkv.retention.control import RetentionControl
+from pagedkv.retention.policy import RequestRetention, RetentionConfig
+from pagedkv.retention.pool import RetentionPool
 from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:
@@ -76,8 +79,14 @@ class KVCacheManager:
         ]
         #: Where the pool's events go: a buffer with events on, else the null recorder.
         self.recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
-        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
-                              hash_block_size=hash_bs, groups=groups, recorder=self.recorder)
+        if config.retention is None:
+            self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
+                                  hash_block_size=hash_bs, groups=groups, recorder=self.recorder)
+        else:
+            self.pool = RetentionPool(config.num_blocks, retention=config.retention,
+                                      enable_caching=config.enable_caching,
+                                      hash_block_size=hash_bs, groups=groups,
+                                      recorder=self.recorder)
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
@@ -91,6 +100,11 @@ class KVCacheManager:
             self.coordinator = UnitaryCoordinator(self.managers, self.pool)
         else:
             self.coordinator = HybridCoordinator(self.managers, self.pool)
+        #: Pins and per-request retention (``None`` without ``CacheConfig.retention``).
+        self.retention: RetentionControl | None = (
+            RetentionControl(self.pool, self.managers)
+            if isinstance(self.pool, RetentionPool) else None
+        )
         self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0)
         #: Lookup counters since the last :meth:`make_prefix_cache_stats`.
         self.lookups = LookupCounters()
@@ -119,6 +133,7 @@ class KVCacheManager:
         hit_rate_window_requests: int = 1000,
         kv_events: KVEventsConfig | None = None,
         hash_memo_blocks: int = 16384,
+        retention: RetentionConfig | None = None,
     ) -> KVCacheManager:
         """A manager for a model with one KV-cache group; the keywords are the
         :class:`CacheConfig` fields of the same names.
@@ -143,6 +158,7 @@ class KVCacheManager:
                 hit_rate_window_requests=hit_rate_window_requests,
                 kv_events=kv_events,
                 hash_memo_blocks=hash_memo_blocks,
+                retention=retention,
             )
         )
 
@@ -155,10 +171,13 @@ class KVCacheManager:
         *,
         block_hashes: Sequence[bytes] | None = None,
         hash_extras: HashExtras | None = None,
+        retention: RequestRetention | None = None,
     ) -> Request:
-        """A :class:`Request` whose block hashes use this manager's hash settings."""
+        """A :class:`Request` whose block hashes use this manager's hash settings;
+        ``retention`` applies to its blocks when freed (managers with retention only)."""
         return Request(request_id, prompt_token_ids, hasher=self.hasher,
-                       block_hashes=block_hashes, hash_extras=hash_extras)
+                       block_hashes=block_hashes, hash_extras=hash_extras,
+                       retention=retention)
 
     # ---------------------------------------------------------------- lookup
 
@@ -281,6 +300,8 @@ class KVCacheManager:
         """Release every block of the request, tail first. Freeing a request the manager
         does not track (e.g. aborted before its first allocation) does nothing."""
         rid = request if isinstance(request, str) else request.request_id
+        if self.retention is not None and not isinstance(request, str):
+            self.retention.before_free(request)
         self.coordinator.free(rid)
 
     # ---------------------------------------------------------------- queries
