@@ -36,6 +36,8 @@ from pagedkv.retention.priority_queue import PriorityFreeQueue
 
 __all__ = ["RetentionPool"]
 
+_INF = float("inf")
+
 
 class RetentionPool(BlockPool):
     """A block pool evicting by retention (module docstring)."""
@@ -85,6 +87,8 @@ class RetentionPool(BlockPool):
         leases. O(n)."""
         ref = self.ref_cnt
         queue = self.free_queue
+        if queue.deadline != _INF:
+            queue.tick()  # expiries first, so they happen in time order
         remove = queue.remove
         pinned = queue.pinned
         refreshing = self.pins.num_refreshing
@@ -140,6 +144,14 @@ class RetentionPool(BlockPool):
             if (group, h) in self.pins.keys:
                 queue.pinned[block] = True
         return h
+
+    def evict_blocks(self, ids: Iterable[int]) -> None:
+        """As the base pool; a free block losing its hash moves to the back of the
+        unhashed blocks (it can never be hit again)."""
+        queue = self.free_queue
+        if queue.deadline != _INF:
+            queue.tick()
+        super().evict_blocks(ids)
 
     def _evict(self, b: int, *, count: bool = True) -> None:
         super()._evict(b, count=count)
