@@ -86,7 +86,7 @@ class LinkedLists:
             while b != head + 1:
                 assert 0 <= b < self.num_ids, f"list {head} holds invalid id {b}"
                 assert self.prev[b] == p, f"list {head}: prev[{b}] is {self.prev[b]}, not {p}"
-                assert self.where[b] == head, f"id {b} in list {head} but where says {self.where[b]}"
+                assert self.where[b] == head, f"id {b} in list {head}, where says {self.where[b]}"
                 count += 1
                 assert count <= self.num_ids, f"list {head}: cycle"
                 p, b = b, self.next[b]

@@ -17,7 +17,7 @@ that would pass it, changing nothing.
 >>> table.pin([(0, b"c")], ttl_s=5.0, now=1.0, refresh_on_hit=False)
 Traceback (most recent call last):
 ...
-pagedkv.errors.PinBudgetError: pinning 1 more prefix blocks would make 3 pinned, over the pin budget of 2 blocks (pin_budget_fraction of the pool); unpin something, shorten the prefix or raise RetentionConfig.pin_budget_fraction
+pagedkv.errors.PinBudgetError: pinning 1 more prefix blocks would make 3 pinned, ...
 """
 
 from __future__ import annotations
