@@ -157,9 +157,9 @@ class RetentionControl:
             blocks = m.req_to_blocks.get(rid)
             if not blocks:
                 continue
-            bs = m.block_size
-            for i, b in enumerate(blocks):
+            ps, ds = retention.blocks_retention(len(blocks), m.block_size,
+                                                num_prompt_tokens=num_prompt)
+            for b, p, d in zip(blocks, ps, ds, strict=True):
                 if b:
-                    prio[b], dur[b] = retention.block_retention(
-                        i, bs, num_prompt_tokens=num_prompt
-                    )
+                    prio[b] = p
+                    dur[b] = d

@@ -20,6 +20,7 @@ longest among equals; ``None``, i.e. forever, wins).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -155,6 +156,59 @@ class RequestRetention:
             best_p, best_d = self.decode_priority, self.decode_duration_s
         return best_p, best_d
 
+
+    def blocks_retention(
+        self, num_blocks: int, block_size: int, *, num_prompt_tokens: int
+    ) -> tuple[list[int], list[float | None]]:
+        """Priorities and durations of blocks ``0 .. num_blocks - 1`` (as
+        :meth:`block_retention` for each), in O(num_blocks + ranges^2): the retention is
+        constant between range boundaries, so only blocks holding a boundary need a
+        comparison.
+
+        >>> r = RequestRetention(ranges=(TokenRangeRetention(token_end=20, priority=80),))
+        >>> r.blocks_retention(4, 16, num_prompt_tokens=40)
+        ([80, 80, 35, 35], [None, None, None, None])
+        """
+        prompt = num_prompt_tokens
+        points = {0, prompt}
+        for r in self.ranges:
+            if r.token_start < prompt:
+                points.add(r.token_start)
+                if r.token_end is not None and r.token_end < prompt:
+                    points.add(r.token_end)
+        cuts = sorted(points)
+        prios: list[int] = [-1] * num_blocks
+        durs: list[float | None] = [0.0] * num_blocks
+        segments = [(a, b, *self._segment_retention(a, b, prompt))
+                    for a, b in itertools.pairwise(cuts)]
+        segments.append((prompt, max(prompt, num_blocks * block_size),
+                         self.decode_priority, self.decode_duration_s))
+        for a, b, p, d in segments:
+            first = a // block_size
+            last = min((b - 1) // block_size, num_blocks - 1)
+            if b <= a or first > last:
+                continue
+            if last - first > 1:
+                prios[first + 1 : last] = [p] * (last - first - 1)
+                durs[first + 1 : last] = [d] * (last - first - 1)
+            for i in {first, last}:
+                if _better(p, d, prios[i], durs[i]):
+                    prios[i], durs[i] = p, d
+        return prios, durs
+
+    def _segment_retention(self, a: int, b: int, prompt: int) -> tuple[int, float | None]:
+        """The best retention of the ranges covering prompt tokens ``[a, b)`` (which no
+        range boundary cuts), or the default."""
+        best_p: int = -1
+        best_d: float | None = 0.0
+        best: tuple[int, float | None] = (self.default_priority, None)
+        for r in self.ranges:
+            r_end = prompt if r.token_end is None else r.token_end
+            if r.token_start <= a and b <= r_end and _better(r.priority, r.duration_s,
+                                                             best_p, best_d):
+                best_p, best_d = r.priority, r.duration_s
+                best = (best_p, best_d)
+        return best
 
 def _has_gap(pieces: list[tuple[int, int]], start: int, end: int) -> bool:
     """Whether the union of ``pieces`` misses a token of ``[start, end)``."""

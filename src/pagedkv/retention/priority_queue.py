@@ -239,8 +239,33 @@ class PriorityFreeQueue(FreeBlockQueue):
             return
         if self.deadline != _INF or self._xkey:
             self.tick()
+        prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        nxt, prv, where, count = self._next, self._prev, self._where, self._count
+        tail0 = self._n + 2 * _LEVEL0 + 1
+        mask = self._mask
+        placed = 0
         for b in ids:
-            self._place(b)
+            p = prio[b]
+            if pinned[b] or dur[b] is not None or tenant[b] >= 0:
+                self._mask = mask
+                self._num_free += placed
+                placed = 0
+                self._place(b)
+                mask = self._mask
+                continue
+            # Common case, inlined: to the back of level p.
+            tail = tail0 + 2 * p
+            last = prv[tail]
+            nxt[last] = b
+            prv[b] = last
+            nxt[b] = tail
+            prv[tail] = b
+            where[b] = _LEVEL0 + p
+            count[_LEVEL0 + p] += 1
+            mask |= 1 << p
+            placed += 1
+        self._mask = mask
+        self._num_free += placed
 
     def append(self, b: int) -> None:
         """Queue one freed hashed block. O(1)."""
@@ -276,22 +301,32 @@ class PriorityFreeQueue(FreeBlockQueue):
         if self.deadline != _INF:
             self.tick()
         out: list[int] = []
-        count = self._count
-        nxt = self._next
+        count, nxt, prv, where = self._count, self._next, self._prev, self._where
         base = self._n
+        side_lists = bool(self._xkey) or bool(self._tkey)
         lst = _UNHASHED
-        while len(out) < n:
+        left = n
+        while left:
             if lst == _PARKED:
                 lst = _LEVEL0 if self._mask else _PINNED
             elif lst >= _LEVEL0:
                 m = self._mask
                 lst = _LEVEL0 + (m & -m).bit_length() - 1 if m else _PINNED
-            if count[lst]:
+            c = count[lst]
+            if c:
+                k = c if c < left else left
                 head = base + 2 * lst
-                while count[lst] and len(out) < n:
-                    b = nxt[head]
-                    self._detach(b)
+                b = nxt[head]
+                for _ in range(k):
                     out.append(b)
+                    where[b] = -1
+                    b = nxt[b]
+                nxt[head] = b
+                prv[b] = head
+                count[lst] = c - k
+                left -= k
+                if lst >= _LEVEL0 and c == k:
+                    self._mask &= ~(1 << (lst - _LEVEL0))
             elif lst == _PINNED:
                 raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
             if lst < _PARKED:
@@ -299,6 +334,11 @@ class PriorityFreeQueue(FreeBlockQueue):
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         default = self.default_priority
         for b in out:
+            if side_lists:
+                if self._xlists.where[b] != -1:
+                    self._xlists.remove(b)
+                if self._tenant_lists.where[b] != -1:
+                    self._untenant(b)
             prio[b] = default
             dur[b] = None
             tenant[b] = -1
