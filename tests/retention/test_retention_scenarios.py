@@ -3,6 +3,8 @@ if the manager breaks it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from retention_support import BS, FakeClock, free_order, hit_tokens, make_manager, prompt, run
 
@@ -234,3 +236,37 @@ def test_manager_without_retention_has_no_control() -> None:
     mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
     assert mgr.retention is None
     assert type(mgr.pool).__name__ == "BlockPool"
+
+
+def test_retention_on_with_nothing_asked_allocates_the_same_block_ids() -> None:
+    import random
+
+    rng = random.Random(7)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    plain = KVCacheManager.from_spec(spec, num_blocks=40, max_model_len=256)
+    ret = make_manager(40, FakeClock())
+    prefixes = [prompt(t, 3, extra=0) for t in range(4)]
+    running: list[tuple[Any, Any]] = []
+    for i in range(400):
+        if running and (rng.random() < 0.4 or len(running) > 4):
+            a, b = running.pop(rng.randrange(len(running)))
+            plain.free(a)
+            ret.free(b)
+            continue
+        tokens = rng.choice(prefixes) + [rng.randrange(5) for _ in range(rng.randrange(1, 20))]
+        pair = []
+        for mgr in (plain, ret):
+            req = mgr.new_request(f"r{i}", tokens)
+            hit = mgr.get_computed_blocks(req)
+            new = mgr.allocate_slots(req, req.num_tokens - hit.num_computed_tokens,
+                                     new_computed_blocks=hit)
+            pair.append((req, hit.block_ids, new))
+        assert pair[0][1:] == pair[1][1:], f"step {i}: hits or new blocks differ"
+        if pair[0][2] is not None:
+            for req, _, _ in pair:
+                req.num_computed_tokens = req.num_tokens
+            running.append((pair[0][0], pair[1][0]))
+        if i % 50 == 0:
+            ret.evict_blocks([])
+            ret.check_invariants()
+    assert plain.debug_state()["pool"]["free_queue"] == free_order(ret)
