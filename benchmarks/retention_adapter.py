@@ -45,7 +45,8 @@ class RetentionAdapter(PagedKVAdapter):
             retention=RetentionConfig(pin_budget_fraction=0.5),
         ))
         self.hasher = self.mgr.hasher
-        self.active = args.retention == "active"
+        self.active = args.retention in ("active", "ranges")
+        self.pin = args.retention in ("active", "pins")
         self.retention = RequestRetention(
             ranges=(TokenRangeRetention(token_end=args.system_prompt_len, priority=80,
                                         duration_s=30.0),),
@@ -61,7 +62,7 @@ class RetentionAdapter(PagedKVAdapter):
 
     def after_prefill(self, req: Any) -> None:
         super().after_prefill(req)
-        if self.active and not self.pinned:
+        if self.pin and not self.pinned:
             assert self.mgr.retention is not None
             self.mgr.retention.pin_prefix(req, ttl_s=3600.0, refresh_on_hit=True,
                                           num_tokens=min(req.num_tokens - 1, 1024))
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--harness-dir", default=DEFAULT_HARNESS)
-    ap.add_argument("--retention", choices=("on", "active"), default="on")
+    ap.add_argument("--retention", choices=("on", "active", "ranges", "pins"), default="on")
     workload.add_workload_args(ap)
     args = ap.parse_args(rest)
     import pagedkv

@@ -159,7 +159,10 @@ class RetentionControl:
                 continue
             ps, ds = retention.blocks_retention(len(blocks), m.block_size,
                                                 num_prompt_tokens=num_prompt)
+            if 0 in blocks:  # null blocks (windowed kinds) have no retention
+                ps = [p for b, p in zip(blocks, ps, strict=True) if b]
+                ds = [d for b, d in zip(blocks, ds, strict=True) if b]
+                blocks = [b for b in blocks if b]
             for b, p, d in zip(blocks, ps, ds, strict=True):
-                if b:
-                    prio[b] = p
-                    dur[b] = d
+                prio[b] = p
+                dur[b] = d

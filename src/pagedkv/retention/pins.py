@@ -148,7 +148,7 @@ class PinTable:
         """A hit on ``key``: its refresh-on-hit leases now expire ``ttl_s`` from ``now``."""
         for lease in self.keys.get(key, ()):
             if lease.refresh_on_hit:
-                lease.expires_at = now + lease.ttl_s
+                lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
 
     def next_expiry(self) -> float:
         """The earliest expiry among active leases (``inf`` if none)."""

@@ -90,17 +90,30 @@ class RetentionPool(BlockPool):
         if queue.deadline != _INF:
             queue.tick()  # expiries first, so they happen in time order
         remove = queue.remove
+        if not self.pins.num_refreshing:
+            for b in ids:
+                if b:
+                    if ref[b] == 0:
+                        remove(b)
+                    ref[b] += 1
+            return
         pinned = queue.pinned
-        refreshing = self.pins.num_refreshing
+        hit_keys = []
         for b in ids:
             if b:
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
-                if refreshing and pinned[b]:
-                    h = self.block_hash[b]
-                    assert h is not None
-                    self.pins.refresh((self.block_group[b], h), queue.tick())
+                if pinned[b]:
+                    hit_keys.append(b)
+        if hit_keys:
+            now = queue.tick()
+            bh, bg = self.block_hash, self.block_group
+            refresh = self.pins.refresh
+            for b in hit_keys:
+                h = bh[b]
+                assert h is not None
+                refresh((bg[b], h), now)
 
     def cache_full_blocks(
         self,

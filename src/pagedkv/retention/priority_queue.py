@@ -105,7 +105,7 @@ class PriorityFreeQueue(FreeBlockQueue):
     @property
     def num_free(self) -> int:
         """Evictable free blocks, after letting due expiries take effect."""
-        if self.deadline != _INF:
+        if self.deadline != _INF and self._clock() >= self.deadline:
             self.tick()
         return self._num_free
 
@@ -228,7 +228,20 @@ class PriorityFreeQueue(FreeBlockQueue):
 
     def remove(self, b: int) -> None:
         """Take free ``b`` out of the queue (a prefix hit claims it). O(1)."""
-        if self._detach(b) == _PARKED:
+        if self._xkey or self._tkey:
+            lst = self._detach(b)
+        else:  # no timed or tenant lists: the common case, inlined
+            nxt, prv = self._next, self._prev
+            p, q = prv[b], nxt[b]
+            nxt[p] = q
+            prv[q] = p
+            lst = self._where[b]
+            self._where[b] = -1
+            c = self._count[lst] - 1
+            self._count[lst] = c
+            if lst >= _LEVEL0 and not c:
+                self._mask &= ~(1 << (lst - _LEVEL0))
+        if lst == _PARKED:
             self.num_parked -= 1
         else:
             self._num_free -= 1
