@@ -214,15 +214,15 @@ def check_allocate(
             f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or external or "
             "lookahead tokens); there is nothing to allocate"
         )
+    if has_hit:
+        assert hit is not None
+        _check_hit(mgr, req, rid, hit)
     if computed + num_hit + external + num_new > num_tokens:
         raise InvalidArgumentError(
             f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
             f"{num_new} new tokens is more than its {num_tokens} tokens; append the tokens "
             "first (lookahead slots go in num_lookahead_tokens)"
         )
-    if has_hit:
-        assert hit is not None
-        _check_hit(mgr, req, rid, hit)
     return live is None
 
 
