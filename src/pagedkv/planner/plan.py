@@ -24,9 +24,17 @@ Worked cases:
   block = 16 x ceil(311,296 / (16 x 4,096)) = 80; page = 327,680; the state page is
   padded by 16,384 bytes (5.26 %); then 4 attention + 28 Mamba layers -> 8 groups of 4.
 
-Block 0 of the pool is the null block, so ``num_blocks - 1`` blocks hold data; the memory
-check, ``kv_tokens`` and ``max_concurrency`` all count that way, so that what the plan
-promises is exactly what the manager admits.
+Layers of one kind are dealt to that kind's groups in turn (``layers[i::num_groups]``), and
+the group size is the smallest kind's layer count unless the largest kind has fewer than
+1.5 times as many layers, in which case it is the largest (vLLM 0.33's rules): Gemma-3-27B's
+52 sliding layers make groups of 9, 9, 9, 9, 8, 8 layers.
+
+Capacity is counted as vLLM 0.33 counts it (``kv_cache_utils.get_kv_cache_capacity``):
+blocks per request are summed over groups, ``max_concurrency = num_blocks / blocks per
+request`` (the null block is not subtracted) and the "GPU KV cache size" it logs is
+``int(max_concurrency x max_model_len)`` tokens. :attr:`KVCachePlan.usable_concurrency`
+is the figure with the null block held back. The memory check keeps one block back for
+the null block, as vLLM does.
 """
 
 from __future__ import annotations
@@ -50,13 +58,16 @@ from pagedkv.specs import (
 __all__ = [
     "DEFAULT_KERNEL_BLOCK_ALIGNMENT",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "MAMBA_CACHE_MODES",
     "KVCacheGroup",
     "KVCachePlan",
     "KVCacheTensor",
     "PageUnification",
     "cost_windows_as_full",
     "estimate_max_model_len",
+    "group_blocks_per_request",
     "plan_kv_cache",
+    "promote_windows_for_hybrid_off",
     "unify_page_sizes",
     "unify_worker_plans",
 ]
@@ -67,6 +78,11 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 #: Attention kernels want block sizes that are a multiple of this.
 DEFAULT_KERNEL_BLOCK_ALIGNMENT = 16
+
+#: How Mamba state is kept per request: ``none`` (one live state; prefix caching off) or
+#: ``align`` (prefix caching on: the running state, the previous block-boundary state and
+#: the prefill checkpoints the mixer exports).
+MAMBA_CACHE_MODES = ("none", "align")
 
 _GiB = 1 << 30
 
@@ -126,6 +142,10 @@ class KVCachePlan:
     ``available_bytes`` is the memory the plan was made for; ``max_model_len`` and
     ``max_num_batched_tokens`` the request bounds it was checked against (``None`` tokens
     per step = unbounded). ``hybrid`` is whether windowed layers keep their own groups.
+    ``async_scheduling`` doubles the tokens in flight per request (two batches overlap);
+    ``mamba_cache_mode`` / ``mamba_checkpoint_blocks`` say how state groups are held (see
+    :data:`MAMBA_CACHE_MODES`); ``attention_backend`` names the backend whose block size
+    was assumed (a label).
     """
 
     num_blocks: int
@@ -137,6 +157,10 @@ class KVCachePlan:
     hybrid: bool = True
     page_unification: PageUnification | None = None
     notes: tuple[str, ...] = ()
+    async_scheduling: bool = False
+    mamba_cache_mode: str = "none"
+    mamba_checkpoint_blocks: int = 0
+    attention_backend: str | None = None
 
     # -- layout ------------------------------------------------------------------------------
 
@@ -191,14 +215,25 @@ class KVCachePlan:
         return sum(len(g.layer_names) * g.spec.bytes_per_token for g in self.groups)
 
     @property
+    def max_in_flight_tokens(self) -> int | None:
+        """Tokens a request may have scheduled but not settled: one batch, two with async
+        scheduling; ``None`` when batches are unbounded."""
+        if self.max_num_batched_tokens is None:
+            return None
+        return self.max_num_batched_tokens * (2 if self.async_scheduling else 1)
+
+    def group_blocks(self, group: KVCacheGroup) -> int:
+        """Blocks one request of ``max_model_len`` tokens holds in ``group``."""
+        return group_blocks_per_request(
+            group.spec, self.max_model_len, max_in_flight_tokens=self.max_in_flight_tokens,
+            mamba_cache_mode=self.mamba_cache_mode,
+            mamba_checkpoint_blocks=self.mamba_checkpoint_blocks,
+        )
+
+    @property
     def blocks_per_request(self) -> int:
         """Blocks one request of ``max_model_len`` tokens holds, summed over groups."""
-        return sum(
-            g.spec.max_admission_blocks(
-                self.max_model_len, max_num_batched_tokens=self.max_num_batched_tokens
-            )
-            for g in self.groups
-        )
+        return sum(self.group_blocks(g) for g in self.groups)
 
     @property
     def usable_blocks(self) -> int:
@@ -207,28 +242,50 @@ class KVCachePlan:
 
     @property
     def kv_tokens(self) -> int:
-        """Token slots per group: ``usable_blocks // num_groups x block_size``. The
-        conservative figure (every group holding every token) that vLLM logs as the KV
-        cache size; 0 without groups."""
+        """Token slots per group: ``usable_blocks // num_groups x block_size`` (pagedkv's
+        conservative figure: every group holding every token); 0 without groups. Not the
+        figure vLLM logs: that is :attr:`kv_cache_size_tokens`."""
         if not self.groups or self.block_size is None:
             return 0
         return self.usable_blocks // len(self.groups) * self.block_size
 
     @property
     def max_concurrency(self) -> float | None:
-        """Requests of ``max_model_len`` tokens that fit at once (``usable_blocks /
-        blocks_per_request``); ``None`` without groups (no cache limits concurrency)."""
+        """Requests of ``max_model_len`` tokens that fit at once, as vLLM 0.33 reports it:
+        ``num_blocks / blocks_per_request``; ``None`` without groups."""
+        if not self.groups:
+            return None
+        return self.num_blocks / self.blocks_per_request
+
+    @property
+    def usable_concurrency(self) -> float | None:
+        """:attr:`max_concurrency` with the null block held back: ``usable_blocks /
+        blocks_per_request`` (what the manager can actually admit)."""
         if not self.groups:
             return None
         return self.usable_blocks / self.blocks_per_request
 
     @property
-    def tokens_at_max_model_len(self) -> int | None:
-        """Context tokens held when every request is ``max_model_len`` long:
-        ``floor(max_concurrency x max_model_len)``. Windowed groups hold only their windows,
-        so this is where a hybrid layout shows its savings."""
+    def kv_cache_size_tokens(self) -> int | None:
+        """The "GPU KV cache size" vLLM 0.33 logs: ``int(max_concurrency x
+        max_model_len)``. Windowed groups hold only their windows, so a hybrid layout
+        shows its savings here."""
         concurrency = self.max_concurrency
         return None if concurrency is None else int(concurrency * self.max_model_len)
+
+    @property
+    def tokens_at_max_model_len(self) -> int | None:
+        """Alias of :attr:`kv_cache_size_tokens`."""
+        return self.kv_cache_size_tokens
+
+    @property
+    def vllm_log_line(self) -> str | None:
+        """The capacity line vLLM 0.33 logs at start-up, formatted as it formats it."""
+        if self.max_concurrency is None:
+            return None
+        return (f"GPU KV cache size: {self.kv_cache_size_tokens:,} tokens, Maximum "
+                f"concurrency for {self.max_model_len:,} tokens per request: "
+                f"{self.max_concurrency:.2f}x")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready description: layout, capacity figures and notes."""
@@ -241,9 +298,17 @@ class KVCachePlan:
             "total_bytes": self.total_bytes,
             "max_model_len": self.max_model_len,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "async_scheduling": self.async_scheduling,
+            "max_in_flight_tokens": self.max_in_flight_tokens,
+            "mamba_cache_mode": self.mamba_cache_mode,
+            "mamba_checkpoint_blocks": self.mamba_checkpoint_blocks,
+            "attention_backend": self.attention_backend,
             "kv_tokens": self.kv_tokens,
+            "kv_cache_size_tokens": self.kv_cache_size_tokens,
             "tokens_at_max_model_len": self.tokens_at_max_model_len,
             "max_concurrency": self.max_concurrency,
+            "usable_concurrency": self.usable_concurrency,
+            "vllm_log_line": self.vllm_log_line,
             "blocks_per_request": self.blocks_per_request if self.groups else 0,
             "bytes_per_token": self.bytes_per_token,
             "num_padding_layers": self.num_padding_layers,
@@ -260,6 +325,7 @@ class KVCachePlan:
                     "page_size_bytes": g.spec.page_size_bytes,
                     "layers": list(g.layer_names),
                     "num_padding_layers": g.num_padding_layers,
+                    "blocks_per_request": self.group_blocks(g),
                 }
                 for g in self.groups
             ],
@@ -269,6 +335,45 @@ class KVCachePlan:
             ],
             "notes": list(self.notes),
         }
+
+
+# -- per-request blocks -------------------------------------------------------------------
+
+
+def group_blocks_per_request(
+    spec: KVCacheSpec,
+    max_model_len: int,
+    *,
+    max_in_flight_tokens: int | None,
+    mamba_cache_mode: str = "none",
+    mamba_checkpoint_blocks: int = 0,
+) -> int:
+    """Blocks one request of ``max_model_len`` tokens holds in a group of ``spec``, as vLLM
+    0.33 sizes the pool (``max_memory_usage_bytes / page``); pure.
+
+    * full attention / MLA: ``cdiv(max_model_len, block)``;
+    * sliding window: ``cdiv(min(window - 1 + in_flight, max_model_len), block) + 1``;
+    * chunked local: ``cdiv(min(chunk + in_flight, max_model_len), block)`` (no extra
+      block);
+    * Mamba state: 1 block (``none``), or ``2 + checkpoint blocks`` (``align``);
+    * other kinds: their own ``max_admission_blocks``.
+
+    ``max_in_flight_tokens`` is the tokens scheduled but not settled per request
+    (``max_num_batched_tokens``, doubled with async scheduling; ``None`` = unbounded).
+
+    >>> from pagedkv.specs import SlidingWindowSpec
+    >>> swa = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128,
+    ...                         dtype_bytes=2, sliding_window=4096)
+    >>> group_blocks_per_request(swa, 32768, max_in_flight_tokens=2 * 8192)
+    1281
+    """
+    if isinstance(spec, MambaSpec):
+        return 2 + mamba_checkpoint_blocks if mamba_cache_mode == "align" else 1
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        step = max_model_len if max_in_flight_tokens is None else max_in_flight_tokens
+        return cdiv(min(spec.attention_chunk_size + step, max_model_len), spec.block_size)
+    return spec.max_admission_blocks(max_model_len,
+                                     max_num_batched_tokens=max_in_flight_tokens)
 
 
 # -- spec transformations ------------------------------------------------------------------
@@ -295,6 +400,36 @@ def cost_windows_as_full(layer_to_spec: Mapping[str, KVCacheSpec]) -> dict[str, 
         else:
             out[name] = spec
     return out
+
+
+def promote_windows_for_hybrid_off(
+    layer_to_spec: Mapping[str, KVCacheSpec],
+) -> dict[str, KVCacheSpec]:
+    """What vLLM 0.33 does with the hybrid allocator off; pure.
+
+    A model of one kind stays as it is (an all-sliding model such as Mistral-7B keeps its
+    window); full attention with sliding-window or chunked layers has those costed as full
+    attention (:func:`cost_windows_as_full`); anything else (state layers next to
+    attention) cannot be made one kind.
+
+    Raises:
+        ConfigError: the specs cannot be promoted to one kind (names the kinds).
+    """
+    specs = dict(layer_to_spec)
+    kinds = {_kind_key(spec) for spec in specs.values()}
+    if len(kinds) <= 1:
+        return specs
+    has_full = any(isinstance(s, FullAttentionSpec) for s in specs.values())
+    if has_full:
+        specs = cost_windows_as_full(specs)
+    if len({_kind_key(spec) for spec in specs.values()}) > 1:
+        names = sorted({spec.kind for spec in specs.values()})
+        raise ConfigError(
+            f"with the hybrid allocator off, layers of kinds {', '.join(names)} cannot be "
+            "promoted to one KV-cache type (vLLM: \"Failed to promote local KV cache specs "
+            "to one unified type\"); plan with the hybrid allocator on"
+        )
+    return specs
 
 
 def unify_page_sizes(
@@ -362,14 +497,26 @@ class _Layout:
     page_size_bytes: int
     kind_padding: tuple[tuple[str, int, int], ...]  # (kind, layers, padding layers)
 
-    def bytes_for(self, max_model_len: int, max_num_batched_tokens: int | None) -> int:
+    def bytes_for(self, max_model_len: int, rules: _Rules) -> int:
         """Bytes of the blocks one request holds, plus the null block."""
-        blocks = sum(
-            g.spec.max_admission_blocks(max_model_len,
-                                        max_num_batched_tokens=max_num_batched_tokens)
-            for g in self.groups
-        )
+        blocks = sum(rules.blocks(g.spec, max_model_len) for g in self.groups)
         return (blocks + 1) * self.page_size_bytes * self.group_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rules:
+    """How many blocks a request holds per group (see :func:`group_blocks_per_request`)."""
+
+    max_in_flight_tokens: int | None
+    mamba_cache_mode: str
+    mamba_checkpoint_blocks: int
+
+    def blocks(self, spec: KVCacheSpec, max_model_len: int) -> int:
+        return group_blocks_per_request(
+            spec, max_model_len, max_in_flight_tokens=self.max_in_flight_tokens,
+            mamba_cache_mode=self.mamba_cache_mode,
+            mamba_checkpoint_blocks=self.mamba_checkpoint_blocks,
+        )
 
 
 def _layout(layer_to_spec: Mapping[str, KVCacheSpec]) -> _Layout:
@@ -384,15 +531,19 @@ def _layout(layer_to_spec: Mapping[str, KVCacheSpec]) -> _Layout:
             f"{s1.describe()} ({p1} bytes) and {s2.describe()} ({p2} bytes); only "
             "attention + state (Mamba) hybrids are unified"
         )
-    group_size = min(len(names) for names in kinds.values())
+    counts = [len(names) for names in kinds.values()]
+    group_size = min(counts)
+    if max(counts) < 1.5 * group_size:
+        group_size = max(counts)
     groups: list[KVCacheGroup] = []
     kind_padding: list[tuple[str, int, int]] = []
     for names in kinds.values():
         spec = merge_specs([layer_to_spec[name] for name in names])
-        padding = -len(names) % group_size
+        num_groups = cdiv(len(names), group_size)
+        padding = num_groups * group_size - len(names)
         kind_padding.append((spec.kind, len(names), padding))
-        for start in range(0, len(names), group_size):
-            chunk = tuple(names[start:start + group_size])
+        for i in range(num_groups):
+            chunk = tuple(names[i::num_groups])
             groups.append(KVCacheGroup(
                 spec=spec, layer_names=chunk, num_padding_layers=group_size - len(chunk),
             ))
@@ -405,19 +556,36 @@ def _layout(layer_to_spec: Mapping[str, KVCacheSpec]) -> _Layout:
 # -- memory check ------------------------------------------------------------------------------
 
 
-def _max_len_that_fits(
-    layout: _Layout, available_bytes: int, upper: int, max_num_batched_tokens: int | None
-) -> int:
+def _max_len_that_fits(layout: _Layout, available_bytes: int, upper: int,
+                       rules: _Rules) -> int:
     """Largest length in ``[1, upper]`` whose request fits, by binary search; 0 if none.
     O(log upper) evaluations."""
     low, high, best = 1, upper, 0
     while low <= high:
         mid = (low + high) // 2
-        if layout.bytes_for(mid, max_num_batched_tokens) <= available_bytes:
+        if layout.bytes_for(mid, rules) <= available_bytes:
             best, low = mid, mid + 1
         else:
             high = mid - 1
     return best
+
+
+def _rules(max_num_batched_tokens: int | None, async_scheduling: bool,
+           mamba_cache_mode: str, mamba_checkpoint_blocks: int) -> _Rules:
+    if mamba_cache_mode not in MAMBA_CACHE_MODES:
+        raise InvalidArgumentError(
+            f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got "
+            f"{mamba_cache_mode!r}"
+        )
+    if not isinstance(mamba_checkpoint_blocks, int) or mamba_checkpoint_blocks < 0:
+        raise InvalidArgumentError(
+            f"mamba_checkpoint_blocks must be a non-negative int, got "
+            f"{mamba_checkpoint_blocks!r}"
+        )
+    in_flight = None if max_num_batched_tokens is None else \
+        max_num_batched_tokens * (2 if async_scheduling else 1)
+    return _Rules(max_in_flight_tokens=in_flight, mamba_cache_mode=mamba_cache_mode,
+                  mamba_checkpoint_blocks=mamba_checkpoint_blocks)
 
 
 def estimate_max_model_len(
@@ -428,6 +596,9 @@ def estimate_max_model_len(
     max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     hybrid: bool = True,
     kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
+    async_scheduling: bool = True,
+    mamba_cache_mode: str = "none",
+    mamba_checkpoint_blocks: int = 0,
 ) -> int:
     """The largest ``max_model_len`` in ``[1, upper]`` for which one request (plus the null
     block) fits in ``available_bytes`` under the layout :func:`plan_kv_cache` would build;
@@ -439,14 +610,15 @@ def estimate_max_model_len(
     specs = _prepared(layer_to_spec, hybrid, kernel_block_alignment)[0]
     if not specs:
         return upper
-    mnbt = max_num_batched_tokens
-    return _max_len_that_fits(_layout(specs), available_bytes, upper, mnbt)
+    rules = _rules(max_num_batched_tokens, async_scheduling, mamba_cache_mode,
+                   mamba_checkpoint_blocks)
+    return _max_len_that_fits(_layout(specs), available_bytes, upper, rules)
 
 
 def _prepared(
     layer_to_spec: Mapping[str, KVCacheSpec], hybrid: bool, alignment: int
 ) -> tuple[dict[str, KVCacheSpec], PageUnification | None]:
-    specs = dict(layer_to_spec) if hybrid else cost_windows_as_full(layer_to_spec)
+    specs = dict(layer_to_spec) if hybrid else promote_windows_for_hybrid_off(layer_to_spec)
     return unify_page_sizes(specs, kernel_block_alignment=alignment)
 
 
@@ -467,36 +639,53 @@ def plan_kv_cache(
     num_blocks: int | None = None,
     kernel_block_alignment: int = DEFAULT_KERNEL_BLOCK_ALIGNMENT,
     model_name: str | None = None,
+    async_scheduling: bool = True,
+    mamba_cache_mode: str = "none",
+    mamba_checkpoint_blocks: int = 0,
+    attention_backend: str | None = None,
 ) -> KVCachePlan:
     """Lay out the KV cache of ``layer_to_spec`` (layer name -> spec, model order) in
     ``available_bytes`` of one worker; pure.
 
-    ``hybrid=False`` costs sliding-window and chunked layers as full attention (state
-    layers keep their own groups: there is no full-attention equivalent of a state).
-    ``num_blocks`` overrides the computed count (tensors are sized by it). ``model_name``
-    only labels error messages.
+    ``hybrid=False`` is vLLM's hybrid allocator off: sliding-window and chunked layers next
+    to full attention are costed as full attention; a model of one kind stays as it is;
+    state layers next to attention are refused. ``async_scheduling`` (vLLM's default)
+    lets two batches be in flight, so windowed layers hold ``2 x max_num_batched_tokens``
+    beyond their window. ``mamba_cache_mode`` / ``mamba_checkpoint_blocks`` say how state
+    groups are held (:func:`group_blocks_per_request`). ``num_blocks`` overrides the
+    computed count (tensors are sized by it). ``model_name`` only labels error messages;
+    ``attention_backend`` only labels the plan.
 
     Raises:
         InsufficientMemoryError: one request of ``max_model_len`` tokens (plus the null
             block) does not fit; states needed and available bytes and the largest
             ``max_model_len`` that fits.
-        ConfigError: a ``num_blocks`` override too small for one such request; layers
-            whose pages cannot be made equal.
+        ConfigError: a ``num_blocks`` override too small for one such request, or over
+            the memory by more than a rounding; layers whose pages cannot be made equal;
+            kinds the hybrid-off rules cannot promote.
         InvalidArgumentError: negative ``available_bytes``; non-positive ``max_model_len``,
-            ``max_num_batched_tokens`` or ``num_blocks``.
+            ``max_num_batched_tokens`` or ``num_blocks``; an unknown ``mamba_cache_mode``.
     """
     for label, value in (("max_model_len", max_model_len),
                          ("max_num_batched_tokens", max_num_batched_tokens),
                          ("num_blocks", num_blocks)):
-        if value is not None and (not isinstance(value, int) or value <= 0):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value <= 0):
             raise InvalidArgumentError(f"{label} must be a positive int, got {value!r}")
     if not isinstance(available_bytes, int) or available_bytes < 0:
         raise InvalidArgumentError(
             f"available_bytes must be a non-negative int, got {available_bytes!r}"
         )
+    rules = _rules(max_num_batched_tokens, async_scheduling, mamba_cache_mode,
+                   mamba_checkpoint_blocks)
     specs, unification = _prepared(layer_to_spec, hybrid, kernel_block_alignment)
     notes: list[str] = []
     if not hybrid and any(
+        isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec) for s in specs.values()
+    ):
+        notes.append("hybrid allocator off: the model has one attention kind, so its "
+                     "windows are kept")
+    elif not hybrid and any(
         isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec)
         for s in layer_to_spec.values()
     ):
@@ -512,11 +701,14 @@ def plan_kv_cache(
             f"state page padded from {unification.state_bytes:,} to "
             f"{unification.page_size_bytes:,} bytes ({unification.state_padding_pct:.2f} %)"
         )
+    extra = dict(async_scheduling=async_scheduling, mamba_cache_mode=mamba_cache_mode,
+                 mamba_checkpoint_blocks=mamba_checkpoint_blocks,
+                 attention_backend=attention_backend)
     if not specs:
         return KVCachePlan(
             num_blocks=1, groups=(), tensors=(), available_bytes=available_bytes,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-            hybrid=hybrid, notes=("attention-free model: no KV cache",),
+            hybrid=hybrid, notes=("attention-free model: no KV cache",), **extra,
         )
     layout = _layout(specs)
     for kind, count, padding in layout.kind_padding:
@@ -525,10 +717,10 @@ def plan_kv_cache(
                 f"{padding} padding layers added to the {count} {kind} layers; they may "
                 f"waste up to {100 * padding / count:.2f} % of that kind's KV memory"
             )
-    needed = layout.bytes_for(max_model_len, max_num_batched_tokens)
+    needed = layout.bytes_for(max_model_len, rules)
+    per_block = layout.page_size_bytes * layout.group_size
     if num_blocks is None and needed > available_bytes:
-        fits = _max_len_that_fits(layout, available_bytes, max_model_len,
-                                  max_num_batched_tokens)
+        fits = _max_len_that_fits(layout, available_bytes, max_model_len, rules)
         advice = (f"the largest max_model_len that fits is {fits:,}" if fits
                   else "not even a one-token request fits")
         who = f"{model_name}: " if model_name else ""
@@ -540,7 +732,6 @@ def plan_kv_cache(
             needed_bytes=needed, available_bytes=available_bytes,
             max_model_len_that_fits=fits,
         )
-    per_block = layout.page_size_bytes * layout.group_size
     if num_blocks is None:
         num_blocks = available_bytes // per_block
     else:
@@ -550,8 +741,15 @@ def plan_kv_cache(
                 f"num_blocks override {num_blocks:,} is below the {minimum:,} blocks one "
                 f"request of max_model_len {max_model_len:,} needs (null block included)"
             )
+        fits_blocks = available_bytes // per_block
+        if num_blocks > fits_blocks:
+            raise ConfigError(
+                f"num_blocks override {num_blocks:,} needs {_bytes_text(num_blocks * per_block)}"
+                f" but only {_bytes_text(available_bytes)} is available ({fits_blocks:,} "
+                "blocks); lower --num-blocks or give the KV cache more memory"
+            )
         notes.append(f"num_blocks overridden: {num_blocks:,} (memory would give "
-                     f"{available_bytes // per_block:,})")
+                     f"{fits_blocks:,})")
     tensor_bytes = num_blocks * layout.page_size_bytes
     tensors = tuple(
         KVCacheTensor(
@@ -564,7 +762,7 @@ def plan_kv_cache(
         num_blocks=num_blocks, groups=layout.groups, tensors=tensors,
         available_bytes=available_bytes, max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid,
-        page_unification=unification, notes=tuple(notes),
+        page_unification=unification, notes=tuple(notes), **extra,
     )
 
 
