@@ -340,7 +340,8 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
             assert mamba_spec is not None
             specs[name] = mamba_spec
     case: dict[str, Any] = {
-        "model": path.stem, "config": str(path), "tp": tp, "kv_dtype": kv_dtype, "memory_gib": memory_gib,
+        "model": path.stem, "config": str(path), "tp": tp, "kv_dtype": kv_dtype,
+        "memory_gib": memory_gib,
         "mode": mode, "hybrid": hybrid, "max_model_len": max_model_len,
         "max_num_batched_tokens": mnbt, "backend": backend.name,
     }

@@ -198,11 +198,19 @@ def test_nemotron_h_pattern() -> None:
     assert model.kind_to_num_layers == {"mamba": 24, "full_attention": 4}
     pattern = NEMOTRON_H_8B["hybrid_override_pattern"]
     assert indices(model, FullAttentionSpec) == [i for i, c in enumerate(pattern) if c == "*"]
-    # conv (8192 + 2 x 8 x 128) x 3 + SSM 128 x 64 x 128, bf16
+    # conv (8192 + 2 x 8 x 128) x 3 in bf16 + SSM 128 x 64 x 128 in float32 (vLLM's
+    # default SSM state dtype for Nemotron-H)
     states = {s.state_bytes for _, s in model.layer_specs if isinstance(s, MambaSpec)}
+    assert states == {(8192 + 2048) * 3 * 2 + 128 * 64 * 128 * 4} == {4_255_744}
+    assert model.mamba_mixer == "mamba2"
+    assert model.state_dtypes == ("bfloat16", "float32")
+    bf16 = model_spec_from_config(NEMOTRON_H_8B, mamba_ssm_cache_dtype="bfloat16")
+    states = {s.state_bytes for _, s in bf16.layer_specs if isinstance(s, MambaSpec)}
     assert states == {((8192 + 2048) * 3 + 128 * 64 * 128) * 2} == {2_158_592}
-    tp2 = model_spec_from_config(NEMOTRON_H_8B, tp_size=2)
+    tp2 = model_spec_from_config(NEMOTRON_H_8B, tp_size=2, mamba_ssm_cache_dtype="bfloat16")
     assert {s.state_bytes for _, s in tp2.layer_specs if isinstance(s, MambaSpec)} == {1_079_296}
+    config_dtype = model_spec_from_config({**NEMOTRON_H_8B, "mamba_ssm_cache_dtype": "bfloat16"})
+    assert config_dtype.state_dtypes == ("bfloat16", "bfloat16")
 
 
 # -- tensor parallelism and dtypes ---------------------------------------------------------

@@ -23,7 +23,7 @@ from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.planner.backends import AttentionBackend, GpuFamily, gpu_family, pick_backend
 from pagedkv.planner.bundled import load_config
 from pagedkv.planner.layer_file import is_layer_file, load_layer_file, parse_layer_file
-from pagedkv.planner.model_spec import ModelSpec
+from pagedkv.planner.model_spec import KV_DTYPE_BYTES, ModelSpec
 from pagedkv.planner.plan import KVCachePlan, plan_kv_cache
 from pagedkv.planner.readers import model_spec_from_config
 from pagedkv.planner.units import format_bytes
@@ -33,7 +33,7 @@ from pagedkv.planner.weights import (
     estimate_weights,
     kv_cache_budget,
 )
-from pagedkv.specs import MambaSpec, MLAAttentionSpec
+from pagedkv.specs import AttentionSpec, MambaSpec, MLAAttentionSpec
 
 __all__ = ["HYBRID_CHOICES", "ModelPlan", "plan_model"]
 
@@ -135,6 +135,15 @@ def _file_weights(num_parameters: int | None, file_dtype: str, weight_dtype: str
     return WeightEstimate(num_parameters=num_parameters, weight_dtype=dtype, tp_size=tp_size)
 
 
+def _kv_dtype_of(model: ModelSpec) -> str:
+    """The KV dtype's short name; a layer-spec file gives bytes per element instead."""
+    if model.kv_dtype in KV_DTYPE_BYTES:
+        return model.kv_dtype
+    sizes = {s.dtype_bytes for _, s in model.layer_specs if isinstance(s, AttentionSpec)}
+    by_size = {1: "fp8", 2: "bf16", 4: "fp32"}
+    return by_size.get(max(sizes), "bf16") if sizes else "bf16"
+
+
 def _positive(value: int | None, name: str) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                               or value <= 0):
@@ -175,7 +184,8 @@ def plan_model(
         InvalidArgumentError: both or neither memory given; non-positive sizes; unknown
             GPU, ``hybrid`` or dtype names.
         ConfigError: ``max_model_len`` above the model's limit; a block size the backend
-            cannot run; weights exceeding the memory; the plan's own errors.
+            cannot run; weights exceeding the memory; a ``num_blocks`` override above what
+            the memory holds; the plan's own errors.
         InsufficientMemoryError: one request of ``max_model_len`` does not fit.
         InputFileError, UnsupportedModelError: the model cannot be read.
     """
@@ -195,7 +205,7 @@ def plan_model(
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, with_weights=gpu_memory_bytes is not None,
         block_size=block_size)
     use_mla = any(isinstance(s, MLAAttentionSpec) for _, s in spec.layer_specs)
-    backend = pick_backend(family, use_mla=use_mla, kv_dtype=spec.kv_dtype,
+    backend = pick_backend(family, use_mla=use_mla, kv_dtype=_kv_dtype_of(spec),
                            requested=attention_backend)
     chosen_block = block_size or backend.preferred_block_size(16)
     if not backend.supports_block_size(chosen_block):
@@ -261,6 +271,14 @@ def plan_model(
         ))
         for label, on in modes
     )
+    for _, plan in plans:
+        if plan.total_bytes > kv_bytes:
+            raise ConfigError(
+                f"--num-blocks {plan.num_blocks:,} needs {format_bytes(plan.total_bytes)} of "
+                f"KV cache but only {format_bytes(kv_bytes)} is available "
+                f"({kv_bytes // (plan.total_bytes // plan.num_blocks):,} blocks); lower "
+                "--num-blocks or give the KV cache more memory"
+            )
     grown = plans[0][1].block_size or chosen_block
     return ModelPlan(
         model=spec, source=source, gpu=family, backend=backend, block_size=grown,

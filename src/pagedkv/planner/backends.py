@@ -8,10 +8,10 @@ they accept it). Only the facts that decide the KV-cache layout are kept here:
 backend        KV dtypes            kernel blocks      GPUs (compute capability)
 =============  ===================  =================  ============================
 FLASH_ATTN     bf16, fp16, fp8      multiple of 16     8.0+
-TRITON_ATTN    bf16, fp16, fp8      multiple of 16     any
+TRITON_ATTN    bf16, fp16, fp8, fp32  multiple of 16   any
 FLASH_ATTN_MLA bf16, fp16           multiple of 16     9.x
 FLASHMLA       bf16, fp16, fp8      exactly 64         9.x, 10.x
-TRITON_MLA     bf16, fp16, fp8      multiple of 16     any
+TRITON_MLA     bf16, fp16, fp8, fp32  multiple of 16   any
 =============  ===================  =================  ============================
 
 >>> family = GPU_FAMILIES["hopper"]
@@ -70,12 +70,14 @@ _FP = frozenset({"bf16", "fp16", "fp8"})
 BACKENDS: Mapping[str, AttentionBackend] = {b.name: b for b in (
     AttentionBackend(name="FLASH_ATTN", mla=False, kv_dtypes=_FP, multiple_of=16,
                      min_major=8),
-    AttentionBackend(name="TRITON_ATTN", mla=False, kv_dtypes=_FP, multiple_of=16),
+    AttentionBackend(name="TRITON_ATTN", mla=False, kv_dtypes=_FP | {"fp32"},
+                     multiple_of=16),
     AttentionBackend(name="FLASH_ATTN_MLA", mla=True, kv_dtypes=frozenset({"bf16", "fp16"}),
                      multiple_of=16, majors=frozenset({9})),
     AttentionBackend(name="FLASHMLA", mla=True, kv_dtypes=_FP, exact=(64,),
                      majors=frozenset({9, 10})),
-    AttentionBackend(name="TRITON_MLA", mla=True, kv_dtypes=_FP, multiple_of=16),
+    AttentionBackend(name="TRITON_MLA", mla=True, kv_dtypes=_FP | {"fp32"},
+                     multiple_of=16),
 )}
 
 

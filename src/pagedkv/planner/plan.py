@@ -660,8 +660,9 @@ def plan_kv_cache(
         InsufficientMemoryError: one request of ``max_model_len`` tokens (plus the null
             block) does not fit; states needed and available bytes and the largest
             ``max_model_len`` that fits.
-        ConfigError: a ``num_blocks`` override too small for one such request, or over
-            the memory by more than a rounding; layers whose pages cannot be made equal;
+        ConfigError: a ``num_blocks`` override too small for one such request (one over
+            the memory is planned with a warning note); layers whose pages cannot be made
+            equal;
             kinds the hybrid-off rules cannot promote.
         InvalidArgumentError: negative ``available_bytes``; non-positive ``max_model_len``,
             ``max_num_batched_tokens`` or ``num_blocks``; an unknown ``mamba_cache_mode``.
@@ -701,14 +702,14 @@ def plan_kv_cache(
             f"state page padded from {unification.state_bytes:,} to "
             f"{unification.page_size_bytes:,} bytes ({unification.state_padding_pct:.2f} %)"
         )
-    extra = dict(async_scheduling=async_scheduling, mamba_cache_mode=mamba_cache_mode,
-                 mamba_checkpoint_blocks=mamba_checkpoint_blocks,
-                 attention_backend=attention_backend)
     if not specs:
         return KVCachePlan(
             num_blocks=1, groups=(), tensors=(), available_bytes=available_bytes,
             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-            hybrid=hybrid, notes=("attention-free model: no KV cache",), **extra,
+            hybrid=hybrid, notes=("attention-free model: no KV cache",),
+            async_scheduling=async_scheduling, mamba_cache_mode=mamba_cache_mode,
+            mamba_checkpoint_blocks=mamba_checkpoint_blocks,
+            attention_backend=attention_backend,
         )
     layout = _layout(specs)
     for kind, count, padding in layout.kind_padding:
@@ -742,14 +743,12 @@ def plan_kv_cache(
                 f"request of max_model_len {max_model_len:,} needs (null block included)"
             )
         fits_blocks = available_bytes // per_block
-        if num_blocks > fits_blocks:
-            raise ConfigError(
-                f"num_blocks override {num_blocks:,} needs {_bytes_text(num_blocks * per_block)}"
-                f" but only {_bytes_text(available_bytes)} is available ({fits_blocks:,} "
-                "blocks); lower --num-blocks or give the KV cache more memory"
-            )
         notes.append(f"num_blocks overridden: {num_blocks:,} (memory would give "
                      f"{fits_blocks:,})")
+        if num_blocks > fits_blocks:
+            notes.append(f"WARNING: the overridden blocks need "
+                         f"{_bytes_text(num_blocks * per_block)}, more than the "
+                         f"{_bytes_text(available_bytes)} available")
     tensor_bytes = num_blocks * layout.page_size_bytes
     tensors = tuple(
         KVCacheTensor(
@@ -762,7 +761,9 @@ def plan_kv_cache(
         num_blocks=num_blocks, groups=layout.groups, tensors=tensors,
         available_bytes=available_bytes, max_model_len=max_model_len,
         max_num_batched_tokens=max_num_batched_tokens, hybrid=hybrid,
-        page_unification=unification, notes=tuple(notes), **extra,
+        page_unification=unification, notes=tuple(notes),
+        async_scheduling=async_scheduling, mamba_cache_mode=mamba_cache_mode,
+        mamba_checkpoint_blocks=mamba_checkpoint_blocks, attention_backend=attention_backend,
     )
 
 
