@@ -129,7 +129,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _memory(text: str, flag: str) -> int:
     """``text`` as bytes; a bare number under 1 MiB is taken as a forgotten unit."""
     value = parse_bytes(text, what=flag)
-    if text.strip().isdigit() and value < _SMALLEST_BARE_SIZE:
+    if text.strip().isdigit() and 0 < value < _SMALLEST_BARE_SIZE:
         raise InvalidArgumentError(
             f"{flag} {text} is {value} bytes; did you mean {text}GiB? Give a unit "
             "(GiB, GB, G, MiB, TiB)"
