@@ -189,12 +189,7 @@ def fields_for(config: Mapping[str, Any], source: str) -> tuple[ConfigFields, st
 
 def split_heads(ctx: ReaderContext, key: str, num_heads: int) -> int:
     """Heads per rank for ``num_heads`` split over ``tp_size`` ranks (exact division)."""
-    if num_heads % ctx.tp_size:
-        raise ctx.error(
-            f"tensor-parallel size {ctx.tp_size} does not divide {key} = {num_heads}; "
-            "choose a TP size that divides it"
-        )
-    return num_heads // ctx.tp_size
+    return split_dim(ctx, key, num_heads, why="choose a TP size that divides it")
 
 
 def _split_kv_heads(ctx: ReaderContext, num_kv_heads: int) -> int:
@@ -296,11 +291,11 @@ def state_spec(ctx: ReaderContext, state_bytes: int) -> MambaSpec:
     return MambaSpec(block_size=ctx.block_size, state_bytes=state_bytes)
 
 
-def split_dim(ctx: ReaderContext, key: str, size: int) -> int:
-    """``size`` split over the TP ranks (exact division)."""
+def split_dim(ctx: ReaderContext, key: str, size: int, *,
+              why: str = "the state is split along it") -> int:
+    """``size`` split over the TP ranks (exact division); ``why`` ends the error."""
     if size % ctx.tp_size:
         raise ctx.error(
-            f"tensor-parallel size {ctx.tp_size} does not divide {key} = {size}, which the "
-            "state is split along"
+            f"tensor-parallel size {ctx.tp_size} does not divide {key} = {size}; {why}"
         )
     return size // ctx.tp_size
