@@ -8,9 +8,9 @@ Wiring (done by ``pagedkv.cli``)::
     args = parser.parse_args()
     sys.exit(args.func(args))
 
-Exit codes: 0 success; 2 usage errors (unknown flag, missing or malformed argument); 1
-invalid input (bad config file, negative memory, TP not dividing heads, not enough
-memory). Either way exactly one line on stderr, never a traceback.
+Exit codes: 0 success; 2 usage errors (unknown flag, missing or malformed argument: one
+line, from ``pagedkv.cli.OneLineParser``); 1 invalid input (bad config file, negative
+memory, TP not dividing heads, not enough memory): one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import json
 import re
 import sys
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from pagedkv.errors import InvalidArgumentError, PagedKVError
 from pagedkv.planner.api import plan_model
@@ -41,14 +41,6 @@ _SMALLEST_BARE_SIZE = 1 << 20
 _NEGATIVE_VALUE = re.compile(r"^-\d")
 
 
-def _one_line_error(prog: str) -> Any:
-    def error(message: str) -> NoReturn:
-        print(f"{prog}: error: {message}; see '{prog} --help'", file=sys.stderr)
-        raise SystemExit(2)
-
-    return error
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``plan`` subcommand on ``subparsers`` (an argparse sub-parsers action)
     with ``func=run``; returns the new parser."""
@@ -63,8 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "a layer-spec file (JSON/YAML), or a bundled config name such as Llama-3.1-8B."
         ),
     )
-    # One-line usage errors, and "-1GiB" read as a value (to be rejected with a message).
-    setattr(parser, "error", _one_line_error(parser.prog))  # noqa: B010
+    # "-1GiB" read as a value (to be rejected with a message), not as an unknown option.
     setattr(parser, "_negative_number_matcher", _NEGATIVE_VALUE)  # noqa: B010
     parser.add_argument("model", metavar="MODEL",
                         help="config.json path or folder, layer-spec file, or bundled name")
