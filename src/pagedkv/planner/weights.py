@@ -1,6 +1,6 @@
 """Estimate a model's weight memory from its ``config.json``, and what is left for KV.
 
-The parameter count adds up the matrices of the families :mod:`.hf_config` reads:
+The parameter count adds up the matrices of the families :mod:`.readers` reads:
 embeddings (and an untied output head), attention (standard, or MLA's low-rank
 projections), Mamba-1 / Mamba-2 / gated-delta-net mixers, dense MLPs and mixture-of-experts
 blocks with **every** expert (all are resident), shared experts and routers. Norms, biases
