@@ -133,22 +133,28 @@ class RetentionControl:
 
     # ------------------------------------------------------------------ requests
 
-    def before_free(self, request: RequestLike) -> None:
+    @staticmethod
+    def check_retention(request_id: str, retention: object) -> None:
+        """Raise :class:`InvalidArgumentError` unless ``retention`` is a RequestRetention."""
+        if not isinstance(retention, RequestRetention):
+            raise InvalidArgumentError(
+                f"request {request_id!r}: retention must be a "
+                f"pagedkv.retention.RequestRetention, got {type(retention).__name__}"
+            )
+
+    def before_free(self, request: RequestLike | None) -> None:
         """Give every block ``request`` holds the retention the request asks for (its
-        ``retention`` attribute; none: nothing changes). Called by the manager's ``free``
-        before the blocks are released. O(blocks held x ranges).
+        ``retention`` attribute; none, or no request: nothing changes). Called by the
+        manager's ``free`` before the blocks are released. O(blocks held + ranges^2).
 
         Raises:
             InvalidArgumentError: ``retention`` is not a RequestRetention; nothing changed.
         """
         retention = getattr(request, "retention", None)
-        if retention is None:
+        if retention is None or request is None:
             return
-        if not isinstance(retention, RequestRetention):
-            raise InvalidArgumentError(
-                f"request {request.request_id!r}: retention must be a RequestRetention, "
-                f"got {type(retention).__name__}"
-            )
+        self.check_retention(request.request_id, retention)
+        assert isinstance(retention, RequestRetention)
         rid = request.request_id
         num_prompt = getattr(request, "num_prompt_tokens", request.num_tokens)
         queue = self.pool.free_queue
