@@ -169,6 +169,8 @@ class RetentionControl:
                 ps = [p for b, p in zip(blocks, ps, strict=True) if b]
                 ds = [d for b, d in zip(blocks, ds, strict=True) if b]
                 blocks = [b for b in blocks if b]
+            if retention.has_durations:
+                queue.plain = False
             for b, p, d in zip(blocks, ps, ds, strict=True):
                 prio[b] = p
                 dur[b] = d

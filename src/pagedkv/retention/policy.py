@@ -127,6 +127,12 @@ class RequestRetention:
         _check_duration("decode_duration_s", self.decode_duration_s)
         _check_priority("default_priority", self.default_priority)
 
+    @property
+    def has_durations(self) -> bool:
+        """Whether any range, or the decode setting, has a duration."""
+        return self.decode_duration_s is not None or any(
+            r.duration_s is not None for r in self.ranges)
+
     def block_retention(
         self, index: int, block_size: int, *, num_prompt_tokens: int
     ) -> tuple[int, float | None]:

@@ -68,6 +68,8 @@ class RetentionPool(BlockPool):
         )
         self._tenant_ids: dict[str | None, int] = {}
         self._quotas_on = retention.has_quotas
+        if self._quotas_on:
+            self.free_queue.plain = False
 
     # ------------------------------------------------------------------ tenants
 
@@ -202,6 +204,7 @@ class RetentionPool(BlockPool):
         queue = self.free_queue
         now = queue.tick()
         lease, new = self.pins.pin(keys, ttl_s=ttl_s, now=now, refresh_on_hit=refresh_on_hit)
+        queue.plain = False
         for key in new:
             for b in self._blocks_of(key):
                 queue.set_pinned(b, True)

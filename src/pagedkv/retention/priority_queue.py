@@ -49,9 +49,8 @@ class PriorityFreeQueue(FreeBlockQueue):
     __slots__ = (
         "_clock", "_count", "_mask", "_n", "_now", "_num_free", "_quota", "_tcount",
         "_tenant_lists", "_tkey", "_tmask", "_where", "_xkey", "_xlists", "deadline",
-        "default_priority",
-        "duration_s", "expires_at", "num_parked", "on_deadline", "pinned", "preempt_pins",
-        "priority", "tenant",
+        "default_priority", "duration_s", "expires_at", "num_parked", "on_deadline", "pinned",
+        "plain", "preempt_pins", "priority", "tenant",
     )
 
     def __init__(
@@ -85,6 +84,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         self.duration_s: list[float | None] = [None] * n
         self.tenant = [-1] * n
         self.pinned = [False] * n
+        #: True while no block has been pinned, given a duration or a tenant quota (set
+        #: False by the pool, for good): freeing then only sorts blocks by priority.
+        self.plain = not tenant_quotas
         self._clock = clock
         self._now = 0.0
         self.deadline = _INF
@@ -252,6 +254,9 @@ class PriorityFreeQueue(FreeBlockQueue):
             return
         if self.deadline != _INF or self._xkey:
             self.tick()
+        if self.plain:
+            self._append_plain(ids)
+            return
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
         tail0 = self._n + 2 * _LEVEL0 + 1
@@ -279,6 +284,37 @@ class PriorityFreeQueue(FreeBlockQueue):
             placed += 1
         self._mask = mask
         self._num_free += placed
+
+    def _append_plain(self, ids: list[int]) -> None:
+        """``append_n`` while no block is special: runs of equal priority are spliced to
+        the back of their level as one chain."""
+        prio, nxt, prv, where, count = (self.priority, self._next, self._prev, self._where,
+                                        self._count)
+        base = self._n
+        mask = self._mask
+        i, m = 0, len(ids)
+        while i < m:
+            p = prio[ids[i]]
+            lst = _LEVEL0 + p
+            tail = base + 2 * lst + 1
+            last = prv[tail]
+            j = i
+            while j < m:
+                b = ids[j]
+                if prio[b] != p:
+                    break
+                nxt[last] = b
+                prv[b] = last
+                where[b] = lst
+                last = b
+                j += 1
+            nxt[last] = tail
+            prv[tail] = last
+            count[lst] += j - i
+            mask |= 1 << p
+            i = j
+        self._mask = mask
+        self._num_free += m
 
     def append(self, b: int) -> None:
         """Queue one freed hashed block. O(1)."""
@@ -346,6 +382,11 @@ class PriorityFreeQueue(FreeBlockQueue):
                 lst += 1
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         default = self.default_priority
+        if self.plain:
+            for b in out:
+                prio[b] = default
+            self._num_free -= n
+            return out
         for b in out:
             if side_lists:
                 if self._xlists.where[b] != -1:
@@ -365,6 +406,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         """Mark ``b``'s content pinned or not; a free block moves accordingly. O(1)."""
         if self.pinned[b] == pinned:
             return
+        self.plain = False
         lst = self._where[b]
         if lst == -1:
             self.pinned[b] = pinned
@@ -481,6 +523,10 @@ class PriorityFreeQueue(FreeBlockQueue):
         for b in range(1, self._n):
             if self._xlists.where[b] != -1 or self._tenant_lists.where[b] != -1:
                 assert self._where[b] >= _LEVEL0, f"block {b} timed/tenant-listed off-level"
+        if self.plain:
+            assert not any(self.pinned) and not any(t >= 0 for t in self.tenant), (
+                "plain queue with pinned or tenant-tracked blocks")
+            assert all(d is None for d in self.duration_s), "plain queue with durations"
         for t, q in enumerate(self._quota):
             assert q is None or self._tcount[t] <= q, f"tenant {t} over quota in levels"
         return every
