@@ -61,7 +61,29 @@ _NAME_TO_MODULE = {
     "write_latent": "attention",
 }
 
-__all__ = sorted(_NAME_TO_MODULE)
+__all__ = [
+    "AttentionMask",
+    "BatchTables",
+    "CausalMask",
+    "ChunkedLocalMask",
+    "Engine",
+    "EngineStats",
+    "KVCacheTensors",
+    "Placement",
+    "ShuffledPlacement",
+    "SlidingWindowMask",
+    "TinyDecoder",
+    "TinyModelConfig",
+    "attend",
+    "build_batch_tables",
+    "checkpoint_state_io",
+    "gather_kv",
+    "gather_latent",
+    "paged_attention",
+    "paged_latent_attention",
+    "write_kv",
+    "write_latent",
+]
 
 
 def __getattr__(name: str) -> Any:

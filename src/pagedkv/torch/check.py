@@ -44,8 +44,15 @@ from pagedkv.torch.model import TinyDecoder, TinyModelConfig
 from pagedkv.torch.tables import Placement, ShuffledPlacement
 from pagedkv.torch.tensors import KVCacheTensors
 
-__all__ = ["LAYOUTS", "LayoutResult", "Layout", "RunResult", "check_layout", "run_layout",
-           "workload"]
+__all__ = [
+    "LAYOUTS",
+    "Layout",
+    "LayoutResult",
+    "RunResult",
+    "check_layout",
+    "run_layout",
+    "workload",
+]
 
 BLOCK_SIZE = 8
 MAX_NUM_BATCHED_TOKENS = 40
@@ -81,19 +88,19 @@ class Layout:
 
 
 LAYOUTS: tuple[Layout, ...] = (
-    Layout(name="full", extra_blocks=12, layers=(
+    Layout(name="full", extra_blocks=4, layers=(
         ("full.0", _attn(FullAttentionSpec)), ("full.1", _attn(FullAttentionSpec)))),
-    Layout(name="full+sliding", extra_blocks=14, layers=(
+    Layout(name="full+sliding", extra_blocks=4, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("sliding.0", _attn(SlidingWindowSpec, sliding_window=20)))),
-    Layout(name="full+chunked", extra_blocks=14, layers=(
+    Layout(name="full+chunked", extra_blocks=0, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("chunked.0", _attn(ChunkedLocalAttentionSpec, attention_chunk_size=32)))),
-    Layout(name="full+mamba", extra_blocks=14, layers=(
+    Layout(name="full+mamba", extra_blocks=0, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("mamba.0", MambaSpec(block_size=BLOCK_SIZE, state_bytes=_MODEL.state_size * 4,
                               cache_checkpoints=True)))),
-    Layout(name="mla", extra_blocks=12, layers=(
+    Layout(name="mla", extra_blocks=4, layers=(
         ("mla.0", MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1,
                                    head_size=_MODEL.latent_size, dtype_bytes=4)),
         ("mla.1", MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1,

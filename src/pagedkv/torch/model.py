@@ -14,7 +14,6 @@ group's block table is in :func:`checkpoint_state_io` and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pagedkv.errors import InvalidArgumentError
@@ -65,7 +64,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x [T, in]`` times ``weight [out, in]`` transposed, as a product summed along the
     contiguous last dimension: each output element's reduction order is fixed by ``in``
     alone, whatever ``T`` is. Pure."""
-    return (x[:, None, :] * weight[None, :, :]).sum(-1)
+    out: torch.Tensor = (x[:, None, :] * weight[None, :, :]).sum(-1)
+    return out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
