@@ -113,7 +113,7 @@ class _Mixer:
 
     def weight(self, *shape: int) -> torch.Tensor:
         fan_in = shape[-1]
-        w = torch.randn(*shape, generator=self.gen) / float(fan_in) ** 0.5
+        w: torch.Tensor = torch.randn(*shape, generator=self.gen) / float(fan_in) ** 0.5
         return w.to(self.device)
 
     def forward(self, x: torch.Tensor, tables: BatchTables) -> torch.Tensor:
