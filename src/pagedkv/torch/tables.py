@@ -22,14 +22,17 @@ can show that results do not depend on where blocks physically live.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.torch._deps import torch
 
 __all__ = ["BatchTables", "Placement", "ShuffledPlacement", "build_batch_tables"]
+
+_INT32 = array("i")
+assert _INT32.itemsize == 4, "C int is not 32 bits on this platform"
 
 
 class Placement:
@@ -90,20 +93,21 @@ class BatchTables:
 
 
 def _padded_table(tables: Sequence[Sequence[int]], num_columns: int) -> torch.Tensor:
-    """``[B, num_columns]`` int32 from ragged rows, 0-padded, built by one scatter."""
-    lengths = torch.tensor([len(t) for t in tables], dtype=torch.long)
-    flat = torch.tensor(list(chain.from_iterable(tables)), dtype=torch.int32)
-    if lengths.numel() and int(lengths.max()) > num_columns:
+    """``[B, num_columns]`` int32 from ragged rows, 0-padded: each row is copied once, as a
+    C array, into a zeroed buffer (no per-block Python work)."""
+    longest = max(map(len, tables), default=0)
+    if longest > num_columns:
         raise InvalidArgumentError(
-            f"a block table has {int(lengths.max())} blocks but only {num_columns} columns "
-            "were asked for; raise num_table_blocks (max_model_len / block_size)"
+            f"a block table has {longest} blocks but only {num_columns} columns were asked "
+            "for; raise num_table_blocks (max_model_len / block_size)"
         )
-    out = torch.zeros(len(tables), num_columns, dtype=torch.int32)
-    rows = torch.repeat_interleave(torch.arange(len(tables)), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    cols = torch.arange(flat.numel()) - torch.repeat_interleave(starts, lengths)
-    out[rows, cols] = flat
-    return out
+    buf = array("i", bytes(_INT32.itemsize * num_columns * len(tables)))
+    for r, row in enumerate(tables):
+        start = r * num_columns
+        buf[start:start + len(row)] = array("i", row)
+    if not tables:
+        return torch.zeros(0, num_columns, dtype=torch.int32)
+    return torch.frombuffer(buf, dtype=torch.int32).view(len(tables), num_columns).clone()
 
 
 def build_batch_tables(
