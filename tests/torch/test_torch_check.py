@@ -99,3 +99,18 @@ def test_cli_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     if not torch.cuda.is_available():
         assert main(["check-attention", "--device", "cuda"]) == 1
         assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_without_torch_the_command_says_which_extra_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from pagedkv.cli import main\n"
+            "sys.exit(main(['check-attention']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "pagedkv check-attention: error: pagedkv.torch needs PyTorch; install it with: "
+        "pip install 'pagedkv[torch]'"]
