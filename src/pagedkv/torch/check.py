@@ -50,6 +50,8 @@ __all__ = [
     "LayoutResult",
     "RunResult",
     "check_layout",
+    "compare_runs",
+    "layout_named",
     "run_layout",
     "workload",
 ]
