@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.specs import (
-    AttentionSpec,
+from pagedkv import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -26,6 +24,7 @@ from pagedkv.specs import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.torch._deps import torch
 from pagedkv.torch.attention import (
     AttentionMask,
@@ -259,7 +258,8 @@ class TinyDecoder:
                                    spec.block_size)
         if isinstance(spec, MLAAttentionSpec):
             return _LatentAttentionMixer(name, group, cfg, gen, device, self.cache.latent(name))
-        if not isinstance(spec, AttentionSpec) or (
+        if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec
+                          | ChunkedLocalAttentionSpec) or (
             spec.num_kv_heads, spec.head_size) != (cfg.num_kv_heads, cfg.head_size):
             raise InvalidArgumentError(
                 f"layer {name!r}: the tiny model has no mixer for {spec.describe()}")

@@ -26,12 +26,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pagedkv import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.planner import KVCachePlan
-from pagedkv.specs import AttentionSpec, KVCacheSpec, MambaSpec, MLAAttentionSpec
 from pagedkv.torch._deps import torch
 
 __all__ = ["KVCacheTensors"]
+
+#: Specs that store a K and a V vector per token and KV head (MLA, a subclass of full
+#: attention, is excluded where it matters).
+_KV_SPECS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec)
 
 
 class KVCacheTensors:
@@ -110,7 +122,7 @@ class KVCacheTensors:
             InvalidArgumentError: unknown layer, or not a K/V attention layer.
         """
         spec = self.spec(layer)
-        if not isinstance(spec, AttentionSpec) or isinstance(spec, MLAAttentionSpec):
+        if not isinstance(spec, _KV_SPECS) or isinstance(spec, MLAAttentionSpec):
             raise InvalidArgumentError(
                 f"layer {layer!r} ({type(spec).__name__}) has no K/V pages; use latent() for "
                 "MLA layers and state() for state layers"
@@ -183,7 +195,7 @@ class KVCacheTensors:
 
 
 def _check_dtype(layer: str, spec: KVCacheSpec, itemsize: int, dtype: torch.dtype) -> None:
-    if isinstance(spec, AttentionSpec) and spec.dtype_bytes != itemsize:
+    if isinstance(spec, _KV_SPECS) and spec.dtype_bytes != itemsize:
         raise InvalidArgumentError(
             f"layer {layer!r}: the plan stores {spec.dtype_bytes}-byte elements but {dtype} "
             f"has {itemsize}; pass a dtype of {spec.dtype_bytes} bytes"
