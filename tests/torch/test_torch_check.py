@@ -114,3 +114,26 @@ def test_without_torch_the_command_says_which_extra_to_install() -> None:
     assert proc.stderr.strip().splitlines() == [
         "pagedkv check-attention: error: pagedkv.torch needs PyTorch; install it with: "
         "pip install 'pagedkv[torch]'"]
+
+
+def test_engine_refuses_caller_mistakes() -> None:
+    from pagedkv import CacheConfig, InvalidArgumentError, KVCacheManager
+    from pagedkv.torch import Engine, KVCacheTensors, TinyDecoder, TinyModelConfig
+
+    layout = layout_named("full")
+    plan = layout.plan()
+    cache = KVCacheTensors(plan, dtype=torch.float32)
+    mgr = KVCacheManager(CacheConfig(groups=tuple(g.spec for g in plan.groups),
+                                     num_blocks=plan.num_blocks, max_model_len=160))
+    engine = Engine(mgr, TinyDecoder(TinyModelConfig(), cache), cache,
+                    max_num_batched_tokens=16, max_num_running=2)
+    engine.add_request("a", [1, 2, 3], 2)
+    with pytest.raises(InvalidArgumentError, match="already in the engine"):
+        engine.add_request("a", [1, 2], 2)
+    with pytest.raises(InvalidArgumentError, match="exceed max_model_len"):
+        engine.add_request("b", list(range(159)), 2)
+    with pytest.raises(InvalidArgumentError, match="max_new_tokens"):
+        engine.add_request("c", [1], 0)
+    engine.run()
+    assert list(engine.finished) == ["a"] and len(engine.finished["a"]) == 2
+    assert not mgr.has_request("a")

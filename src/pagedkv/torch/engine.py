@@ -94,9 +94,11 @@ class Engine:
         """Queue a request.
 
         Raises:
-            InvalidArgumentError: empty prompt, ``max_new_tokens`` < 1, or a request longer
-                than ``max_model_len``.
+            InvalidArgumentError: empty prompt, ``max_new_tokens`` < 1, a request longer
+                than ``max_model_len``, or an id already queued or running.
         """
+        if any(e.request.request_id == request_id for e in (*self.waiting, *self.running)):
+            raise InvalidArgumentError(f"request id {request_id!r} is already in the engine")
         if max_new_tokens < 1:
             raise InvalidArgumentError(f"{request_id}: max_new_tokens must be >= 1")
         if len(prompt) + max_new_tokens > self.model.cfg.max_model_len:
