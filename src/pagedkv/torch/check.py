@@ -17,7 +17,9 @@ Layouts (block size 8, 2 KV heads of size 8, float32; ``max_model_len`` 160):
   the 1,024-byte attention page (state checkpoints cached every 8 tokens);
 * ``mla``: two MLA-like layers caching one 16-wide latent per token.
 
-Pools are small on purpose: requests get preempted and cached blocks evicted and reused.
+Pools are small on purpose: requests get preempted and cached blocks evicted and reused;
+the engine also preempts the newest running request every few steps, so recompute after
+preemption is exercised in every layout whatever the pool size.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ __all__ = [
 BLOCK_SIZE = 8
 MAX_NUM_BATCHED_TOKENS = 40
 MAX_NUM_RUNNING = 4
+#: Besides preemptions for lack of blocks, the newest running request is preempted before
+#: every this-many-th step, so every layout recomputes whatever its pool tuning.
+PREEMPT_EVERY_STEPS = 9
 _MODEL = TinyModelConfig()
 
 
@@ -90,19 +95,19 @@ class Layout:
 
 
 LAYOUTS: tuple[Layout, ...] = (
-    Layout(name="full", extra_blocks=4, layers=(
+    Layout(name="full", extra_blocks=2, layers=(
         ("full.0", _attn(FullAttentionSpec)), ("full.1", _attn(FullAttentionSpec)))),
-    Layout(name="full+sliding", extra_blocks=4, layers=(
+    Layout(name="full+sliding", extra_blocks=2, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("sliding.0", _attn(SlidingWindowSpec, sliding_window=20)))),
-    Layout(name="full+chunked", extra_blocks=0, layers=(
+    Layout(name="full+chunked", extra_blocks=4, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("chunked.0", _attn(ChunkedLocalAttentionSpec, attention_chunk_size=32)))),
-    Layout(name="full+mamba", extra_blocks=0, layers=(
+    Layout(name="full+mamba", extra_blocks=2, layers=(
         ("full.0", _attn(FullAttentionSpec)),
         ("mamba.0", MambaSpec(block_size=BLOCK_SIZE, state_bytes=_MODEL.state_size * 4,
                               cache_checkpoints=True)))),
-    Layout(name="mla", extra_blocks=4, layers=(
+    Layout(name="mla", extra_blocks=2, layers=(
         ("mla.0", MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1,
                                    head_size=_MODEL.latent_size, dtype_bytes=4)),
         ("mla.1", MLAAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1,
@@ -160,7 +165,7 @@ def run_layout(
     engine = Engine(manager, model, cache, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                     max_num_running=MAX_NUM_RUNNING,
                     placement=placement(plan.num_blocks) if placement else None,
-                    poison_value=poison_value)
+                    poison_value=poison_value, preempt_every_steps=PREEMPT_EVERY_STEPS)
     for rid, prompt, max_new in requests if requests is not None else workload():
         engine.add_request(rid, prompt, max_new)
     engine.run()

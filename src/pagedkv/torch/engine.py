@@ -40,6 +40,7 @@ class EngineStats:
     computed_tokens: int = 0
     hit_tokens: int = 0
     preemptions: int = 0
+    forced_preemptions: int = 0
     poisoned_blocks: int = 0
     max_batch_requests: int = 0
 
@@ -56,7 +57,9 @@ class Engine:
     ``poison_value``: when set, every block the manager hands out fresh is overwritten with
     it (e.g. NaN) before the step writes it, so stale data can never be read unnoticed.
     ``check``: run ``check_invariants()`` of the manager, the tensors and the engine after
-    every step.
+    every step. ``preempt_every_steps``: also preempt the newest running request (when
+    more than one runs) before every that-many-th step, as a scheduler does for priority,
+    so preemption and recompute happen whatever the pool size.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Engine:
         placement: Placement | None = None,
         poison_value: float | None = None,
         check: bool = True,
+        preempt_every_steps: int | None = None,
     ) -> None:
         if max_num_batched_tokens < 1 or max_num_running < 1:
             raise InvalidArgumentError("max_num_batched_tokens and max_num_running must be >= 1")
@@ -79,6 +83,7 @@ class Engine:
         self.placement = placement or Placement()
         self.poison_value = poison_value
         self.check = check
+        self.preempt_every_steps = preempt_every_steps
         specs = [g.spec for g in cache.plan.groups]
         self.block_sizes = [s.block_size for s in specs]
         self.slot_groups = [s.bytes_per_token > 0 for s in specs]
@@ -174,6 +179,10 @@ class Engine:
 
     def step(self) -> None:
         """Schedule, build tables, run the model, sample, free finished requests."""
+        every = self.preempt_every_steps
+        if every and self.stats.steps % every == every - 1 and len(self.running) > 1:
+            self._preempt(self.running[-1])
+            self.stats.forced_preemptions += 1
         batch = self._schedule()
         if not batch:
             if self.waiting and not self.running:
