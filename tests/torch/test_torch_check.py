@@ -137,3 +137,18 @@ def test_engine_refuses_caller_mistakes() -> None:
     engine.run()
     assert list(engine.finished) == ["a"] and len(engine.finished["a"]) == 2
     assert not mgr.has_request("a")
+
+
+def test_logits_do_not_depend_on_batching_or_threads() -> None:
+    """The same requests with a 7-token step budget (many small chunks, other batch
+    mixes) and with two torch threads give the same bits as the default run."""
+    layout = layout_named("full+sliding")
+    requests = workload()[:5]
+    base = run_layout(layout, enable_caching=True, requests=requests)
+    small_steps = run_layout(layout, enable_caching=True, requests=requests,
+                             max_num_batched_tokens=7)
+    assert small_steps.stats.steps > base.stats.steps
+    assert compare_runs(layout.name, base, small_steps).bitwise_equal
+    torch.set_num_threads(2)  # the autouse fixture restores the count
+    two_threads = run_layout(layout, enable_caching=False, requests=requests)
+    assert compare_runs(layout.name, base, two_threads).bitwise_equal

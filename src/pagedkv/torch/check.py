@@ -151,6 +151,7 @@ def run_layout(
     placement: Callable[[int], Placement] | None = None,
     poison_value: float | None = float("nan"),
     requests: Sequence[tuple[str, list[int], int]] | None = None,
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
 ) -> RunResult:
     """Run ``requests`` (default :func:`workload`) through a fresh cache and manager.
     ``placement(num_blocks)`` builds the placement (default: the identity)."""
@@ -162,7 +163,7 @@ def run_layout(
         groups=tuple(g.spec for g in plan.groups), num_blocks=plan.num_blocks,
         max_model_len=_MODEL.max_model_len, enable_caching=enable_caching))
     model = TinyDecoder(_MODEL, cache, [name for name, _ in layout.layers])
-    engine = Engine(manager, model, cache, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+    engine = Engine(manager, model, cache, max_num_batched_tokens=max_num_batched_tokens,
                     max_num_running=MAX_NUM_RUNNING,
                     placement=placement(plan.num_blocks) if placement else None,
                     poison_value=poison_value, preempt_every_steps=PREEMPT_EVERY_STEPS)
