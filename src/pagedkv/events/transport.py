@@ -456,12 +456,14 @@ class Subscriber:
             return
         try:
             next_seq = decode_seq(seq_frame)
-            stored = stored_from_snapshot_events(decode_batch(payload).events)
+            batch = decode_batch(payload)
+            stored = stored_from_snapshot_events(batch.events)
         except InvalidArgumentError as exc:
             source.num_bad_messages += 1
             logger.warning("bad snapshot from %r: %s", source.publisher_id, exc)
             self._skip_ahead(source)
             return
+        source.data_parallel_rank = batch.data_parallel_rank
         self.mirror.reset(source.publisher_id)
         self.mirror.apply(source.publisher_id, stored)
         source.num_snapshots += 1
