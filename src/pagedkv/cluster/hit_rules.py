@@ -23,9 +23,8 @@ prompt (at most 5 hit blocks) whose full-attention blocks 0..4 are held and whos
 window blocks 0, 1, 3 are held: full attention bounds at 5; the window within 5 scans
 4 (miss), 3, 2 (miss), 1, 0 -> run of 2 ends at 2 -> C = 2; stable: 2 blocks.
 
-    >>> rules = rules_for([FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8),
-    ...                    SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8,
-    ...                                      sliding_window=8)])
+    >>> kw = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
+    >>> rules = rules_for([FullAttentionSpec(**kw), SlidingWindowSpec(sliding_window=8, **kw)])
     >>> hybrid_hit_blocks(rules, [{0, 1, 2, 3, 4}, {0, 1, 3}], max_blocks=5)
     2
 """

@@ -25,8 +25,8 @@ Example::
     >>> index = MemoryIndex(model="m")
     >>> a, b = Replica(pod="a"), Replica(pod="b")
     >>> index.update(b, added=[(0, 7, "GPU"), (0, 8, "GPU")], removed=[])
-    >>> router = Router(index, specs=[FullAttentionSpec(block_size=4, num_kv_heads=1,
-    ...                 head_size=8)], policy=CacheAware())
+    >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    >>> router = Router(index, specs=[spec], policy=CacheAware())
     >>> loads = {a: ReplicaLoad(), b: ReplicaLoad(running_seqs=2)}
     >>> d = router.route([7, 8, 9], num_tokens=13, loads=loads)
     >>> d.replica.pod, d.hit_tokens
