@@ -27,7 +27,7 @@ Example::
     >>> index.update(b, added=[(0, 7, "GPU"), (0, 8, "GPU")], removed=[])
     >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
     >>> router = Router(index, specs=[spec], policy=CacheAware())
-    >>> loads = {a: ReplicaLoad(), b: ReplicaLoad(running_seqs=2)}
+    >>> loads = {a: ReplicaLoad(), b: ReplicaLoad(running_seqs=1)}  # costs 13 and 5 + 5
     >>> d = router.route([7, 8, 9], num_tokens=13, loads=loads)
     >>> d.replica.pod, d.hit_tokens
     ('b', 8)
