@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.sim.cli",
     "pagedkv.planner.cli",
     "pagedkv.bench",
+    "pagedkv.cluster.cli",
 )
 
 

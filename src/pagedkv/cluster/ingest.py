@@ -117,13 +117,16 @@ class IndexIngest:
 
     # --- state --------------------------------------------------------------------------
 
-    def mark_rebuilding(self, publisher_id: str) -> None:
-        """A gap could not be repaired: clear the replica, rebuild from what follows."""
+    def mark_rebuilding(self, publisher_id: str, *, clear: bool = True) -> None:
+        """A gap could not be repaired: clear the replica (unless ``clear`` is False: it
+        joined mid-stream and holds only what followed) and rebuild from what follows."""
         feed = self._feed(publisher_id)
-        logger.warning("replica %s lost events for good: cleared, rebuilding", feed.replica.key)
-        feed.counts.clear()
+        if clear:
+            logger.warning("replica %s lost events for good: cleared, rebuilding",
+                           feed.replica.key)
+            feed.counts.clear()
+            self._write(lambda: self.index.clear_replica(feed.replica))
         feed.state = "rebuilding"
-        self._write(lambda: self.index.clear_replica(feed.replica))
         self._write(lambda: self.index.set_state(feed.replica, "rebuilding"))
 
     def mark_synced(self, publisher_id: str) -> None:
