@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import queue
 import random
+import socket
 import sys
 import threading
 
@@ -24,6 +25,13 @@ from pagedkv.events.wire import wire_hash
 
 BLOCK_SIZE = 4
 SPEC = {"block_size": BLOCK_SIZE, "num_kv_heads": 2, "head_size": 8, "dtype_bytes": 2}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def model_specs(hybrid: bool) -> tuple:

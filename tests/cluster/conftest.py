@@ -10,12 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from cluster_engines import free_port
 
 
 class RedisServer:
