@@ -4,6 +4,7 @@ each replica's own get_computed_blocks, also after an eviction storm."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -39,10 +40,9 @@ class Publisher:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            try:
-                self.ask(cmd="quit")
-            except (BrokenPipeError, json.JSONDecodeError):
-                pass
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.process.stdin.close()
             try:
                 self.process.wait(5)
             except subprocess.TimeoutExpired:
