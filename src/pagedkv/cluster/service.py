@@ -76,11 +76,13 @@ class IndexService:
         request_timeout_s: float = 1.0,
         heal_every_s: float = 0.5,
         rcvhwm: int = 100_000,
+        rcvbuf_bytes: int | None = None,
     ) -> None:
         self.index = index
         self.ingest = IndexIngest(index, replica_of=self._replica_of)
         self.subscriber = Subscriber(
-            self.ingest, request_timeout_s=request_timeout_s, rcvhwm=rcvhwm
+            self.ingest, request_timeout_s=request_timeout_s, rcvhwm=rcvhwm,
+            rcvbuf_bytes=rcvbuf_bytes,
         )
         self._sources = list(sources)
         self._synced: dict[str, bool | None] = {}
@@ -158,7 +160,8 @@ class IndexService:
             f"index {self.index.model}: {len(statuses)} replicas ({synced} synced), "
             f"{blocks} blocks, {ingest.num_batches} batches, "
             f"{ingest.num_block_events / elapsed:.0f} block events/s, "
-            f"gaps {sum(s.num_gaps for s in statuses)}, "
+            f"gaps {sum(s.num_gaps for s in statuses)} "
+            f"({sum(self.subscriber.num_lost_batches(s.pod) for s in self._sources)} batches), "
             f"replays {sum(s.num_replay_requests for s in statuses)}, "
             f"snapshots {sum(s.num_snapshots for s in statuses)}, "
             f"bad {sum(s.num_bad_messages for s in statuses)}, "

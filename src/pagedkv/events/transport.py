@@ -95,6 +95,7 @@ class _Source:
         self.num_snapshots = 0
         self.num_bad_messages = 0
         self.data_parallel_rank: int | None = None  # from the last decoded payload
+        self.num_lost_live = 0  # batches missing between consecutive live batches
 
 
 class Subscriber:
@@ -104,7 +105,8 @@ class Subscriber:
     ``request_timeout_s`` bounds the wait for a replay or snapshot answer (three tries,
     then the subscriber skips ahead); ``idle_probe_s`` is the quiet time after which a
     publisher is probed for lost tail batches (None: never); ``rcvhwm`` is the SUB
-    socket's receive high-water mark in messages.
+    socket's receive high-water mark in messages, ``rcvbuf_bytes`` its kernel receive
+    buffer (None: the system's); together they bound what a slow subscriber queues.
 
     Not thread-safe: one thread calls every method. Sockets connect to the given
     endpoints (publishers bind). Close with :meth:`close` or a ``with`` block.
@@ -120,6 +122,7 @@ class Subscriber:
         request_timeout_s: float = 2.0,
         idle_probe_s: float | None = 1.0,
         rcvhwm: int = 100_000,
+        rcvbuf_bytes: int | None = None,
     ) -> None:
         zmq: Any = require("zmq", "events", "the KV-cache event subscriber")
         self._zmq = zmq
@@ -133,6 +136,7 @@ class Subscriber:
         self._request_timeout_s = request_timeout_s
         self._idle_probe_s = idle_probe_s
         self._rcvhwm = rcvhwm
+        self._rcvbuf_bytes = rcvbuf_bytes
         self._closed = False
 
     def add_publisher(
@@ -156,6 +160,8 @@ class Subscriber:
         zmq = self._zmq
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
+        if self._rcvbuf_bytes is not None:
+            sub.setsockopt(zmq.RCVBUF, self._rcvbuf_bytes)
         sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         sub.connect(endpoint)
         source = _Source(publisher_id, sub, replay_endpoint, sync and replay_endpoint is not None)
@@ -179,6 +185,13 @@ class Subscriber:
             s.num_snapshots,
             s.num_bad_messages,
         )
+
+    def num_lost_batches(self, publisher_id: str) -> int:
+        """Live batches that never arrived from one publisher (holes between consecutive
+        live sequence numbers, whether or not a repair filled them); KeyError if never
+        added. A subscriber that falls behind loses batches beyond the high-water marks
+        instead of growing without bound: this counts them."""
+        return self._sources[publisher_id].num_lost_live
 
     def data_parallel_rank(self, publisher_id: str) -> int | None:
         """The DP rank in the last payload received from one publisher (None before any,
@@ -332,6 +345,8 @@ class Subscriber:
         last_live_seq = source.last_live_seq
         source.last_live_seq = seq
         source.quiet_since_s = time.monotonic()
+        if last_live_seq is not None and seq > last_live_seq + 1:
+            source.num_lost_live += seq - last_live_seq - 1
         if last_live_seq is not None and seq <= last_live_seq:
             self._on_restart(source, seq, events)
             return
