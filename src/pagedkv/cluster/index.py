@@ -162,109 +162,134 @@ class ClusterIndex(ABC):
 
 
 class MemoryIndex(ClusterIndex):
-    """The in-process backend: dicts, no I/O, never unavailable. Not thread-safe."""
+    """The in-process backend: dicts, no I/O, never unavailable. Not thread-safe.
 
-    __slots__ = ("_holders", "_owned", "_states", "model")
+    Layout: ``(group, hash)`` → replica key → bit mask of the tiers held there, and per
+    replica key the set of its block references (the reverse table). Replica keys are
+    strings, so the hot loops hash cached strings only.
+    """
+
+    __slots__ = ("_holders", "_owned", "_replicas", "_states", "_tier_bits", "model")
 
     def __init__(self, *, model: str) -> None:
         self.model = model
-        # (group, hash) -> replica -> tiers held
-        self._holders: dict[tuple[int, int], dict[Replica, set[str]]] = {}
-        # replica -> its block references (the reverse table)
-        self._owned: dict[Replica, set[BlockRef]] = {}
-        self._states: dict[Replica, str] = {}
+        self._holders: dict[tuple[int, int], dict[str, int]] = {}
+        self._owned: dict[str, set[BlockRef]] = {}
+        self._states: dict[str, str] = {}
+        self._replicas: dict[str, Replica] = {}
+        self._tier_bits: dict[str, int] = {}
+
+    def _bit(self, tier: str) -> int:
+        bit = self._tier_bits.get(tier)
+        if bit is None:
+            bit = self._tier_bits[tier] = 1 << len(self._tier_bits)
+        return bit
+
+    def _register(self, replica: Replica) -> str:
+        key = replica.key
+        if key not in self._replicas:
+            self._replicas[key] = replica
+            self._states.setdefault(key, "synced")
+            self._owned[key] = set()
+        return key
 
     def update(
         self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
     ) -> None:
-        owned = self._owned.setdefault(replica, set())
-        self._states.setdefault(replica, "synced")
+        rkey = self._register(replica)
+        owned = self._owned[rkey]
         holders_of = self._holders
+        bits = self._tier_bits
         for ref in added:
             group_idx, block_hash, tier = ref
+            bit = bits.get(tier) or self._bit(tier)
             owned.add(ref)
-            holders_of.setdefault((group_idx, block_hash), {}).setdefault(replica, set()).add(
-                tier
-            )
+            holders = holders_of.get((group_idx, block_hash))
+            if holders is None:
+                holders_of[(group_idx, block_hash)] = {rkey: bit}
+            else:
+                holders[rkey] = holders.get(rkey, 0) | bit
         for ref in removed:
-            self._drop(replica, ref)
-            owned.discard(ref)
+            if ref in owned:
+                owned.discard(ref)
+                self._drop(rkey, ref)
 
-    def _drop(self, replica: Replica, ref: BlockRef) -> None:
+    def _drop(self, rkey: str, ref: BlockRef) -> None:
         group_idx, block_hash, tier = ref
-        holders = self._holders.get((group_idx, block_hash))
-        if holders is None:
-            return
-        tiers = holders.get(replica)
-        if tiers is None:
-            return
-        tiers.discard(tier)
-        if not tiers:
-            del holders[replica]
+        holders = self._holders[(group_idx, block_hash)]
+        mask = holders[rkey] & ~self._tier_bits[tier]
+        if mask:
+            holders[rkey] = mask
+        else:
+            del holders[rkey]
             if not holders:
                 del self._holders[(group_idx, block_hash)]
 
     def clear_replica(self, replica: Replica) -> None:
-        for ref in self._owned.pop(replica, ()):
-            self._drop(replica, ref)
+        rkey = replica.key
+        owned = self._owned.get(rkey)
+        if owned:
+            for ref in owned:
+                self._drop(rkey, ref)
+            owned.clear()
 
     def set_state(self, replica: Replica, state: str) -> None:
         _check_state(state)
-        self._states[replica] = state
+        self._states[self._register(replica)] = state
 
     def remove_replica(self, replica: Replica) -> None:
         self.clear_replica(replica)
-        self._states.pop(replica, None)
+        rkey = replica.key
+        for table in (self._states, self._replicas, self._owned):
+            table.pop(rkey, None)
 
     def replicas(self) -> dict[Replica, ReplicaState]:
         return {
-            r: ReplicaState(state=s, num_blocks=len(self._owned.get(r, ())))
-            for r, s in self._states.items()
+            self._replicas[k]: ReplicaState(state=s, num_blocks=len(self._owned[k]))
+            for k, s in self._states.items()
         }
 
     def longest_prefix(
         self, group_idx: int, block_hashes: Sequence[int], *, tier: str | None = ANY_TIER
     ) -> dict[Replica, int]:
-        result: dict[Replica, int] = {}
-        alive: Iterable[Replica] | None = None
+        counts: dict[str, int] = {}
+        alive: Iterable[str] | None = None
         holders_of = self._holders
+        want = -1 if tier is None else self._tier_bits.get(tier, 0)
         for position, block_hash in enumerate(block_hashes, start=1):
             holders = holders_of.get((group_idx, block_hash))
             if not holders:
                 break
             candidates = holders if alive is None else alive
-            if tier is None:
-                matching = [r for r in candidates if r in holders]
-            else:
-                matching = [r for r in candidates if tier in holders.get(r, ())]
+            matching = [r for r in candidates if holders.get(r, 0) & want]
             if not matching:
                 break
-            for replica in matching:
-                result[replica] = position
+            for rkey in matching:
+                counts[rkey] = position
             alive = matching
-        return result
+        return {self._replicas[k]: n for k, n in counts.items()}
 
     def held_positions(
         self, group_idx: int, block_hashes: Sequence[int], *, tier: str | None = ANY_TIER
     ) -> dict[Replica, set[int]]:
-        out: dict[Replica, set[int]] = {}
+        out: dict[str, set[int]] = {}
+        want = -1 if tier is None else self._tier_bits.get(tier, 0)
         for position, block_hash in enumerate(block_hashes):
-            for replica, tiers in self._holders.get((group_idx, block_hash), {}).items():
-                if tier is None or tier in tiers:
-                    out.setdefault(replica, set()).add(position)
-        return out
+            for rkey, mask in self._holders.get((group_idx, block_hash), {}).items():
+                if mask & want:
+                    out.setdefault(rkey, set()).add(position)
+        return {self._replicas[k]: p for k, p in out.items()}
 
     def blocks_of(self, replica: Replica) -> set[BlockRef]:
-        return set(self._owned.get(replica, ()))
+        return set(self._owned.get(replica.key, ()))
 
     def check_invariants(self) -> None:
-        rebuilt: dict[tuple[int, int], dict[Replica, set[str]]] = {}
-        for replica, refs in self._owned.items():
-            assert replica in self._states, f"{replica} holds blocks but is not registered"
+        rebuilt: dict[tuple[int, int], dict[str, int]] = {}
+        for rkey, refs in self._owned.items():
+            assert rkey in self._states and rkey in self._replicas, f"{rkey} not registered"
             for group_idx, block_hash, tier in refs:
-                rebuilt.setdefault((group_idx, block_hash), {}).setdefault(replica, set()).add(
-                    tier
-                )
+                holders = rebuilt.setdefault((group_idx, block_hash), {})
+                holders[rkey] = holders.get(rkey, 0) | self._tier_bits[tier]
         assert rebuilt == self._holders, "holder table out of step with the reverse table"
         for state in self._states.values():
             _check_state(state)
