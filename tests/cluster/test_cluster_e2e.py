@@ -119,4 +119,4 @@ def test_index_service_router_equals_each_replica(redis_server, publishers, tmp_
     text = log.read()
     assert "Traceback" not in text
     status = [line for line in text.splitlines() if line.startswith("index toy-model:")]
-    assert status and "3 replicas (3 synced)" in status[-1] and "index ok" in status[-1]
+    assert status and "3 publishers (3 synced)" in status[-1] and "index ok" in status[-1]

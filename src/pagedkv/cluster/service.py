@@ -85,17 +85,29 @@ class IndexService:
             rcvbuf_bytes=rcvbuf_bytes,
         )
         self._sources = list(sources)
+        # Publisher ids: the pod name, suffixed for a pod's further endpoints (vLLM
+        # publishes each DP rank on its own port; the rank comes from the payloads).
+        self._pod_of: dict[str, str] = {}
         self._synced: dict[str, bool | None] = {}
         self._heal_every_s = heal_every_s
         self._next_heal_s = 0.0
         self.started_s = time.monotonic()
+        seen: set[tuple[str, str]] = set()
         try:
             for source in self._sources:
-                if source.pod in self._synced:
-                    raise InvalidArgumentError(f"pod {source.pod!r} is subscribed twice")
-                self._synced[source.pod] = None
+                if (source.pod, source.endpoint) in seen:
+                    raise InvalidArgumentError(
+                        f"{source.pod}={source.endpoint} is subscribed twice")
+                seen.add((source.pod, source.endpoint))
+                publisher_id = source.pod
+                n = 1
+                while publisher_id in self._pod_of:
+                    publisher_id = f"{source.pod}#{n}"
+                    n += 1
+                self._pod_of[publisher_id] = source.pod
+                self._synced[publisher_id] = None
                 self.subscriber.add_publisher(
-                    source.pod, source.endpoint, replay_endpoint=source.replay_endpoint
+                    publisher_id, source.endpoint, replay_endpoint=source.replay_endpoint
                 )
         except InvalidArgumentError:
             self.close()
@@ -105,7 +117,8 @@ class IndexService:
             raise InvalidArgumentError(f"cannot subscribe: {exc}") from exc
 
     def _replica_of(self, publisher_id: str) -> Replica:
-        return Replica(pod=publisher_id, dp_rank=self.subscriber.data_parallel_rank(publisher_id))
+        return Replica(pod=self._pod_of[publisher_id],
+                       dp_rank=self.subscriber.data_parallel_rank(publisher_id))
 
     def step(self, timeout_s: float = 0.05) -> int:
         """Poll once (waiting up to ``timeout_s``), reconcile sync states, heal when due.
@@ -151,17 +164,17 @@ class IndexService:
 
     def status_line(self) -> str:
         """One line: replicas and their sync, blocks, batches and rate, repairs, index."""
-        statuses = [self.subscriber.status(s.pod) for s in self._sources]
+        statuses = [self.subscriber.status(p) for p in self._pod_of]
         ingest = self.ingest
         elapsed = max(time.monotonic() - self.started_s, 1e-9)
         synced = sum(1 for s in statuses if s.synced)
-        blocks = sum(ingest.num_blocks(s.pod) for s in self._sources)
+        blocks = sum(ingest.num_blocks(p) for p in self._pod_of)
         return (
-            f"index {self.index.model}: {len(statuses)} replicas ({synced} synced), "
+            f"index {self.index.model}: {len(statuses)} publishers ({synced} synced), "
             f"{blocks} blocks, {ingest.num_batches} batches, "
             f"{ingest.num_block_events / elapsed:.0f} block events/s, "
             f"gaps {sum(s.num_gaps for s in statuses)} "
-            f"({sum(self.subscriber.num_lost_batches(s.pod) for s in self._sources)} batches), "
+            f"({sum(self.subscriber.num_lost_batches(p) for p in self._pod_of)} batches), "
             f"replays {sum(s.num_replay_requests for s in statuses)}, "
             f"snapshots {sum(s.num_snapshots for s in statuses)}, "
             f"bad {sum(s.num_bad_messages for s in statuses)}, "
