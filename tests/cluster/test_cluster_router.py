@@ -9,7 +9,7 @@ import random
 import pytest
 from cluster_engines import SharedPrefixEngine, model_specs, shared_prefixes
 
-from pagedkv import FullAttentionSpec, KVCacheManager
+from pagedkv import FullAttentionSpec, HashExtras, KVCacheManager
 from pagedkv.cluster import (
     CacheAware,
     IndexIngest,
@@ -120,15 +120,16 @@ def test_tenant_salt_separates_prefixes():
                                    enable_events=True)
     prompt = list(range(17))
     ingest = IndexIngest(MemoryIndex(model="m"))
-    request = mgr.new_request("r", prompt, cache_salt="tenant-1")
+    request = mgr.new_request("r", prompt, hash_extras=HashExtras(cache_salt="tenant-1"))
     mgr.allocate_slots(request, len(prompt))
     ingest.apply("a", mgr.take_events())
     router = Router(ingest.index, specs=SPECS, policy=CacheAware())
 
-    def wire(**salt):
-        return [wire_hash(h) for h in mgr.new_request("q", prompt, **salt).block_hashes]
+    def wire(salt=None):
+        extras = None if salt is None else HashExtras(cache_salt=salt)
+        return [wire_hash(h) for h in mgr.new_request("q", prompt, hash_extras=extras).block_hashes]
 
-    salted, other, plain = wire(cache_salt="tenant-1"), wire(cache_salt="tenant-2"), wire()
+    salted, other, plain = wire("tenant-1"), wire("tenant-2"), wire()
     assert router.hit_tokens(salted, 17) == {A: 16}
     assert router.hit_tokens(other, 17) == {} and router.hit_tokens(plain, 17) == {}
 

@@ -17,6 +17,7 @@ from typing import Any
 from pagedkv import (
     BlockHasher,
     FullAttentionSpec,
+    HashExtras,
     InputFileError,
     InvalidArgumentError,
     KVCacheSpec,
@@ -163,7 +164,8 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
     from pagedkv.events.wire import wire_hash
 
     hasher = BlockHasher(args.block_size, algo=args.hash_algo)
-    request = Request("query", tokens, hasher=hasher, cache_salt=args.cache_salt)
+    extras = None if args.cache_salt is None else HashExtras(cache_salt=args.cache_salt)
+    request = Request("query", tokens, hasher=hasher, hash_extras=extras)
     return [wire_hash(h) for h in request.block_hashes], len(tokens)
 
 
