@@ -42,6 +42,16 @@ class Cluster:
         self.service = IndexService(index, sources, request_timeout_s=0.3,
                                     heal_every_s=0.05, **service_options)
         self.router = Router(index, specs=model_specs(False), policy=CacheAware())
+        self.settle()
+
+    def settle(self, seconds: float = 0.3) -> None:
+        """Poll for a while: ZeroMQ connects asynchronously, and batches published before
+        a subscriber is connected never reach it."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for engine in self.engines.values():
+                engine.mgr.publish_events()
+            self.service.step(0.01)
 
     def _engine(self, pod: str, seed: int) -> SharedPrefixEngine:
         if self.ipc_dir is None:
@@ -90,7 +100,7 @@ class Cluster:
                 bad.append((prompt[:3], got, want))
         return bad
 
-    def converge(self, timeout_s: float = 8.0) -> list:
+    def converge(self, timeout_s: float = 15.0) -> list:
         deadline = time.monotonic() + timeout_s
         while True:
             for engine in self.engines.values():

@@ -14,11 +14,12 @@ key                                    type    members
 ``<hash>`` is the block's wire hash in 16 lower-case hex digits, ``<rank>`` the DP rank or
 ``-``. Operations:
 
-* **update** (one event batch of one replica): one pipelined round trip — an ``SADD`` or
-  ``SREM`` per changed block key, one ``SADD`` and one ``SREM`` on the reverse set;
+* **update** (one event batch of one replica): one pipelined ``MULTI``/``EXEC`` round trip
+  — an ``SADD`` or ``SREM`` per changed block key, one ``SADD`` and one ``SREM`` on the
+  reverse set (atomic, so the forward and reverse sets never disagree);
 * **clear a replica** (restart, ``AllBlocksCleared``, unrepairable gap): ``SSCAN`` its
-  reverse set in chunks of 1,000, ``SREM`` itself from each block key (pipelined), ``DEL``
-  the reverse set — O(what it held), never a keyspace scan;
+  reverse set in chunks of 1,000, ``SREM`` itself from each block key and the chunk from
+  the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held), never a keyspace scan;
 * **longest prefix**: one ``EVALSHA`` of a Lua script over the prompt's block keys that
   keeps the set of replicas still matching and stops at the first block none of them
   holds (early exit, one round trip);
@@ -86,7 +87,7 @@ return out
 """
 
 
-def connect(url: str, *, timeout_s: float = 0.5) -> Any:
+def connect(url: str, *, timeout_s: float = 1.0) -> Any:
     """A ``redis.Redis`` client for ``url`` (``redis://host:port/db``) with short socket
     timeouts, so an unreachable server fails fast. Raises MissingDependencyError
     without the ``cluster`` extra; InvalidArgumentError for a malformed URL."""
@@ -134,7 +135,9 @@ class RedisIndex(ClusterIndex):
         rkey = replica.key
         prefix = self._prefix
         with self._guard():
-            pipe = self._client.pipeline(transaction=False)
+            # MULTI/EXEC: forward and reverse sets change together or not at all, even
+            # when the client times out not knowing which (heal() then rewrites).
+            pipe = self._client.pipeline(transaction=True)
             pipe.hsetnx(self._replicas_key, rkey, "synced")
             if added:
                 reverse = []
@@ -159,10 +162,13 @@ class RedisIndex(ClusterIndex):
             while True:
                 cursor, members = client.sscan(reverse_key, cursor, count=_CLEAR_CHUNK)
                 if members:
-                    pipe = client.pipeline(transaction=False)
+                    # One transaction per chunk: the forward entries and their reverse
+                    # members go together, so an interrupted clear leaves both in step.
+                    pipe = client.pipeline(transaction=True)
                     for raw in members:
                         ref, _, tier = raw.decode().rpartition("|")
                         pipe.srem(f"{self._prefix}b:{ref}", f"{rkey}|{tier}")
+                    pipe.srem(reverse_key, *members)
                     pipe.execute()
                 if cursor == 0:
                     break

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, require
 from pagedkv.events.mirror import MirrorIndex, MirrorSink
@@ -37,6 +37,7 @@ from pagedkv.events.snapshot import (
     SNAPSHOT_REQUEST,
     stored_from_snapshot_events,
 )
+from pagedkv.events.source_state import SourceState, SourceStatus
 from pagedkv.events.wire import END_OF_REPLAY, decode_batch, decode_seq, encode_seq
 
 __all__ = ["SourceStatus", "Subscriber"]
@@ -45,57 +46,6 @@ logger = logging.getLogger("pagedkv.events")
 
 _MAX_DRAIN_PER_SOCKET = 1000  # messages read from one socket per poll round
 _MAX_REQUEST_ATTEMPTS = 3
-
-
-class SourceStatus(NamedTuple):
-    """Where the subscriber stands with one publisher."""
-
-    publisher_id: str
-    next_seq: int | None
-    """Sequence number expected next (None before the first batch or snapshot)."""
-    synced: bool
-    """The mirror reflects every batch before ``next_seq``."""
-    repairing: bool
-    """A replay or snapshot request is outstanding."""
-    num_batches: int
-    """Batches applied (live and replayed)."""
-    num_gaps: int
-    num_replay_requests: int
-    num_snapshots: int
-    num_bad_messages: int
-
-
-class _Source:
-    """Per-publisher sockets and repair state (mutated only by :class:`Subscriber`)."""
-
-    def __init__(
-        self, publisher_id: str, sub: Any, replay_endpoint: str | None, want_snapshot: bool
-    ) -> None:
-        self.publisher_id = publisher_id
-        self.sub = sub
-        self.replay_endpoint = replay_endpoint
-        self.dealer: Any = None
-        self.next_seq: int | None = None
-        self.last_live_seq: int | None = None  # highest seq seen on the SUB socket
-        self.quiet_since_s = time.monotonic()  # last live batch or finished repair
-        self.synced = False
-        self.pending: dict[int, list[KVCacheEvent]] = {}
-        self.awaiting: str | None = None  # "replay" | "snapshot"
-        self.request: list[bytes] = []
-        self.deadline_s = 0.0
-        self.attempts = 0
-        self.snapshot_tried = False
-        self.replay_hole = False  # the current replay skipped over a missing batch
-        self.snapshot_unavailable = False
-        self.want_snapshot = want_snapshot
-        self.resync_after_s = 0.0  # when an unsynced source may ask for a snapshot again
-        self.num_batches = 0
-        self.num_gaps = 0
-        self.num_replay_requests = 0
-        self.num_snapshots = 0
-        self.num_bad_messages = 0
-        self.data_parallel_rank: int | None = None  # from the last decoded payload
-        self.num_lost_live = 0  # batches missing between consecutive live batches
 
 
 class Subscriber:
@@ -131,8 +81,8 @@ class Subscriber:
         self._own_context = context is None
         self._context = self._zmq.Context() if context is None else context
         self._poller = self._zmq.Poller()
-        self._sources: dict[str, _Source] = {}
-        self._socket_to_source: dict[Any, tuple[_Source, bool]] = {}  # (source, is_sub)
+        self._sources: dict[str, SourceState] = {}
+        self._socket_to_source: dict[Any, tuple[SourceState, bool]] = {}  # (source, is_sub)
         self._request_timeout_s = request_timeout_s
         self._idle_probe_s = idle_probe_s
         self._rcvhwm = rcvhwm
@@ -164,7 +114,9 @@ class Subscriber:
             sub.setsockopt(zmq.RCVBUF, self._rcvbuf_bytes)
         sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         sub.connect(endpoint)
-        source = _Source(publisher_id, sub, replay_endpoint, sync and replay_endpoint is not None)
+        source = SourceState(
+            publisher_id, sub, replay_endpoint, sync and replay_endpoint is not None
+        )
         self._sources[publisher_id] = source
         self._watch(sub, source, is_sub=True)
         self.mirror.add_publisher(publisher_id)
@@ -278,11 +230,11 @@ class Subscriber:
     def _total_applied(self) -> int:
         return sum(s.num_batches + s.num_snapshots for s in self._sources.values())
 
-    def _watch(self, sock: Any, source: _Source, *, is_sub: bool) -> None:
+    def _watch(self, sock: Any, source: SourceState, *, is_sub: bool) -> None:
         self._poller.register(sock, self._zmq.POLLIN)
         self._socket_to_source[sock] = (source, is_sub)
 
-    def _fresh_dealer(self, source: _Source) -> Any:
+    def _fresh_dealer(self, source: SourceState) -> Any:
         """A new DEALER for ``source``: replies to an abandoned request cannot reach it."""
         if source.dealer is not None:
             self._poller.unregister(source.dealer)
@@ -294,7 +246,7 @@ class Subscriber:
         self._watch(dealer, source, is_sub=False)
         return dealer
 
-    def _request(self, source: _Source, kind: str, body: list[bytes]) -> None:
+    def _request(self, source: SourceState, kind: str, body: list[bytes]) -> None:
         if source.dealer is None or source.awaiting is not None:
             self._fresh_dealer(source)  # so late replies to the old request cannot mislead
         source.awaiting = kind
@@ -308,7 +260,7 @@ class Subscriber:
             source.replay_hole = False
         source.dealer.send_multipart([b"", *body])
 
-    def _retry(self, source: _Source) -> None:
+    def _retry(self, source: SourceState) -> None:
         if source.attempts >= _MAX_REQUEST_ATTEMPTS:
             logger.warning(
                 "publisher %r does not answer %s requests; skipping ahead",
@@ -324,13 +276,13 @@ class Subscriber:
         source.deadline_s = time.monotonic() + self._request_timeout_s
         self._fresh_dealer(source).send_multipart([b"", *source.request])
 
-    def _apply(self, source: _Source, events: list[KVCacheEvent]) -> None:
+    def _apply(self, source: SourceState, events: list[KVCacheEvent]) -> None:
         self.mirror.apply(source.publisher_id, events)
         source.num_batches += 1
         assert source.next_seq is not None
         source.next_seq += 1
 
-    def _on_live(self, source: _Source, frames: list[bytes]) -> None:
+    def _on_live(self, source: SourceState, frames: list[bytes]) -> None:
         try:
             if len(frames) != 3:
                 raise InvalidArgumentError(f"expected 3 frames, got {len(frames)}")
@@ -375,7 +327,7 @@ class Subscriber:
             # live batches show it is stepping again, so a snapshot can now be served.
             self._request(source, "snapshot", [SNAPSHOT_REQUEST])
 
-    def _on_restart(self, source: _Source, seq: int, events: list[KVCacheEvent]) -> None:
+    def _on_restart(self, source: SourceState, seq: int, events: list[KVCacheEvent]) -> None:
         """The live numbering went back: the publisher restarted with a new index."""
         logger.info("publisher %r restarted (seq %d)", source.publisher_id, seq)
         source.pending = {seq: events}
@@ -388,7 +340,7 @@ class Subscriber:
             source.synced = seq == 0
             self._drain_pending(source)
 
-    def _repair(self, source: _Source) -> None:
+    def _repair(self, source: SourceState) -> None:
         if source.replay_endpoint is None:
             self._skip_ahead(source)
             return
@@ -396,7 +348,7 @@ class Subscriber:
         source.snapshot_tried = False
         self._request(source, "replay", [encode_seq(source.next_seq)])
 
-    def _drain_pending(self, source: _Source) -> None:
+    def _drain_pending(self, source: SourceState) -> None:
         pending = source.pending
         assert source.next_seq is not None
         while source.next_seq in pending:
@@ -404,14 +356,14 @@ class Subscriber:
         for seq in [s for s in pending if s < source.next_seq]:
             del pending[seq]
 
-    def _skip_ahead(self, source: _Source) -> None:
+    def _skip_ahead(self, source: SourceState) -> None:
         """Give up on a hole: jump to the held batches, and say the mirror is incomplete."""
         while source.pending:
             source.synced = False
             source.next_seq = min(source.pending)
             self._drain_pending(source)
 
-    def _on_reply(self, source: _Source, frames: list[bytes]) -> None:
+    def _on_reply(self, source: SourceState, frames: list[bytes]) -> None:
         if len(frames) != 4 or frames[0] != b"":
             source.num_bad_messages += 1
             return
@@ -440,7 +392,7 @@ class Subscriber:
                 source.num_bad_messages += 1
                 logger.warning("bad replay message from %r: %s", source.publisher_id, exc)
 
-    def _on_end_of_replay(self, source: _Source) -> None:
+    def _on_end_of_replay(self, source: SourceState) -> None:
         source.awaiting = None
         source.quiet_since_s = time.monotonic()
         self._drain_pending(source)
@@ -456,7 +408,7 @@ class Subscriber:
         else:
             self._skip_ahead(source)
 
-    def _on_snapshot(self, source: _Source, seq_frame: bytes, payload: bytes) -> None:
+    def _on_snapshot(self, source: SourceState, seq_frame: bytes, payload: bytes) -> None:
         source.awaiting = None
         if seq_frame == END_OF_REPLAY:
             source.snapshot_unavailable = True
