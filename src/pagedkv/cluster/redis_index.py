@@ -14,15 +14,16 @@ key                                    type    members
 ``<hash>`` is the block's wire hash in 16 lower-case hex digits, ``<rank>`` the DP rank or
 ``-``. Operations:
 
-* **update** (one event batch of one replica): one pipelined ``MULTI``/``EXEC`` round trip
-  — an ``SADD`` or ``SREM`` per changed block key, one ``SADD`` and one ``SREM`` on the
-  reverse set (atomic, so the forward and reverse sets never disagree);
+* **update** (one event batch of one replica): one ``EVALSHA`` of a Lua script that
+  adds (``SADD``) or removes (``SREM``) the replica in each changed block key and the
+  reference in its reverse set (atomic, so the forward and reverse sets never disagree);
 * **clear a replica** (restart, ``AllBlocksCleared``, unrepairable gap): ``SSCAN`` its
   reverse set in chunks of 1,000, ``SREM`` itself from each block key and the chunk from
-  the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held), never a keyspace scan;
+  the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held),
+  never a keyspace scan;
 * **longest prefix**: one ``EVALSHA`` of a Lua script over the prompt's block keys that
-  keeps the set of replicas still matching and stops at the first block none of them
-  holds (early exit, one round trip);
+  keeps the replicas still matching (one ``SMEMBERS`` per block) and stops at the first
+  block none of them holds (early exit, one round trip);
 * **held positions** (windowed groups of hybrid models): one pipeline of ``SMEMBERS``.
 
 Needs the ``cluster`` extra (``redis`` >= 5). Any connection problem surfaces as
@@ -49,41 +50,61 @@ __all__ = ["RedisIndex", "connect"]
 
 _CLEAR_CHUNK = 1000
 
-# KEYS: block keys in prompt order. ARGV[1]: tier to require ("" = any).
+# The scripts build their block keys from one hash-tagged prefix (so every key they touch
+# is in the declared KEYS[1]'s Redis Cluster slot) instead of receiving hundreds of KEYS:
+# packing one argument costs the client far less than packing one per block.
+
+# KEYS[1]: the prompt's first block key. ARGV[1]: block key prefix ("pkv:{M}:b:<g>:"),
+# ARGV[2]: the block hashes, 16 hex digits each, ARGV[3]: tier to require ("" = any).
 # Returns a flat array: replica key, blocks matched, replica key, blocks matched, ...
 _LONGEST_PREFIX_LUA = """
-local want = ARGV[1]
+local prefix, hashes, want = ARGV[1], ARGV[2], ARGV[3]
+local replica_of = {}  -- member -> its replica, or false when its tier is not wanted
 local alive = nil
 local counts = {}
-for i = 1, #KEYS do
-  local members = redis.call('SMEMBERS', KEYS[i])
-  if #members == 0 then break end
-  local here = {}
-  for _, m in ipairs(members) do
-    local cut = string.find(m, '|[^|]*$')
-    if want == '' or string.sub(m, cut + 1) == want then
-      here[string.sub(m, 1, cut - 1)] = true
-    end
-  end
+for i = 1, #hashes / 16 do
+  local members = redis.call('SMEMBERS', prefix .. string.sub(hashes, i * 16 - 15, i * 16))
   local nxt = {}
   local any = false
-  if alive == nil then
-    for r in pairs(here) do nxt[r] = true; any = true end
-  else
-    for r in pairs(alive) do
-      if here[r] then nxt[r] = true; any = true end
+  for _, m in ipairs(members) do
+    local r = replica_of[m]
+    if r == nil then
+      local cut = string.find(m, '|[^|]*$')
+      r = (want == '' or string.sub(m, cut + 1) == want) and string.sub(m, 1, cut - 1)
+      replica_of[m] = r
     end
+    if r and (alive == nil or alive[r]) then nxt[r] = true; any = true end
   end
   if not any then break end
   for r in pairs(nxt) do counts[r] = i end
   alive = nxt
 end
 local out = {}
-for r, n in pairs(counts) do
+for r, c in pairs(counts) do
   out[#out + 1] = r
-  out[#out + 1] = n
+  out[#out + 1] = c
 end
 return out
+"""
+
+# KEYS[1]: the replica's reverse set, KEYS[2]: the replicas hash. ARGV[1]: block key
+# prefix ("pkv:{M}:b:"), ARGV[2]: the replica key, ARGV[3]: added and ARGV[4]: removed
+# references, each "<group>:<hash>|<tier>" (the reverse member), comma-separated.
+# Atomic: the forward and reverse sets change together.
+_UPDATE_LUA = """
+local prefix, rkey = ARGV[1], ARGV[2]
+redis.call('HSETNX', KEYS[2], rkey, 'synced')
+for ref in string.gmatch(ARGV[3], '[^,]+') do
+  local cut = string.find(ref, '|', 1, true)
+  redis.call('SADD', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
+  redis.call('SADD', KEYS[1], ref)
+end
+for ref in string.gmatch(ARGV[4], '[^,]+') do
+  local cut = string.find(ref, '|', 1, true)
+  redis.call('SREM', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
+  redis.call('SREM', KEYS[1], ref)
+end
+return 0
 """
 
 
@@ -116,6 +137,7 @@ class RedisIndex(ClusterIndex):
         self._prefix = f"pkv:{{{model}}}:"
         self._replicas_key = self._prefix + "replicas"
         self._longest = client.register_script(_LONGEST_PREFIX_LUA)
+        self._update = client.register_script(_UPDATE_LUA)
 
     # --- keys -------------------------------------------------------------------------
 
@@ -132,26 +154,18 @@ class RedisIndex(ClusterIndex):
     def update(
         self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
     ) -> None:
-        rkey = replica.key
-        prefix = self._prefix
+        if not added and not removed:
+            return
         with self._guard():
-            # MULTI/EXEC: forward and reverse sets change together or not at all, even
-            # when the client times out not knowing which (heal() then rewrites).
-            pipe = self._client.pipeline(transaction=True)
-            pipe.hsetnx(self._replicas_key, rkey, "synced")
-            if added:
-                reverse = []
-                for group_idx, block_hash, tier in added:
-                    pipe.sadd(f"{prefix}b:{group_idx}:{block_hash:016x}", f"{rkey}|{tier}")
-                    reverse.append(f"{group_idx}:{block_hash:016x}|{tier}")
-                pipe.sadd(self.reverse_key(replica), *reverse)
-            if removed:
-                reverse = []
-                for group_idx, block_hash, tier in removed:
-                    pipe.srem(f"{prefix}b:{group_idx}:{block_hash:016x}", f"{rkey}|{tier}")
-                    reverse.append(f"{group_idx}:{block_hash:016x}|{tier}")
-                pipe.srem(self.reverse_key(replica), *reverse)
-            pipe.execute()
+            self._update(
+                keys=[self.reverse_key(replica), self._replicas_key],
+                args=[
+                    self._prefix + "b:",
+                    replica.key,
+                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in added]),
+                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in removed]),
+                ],
+            )
 
     def clear_replica(self, replica: Replica) -> None:
         rkey = replica.key
@@ -204,9 +218,13 @@ class RedisIndex(ClusterIndex):
     ) -> dict[Replica, int]:
         if not block_hashes:
             return {}
-        keys = [f"{self._prefix}b:{group_idx}:{h:016x}" for h in block_hashes]
         with self._guard():
-            flat = self._longest(keys=keys, args=["" if tier is None else tier])
+            flat = self._longest(
+                keys=[self.block_key(group_idx, block_hashes[0])],
+                args=[f"{self._prefix}b:{group_idx}:",
+                      "".join([f"{h:016x}" for h in block_hashes]),
+                      "" if tier is None else tier],
+            )
         return {
             Replica.from_key(flat[i].decode()): int(flat[i + 1]) for i in range(0, len(flat), 2)
         }
