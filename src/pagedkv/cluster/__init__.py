@@ -8,7 +8,10 @@
 * :mod:`~pagedkv.cluster.hit_rules` — the engine's per-group hit rules over the index;
 * :mod:`~pagedkv.cluster.router` — round-robin, least-loaded, cache-aware;
 * :mod:`~pagedkv.cluster.service` — the ``pagedkv index serve`` loop;
-* :mod:`~pagedkv.cluster.replicas` — N simulated engines behind a router.
+* :mod:`~pagedkv.cluster.replicas` — N simulated engines behind a router
+  (:mod:`~pagedkv.cluster.replica_engine` one engine stepped from outside,
+  :mod:`~pagedkv.cluster.replica_report` the table and plot);
+* :mod:`~pagedkv.cluster.cli` — ``pagedkv index serve`` and ``pagedkv index query``.
 
 See docs/cluster.md.
 """

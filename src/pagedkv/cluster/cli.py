@@ -110,7 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
     previous = [signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)]
     service = IndexService(index, sources, request_timeout_s=args.request_timeout)
     try:
-        print(f"pagedkv index serve: {len(sources)} publishers -> {args.redis} "
+        print(f"pagedkv index serve: {len(sources)} publisher(s) -> {args.redis} "
               f"(model {args.model})", file=sys.stderr, flush=True)
         service.run(should_stop=lambda: stop["now"], status_every_s=args.status_every,
                     stream=sys.stderr, max_seconds=args.max_seconds)

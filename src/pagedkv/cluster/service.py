@@ -170,9 +170,10 @@ class IndexService:
         synced = sum(1 for s in statuses if s.synced)
         blocks = sum(ingest.num_blocks(p) for p in self._pod_of)
         return (
-            f"index {self.index.model}: {len(statuses)} publishers ({synced} synced), "
+            f"index {self.index.model}: {len(statuses)} publisher"
+            f"{'' if len(statuses) == 1 else 's'} ({synced} synced), "
             f"{blocks} blocks, {ingest.num_batches} batches, "
-            f"{ingest.num_block_events / elapsed:.0f} block events/s, "
+            f"{ingest.num_block_events / elapsed:.0f} block events/s (mean), "
             f"gaps {sum(s.num_gaps for s in statuses)} "
             f"({sum(self.subscriber.num_lost_batches(p) for p in self._pod_of)} batches), "
             f"replays {sum(s.num_replay_requests for s in statuses)}, "
