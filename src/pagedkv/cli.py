@@ -35,6 +35,8 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.sim.cli",
     "pagedkv.planner.cli",
     "pagedkv.bench",
+    "pagedkv.cluster.cli",
+    "pagedkv.torch.cli",
 )
 
 
