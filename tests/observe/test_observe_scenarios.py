@@ -5,11 +5,10 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from observe_support import HEADS, Clock, check_partition, compute, full, observed, spans
 
 from pagedkv import HashExtras, LoRA, MambaSpec, SlidingWindowSpec
 from pagedkv.observe import ClampCause, ObserveConfig, Reason
-
-from observe_support import HEADS, Clock, check_partition, compute, full, observed, spans
 
 
 def test_never_seen_and_partial_block() -> None:
@@ -191,3 +190,40 @@ def test_miss_stats_per_interval_with_preempted_lookups_apart() -> None:
     assert (s.requests, s.preempted_requests, s.preempted_hits) == (0, 1, 32)
     assert s.preempted_missed_tokens == {"partial_block": 8}
     assert mgr.make_miss_stats().queries == 0
+
+
+def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
+    clock = Clock()
+    mgr = observed([full(16)], num_blocks=4,
+                   observe=ObserveConfig(clock=clock, residency_sample_every=1))
+    for t in (0.0, 1.0, 1.5, 4.0):   # the same 1-block prompt looked up 4 times
+        clock.now = t
+        r = mgr.new_request(f"r{t}", list(range(17)))
+        compute(mgr, r)
+        mgr.free(r)
+    clock.now = 10.0
+    compute(mgr, mgr.new_request("big", list(range(100, 148))))  # takes every block
+    samples = {round(s.lifetime_s, 3): s for s in mgr.drain_residency()}
+    hot = samples[10.0]   # block born at 0, hit at 1.0, 1.5 and 4.0
+    assert hot.idle_before_evict_s == pytest.approx(6.0)
+    assert hot.reuse_gaps_s == pytest.approx((0.5, 2.5))
+    assert mgr.drain_residency() == []
+
+
+def test_docstring_examples_of_the_observe_package() -> None:
+    import doctest
+
+    from pagedkv.observe import manager, reasons, residency
+
+    for module in (manager, reasons, residency):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_observe_config_rejects_bad_values() -> None:
+    from pagedkv import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="ghost_entries"):
+        ObserveConfig(ghost_entries=-1)
+    with pytest.raises(InvalidArgumentError, match="residency_sample_every"):
+        ObserveConfig(residency_sample_every=0)

@@ -247,15 +247,15 @@ class Explainer:
         # 2. + 3. the uncapped fixed point, with who shortened it
         uncapped, clamps = self._replay(hashes, p_tokens)
         labels: list[_Label | None] = [None] * (p_tokens // hbs)
-        for start, end, label in clamps:
-            labels[start // hbs : end // hbs] = [label] * ((end - start) // hbs)
+        for start, end, clamp in clamps:
+            labels[start // hbs : end // hbs] = [clamp] * ((end - start) // hbs)
         # 4. the limiting group's own blocks
         first = f_tokens if has_full else uncapped
         k = star_bs // hbs
-        for a, b, label in self._scan(request, star, max(first, 0) // star_bs, limit,
-                                      inherit=has_full):
-            if label is not None:
-                labels[a * k : b * k] = [label] * ((b - a) * k)
+        for a, b, status in self._scan(request, star, max(first, 0) // star_bs, limit,
+                                       inherit=has_full):
+            if status is not None:
+                labels[a * k : b * k] = [status] * ((b - a) * k)
         hit_cap = max(uncapped, hit)
         top = hit_cap // hbs
         labels[: hit // hbs] = [(Reason.HIT, None, None, None)] * (hit // hbs)

@@ -18,7 +18,7 @@ True
 >>> [(s.start, s.end, s.label) for s in mgr.explain_lookup(b).segments]
 [(0, 8, 'hit'), (8, 12, 'never_seen'), (12, 13, 'partial_block')]
 >>> mgr.get_computed_blocks(b).num_computed_tokens, mgr.make_miss_stats().missed_tokens  # a and b
-(8, {'never_seen': 4, 'partial_block': 1})
+(8, {'never_seen': 12, 'partial_block': 3})
 """
 
 from __future__ import annotations
