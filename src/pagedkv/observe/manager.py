@@ -173,8 +173,13 @@ class ObservedKVCacheManager(KVCacheManager):
             e = self.explainer.explain(request, (hit.block_ids, hit.num_computed_tokens))
         else:
             e = self.explainer.explain(request)
-        self._misses.add(e, bool(request.num_preemptions))
+        self.observe_lookup(request, e)
         return hit
+
+    def observe_lookup(self, request: RequestLike, explanation: LookupExplanation) -> None:
+        """Called with every lookup's explanation: adds it to the interval. A subclass may
+        extend it (e.g. to keep timed explanations for a plot), calling this one."""
+        self._misses.add(explanation, bool(request.num_preemptions))
 
     def make_miss_stats(self) -> MissStats:
         """Missed tokens by reason since the previous call (then a new interval starts);
