@@ -147,6 +147,15 @@ def test_hybrid_without_mamba_state_is_clamped_by_the_mamba_group() -> None:
     check_partition(e)
     assert spans(e) == [(0, 64, "clamped_no_mamba_state"), (64, 70, "partial_block")]
     assert e.segments[0].group == 1
+    assert {b.reason for b in e.groups[1].blocks()} == {Reason.CLAMPED}
+    assert {b.cause for b in e.groups[0].blocks()} == {ClampCause.NO_MAMBA_STATE}
+
+
+def test_a_pure_mamba_model_without_checkpoints_never_hits() -> None:
+    mgr = observed([MambaSpec(block_size=16, state_bytes=4096)])
+    compute(mgr, mgr.new_request("a", list(range(40))))
+    e = mgr.explain_lookup(mgr.new_request("b", list(range(40))))
+    assert spans(e) == [(0, 32, "clamped_no_mamba_state"), (32, 40, "partial_block")]
 
 
 def test_caching_off() -> None:

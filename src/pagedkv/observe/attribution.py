@@ -125,7 +125,11 @@ class Explainer:
         segs: list[Segment] = []
         if hit:
             segs.append(Segment(0, hit, Reason.HIT, None, None, None))
-        if full:
+        if not m.cacheable:  # Mamba without checkpoints, cross attention: never a hit
+            if p_tokens:
+                segs.append(Segment(0, p_tokens, Reason.CLAMPED, 0, self.causes[0], None))
+            start = limit * bs
+        elif full:
             # A full-attention hit is a prefix of cached blocks: the run goes on from it.
             get = self.pool.index[0].get
             i = len(tables[0])
@@ -343,6 +347,9 @@ class Explainer:
         bs = m.block_size
         limit = min(len(m.group_hashes(request.block_hashes)), request.num_tokens // bs)
         runs: list[BlockRun] = []
+        if not m.cacheable and limit:
+            runs.append(BlockRun(0, limit, Reason.CLAMPED, self.causes[group], group, None))
+            limit = 0
         for a, b, label in self._scan(request, group, len(table), limit, inherit=False):
             if label is not None:
                 runs.append(BlockRun(a, b, label[0], label[2], label[1], label[3]))
