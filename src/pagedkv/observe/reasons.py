@@ -172,26 +172,61 @@ class GroupExplanation:
         return tuple(out)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class LookupExplanation:
     """Why a lookup of ``request_id`` hit ``num_hit_tokens`` of its ``num_tokens``.
 
-    ``segments`` cover ``[0, num_tokens)`` in order; ``groups`` has one
-    :class:`GroupExplanation` per KV-cache group (empty with caching off).
+    ``segments`` cover ``[0, num_tokens)`` in order; :attr:`groups` has one
+    :class:`GroupExplanation` per KV-cache group (empty with caching off). A read-only
+    value (attributes are not to be assigned). Not a frozen dataclass on purpose: one is
+    built per lookup while attribution aggregates, and a slotted class with the group
+    detail derived on first access costs a third of one
+    (``benchmarks/observe_speed.py``).
 
-    >>> e = LookupExplanation(request_id="r", num_tokens=40, num_hit_tokens=16, segments=(
+    >>> e = LookupExplanation("r", 40, 16, (
     ...     Segment(0, 16, Reason.HIT, None, None, None),
     ...     Segment(16, 32, Reason.NEVER_SEEN, 0, None, None),
-    ...     Segment(32, 40, Reason.PARTIAL_BLOCK, None, None, None)))
+    ...     Segment(32, 40, Reason.PARTIAL_BLOCK, None, None, None)),
+    ...     unitary=("full_attention", 16, [7]))
     >>> e.missed_tokens_by_label()
     {'never_seen': 16, 'partial_block': 8}
+    >>> [(b.position, b.reason.value) for b in e.groups[0].blocks()]
+    [(0, 'hit'), (1, 'never_seen')]
     """
 
-    request_id: str
-    num_tokens: int
-    num_hit_tokens: int
-    segments: tuple[Segment, ...]
-    groups: tuple[GroupExplanation, ...] = ()
+    __slots__ = ("_groups", "_unitary", "num_hit_tokens", "num_tokens", "request_id",
+                 "segments")
+
+    def __init__(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_hit_tokens: int,
+        segments: tuple[Segment, ...],
+        groups: tuple[GroupExplanation, ...] = (),
+        unitary: tuple[str, int, list[int]] | None = None,
+    ) -> None:
+        """``groups``: the per-group detail; or ``unitary`` = (kind, block size, hit
+        block ids) of a single group, from which it is derived when first read."""
+        self.request_id = request_id
+        self.num_tokens = num_tokens
+        self.num_hit_tokens = num_hit_tokens
+        self.segments = segments
+        self._groups: tuple[GroupExplanation, ...] | None = None if unitary else groups
+        self._unitary = unitary
+
+    @property
+    def groups(self) -> tuple[GroupExplanation, ...]:
+        if self._groups is None:
+            assert self._unitary is not None
+            kind, bs, hit_ids = self._unitary
+            runs = tuple(BlockRun(s.start // bs, s.end // bs, s.reason, s.cause, s.group,
+                                  s.eviction)
+                         for s in self.segments
+                         if s.reason is not Reason.HIT and s.end // bs > s.start // bs
+                         and s.reason is not Reason.PARTIAL_BLOCK)
+            self._groups = (GroupExplanation(group=0, kind=kind, block_size=bs,
+                                             hit_block_ids=tuple(hit_ids), miss_runs=runs),)
+        return self._groups
 
     def missed_tokens_by_label(self) -> dict[str, int]:
         """Missed tokens per segment label (hit segments left out). O(segments)."""
@@ -211,6 +246,10 @@ class LookupExplanation:
             if s.start <= token < s.end:
                 return s
         raise IndexError(f"token {token} is outside [0, {self.num_tokens})")
+
+    def __repr__(self) -> str:
+        return (f"LookupExplanation({self.request_id!r}, num_tokens={self.num_tokens}, "
+                f"num_hit_tokens={self.num_hit_tokens}, segments={self.segments!r})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
