@@ -3,8 +3,9 @@
 
 1. Workload cost: three managers — plain, observed (attribution, no residency), observed
    with residency sampling 1 in 100 — driven by the same continuous-batching loop,
-   operation by operation, each operation timed on every side in turn (machine noise hits
-   all sides alike). Prints the summed core-operation time per side and the overhead.
+   operation by operation, each operation timed on every side in turn, the side going
+   first rotating (machine noise hits all sides alike). Prints the summed core-operation
+   time per side and the overhead.
 2. explain_lookup vs get_computed_blocks: at the end of the workload, for probe prompts
    (the shared prefix + a new suffix; a fully cached prompt; a never-seen prompt), the
    time of ``explain_lookup`` on the observed manager against ``get_computed_blocks`` on
@@ -38,9 +39,14 @@ def drive(specs: list[Any], mgrs: list[KVCacheManager]) -> list[float]:
     spent = [0.0] * len(mgrs)
     perf = time.perf_counter
 
+    turn = [0]
+
     def each(op: str, reqs: list[Any], hits: list[Any] | None = None) -> list[Any]:
-        out = []
-        for side, (mgr, req) in enumerate(zip(mgrs, reqs, strict=True)):
+        out: list[Any] = [None] * len(mgrs)
+        turn[0] += 1
+        for k in range(len(mgrs)):  # the side that goes first rotates op by op
+            side = (k + turn[0]) % len(mgrs)
+            mgr, req = mgrs[side], reqs[side]
             t = perf()
             if op == "lookup":
                 r = mgr.get_computed_blocks(req)
@@ -53,7 +59,7 @@ def drive(specs: list[Any], mgrs: list[KVCacheManager]) -> list[float]:
             else:
                 r = mgr.free(req)
             spent[side] += perf() - t
-            out.append(r)
+            out[side] = r
         return out
 
     pending = deque(specs)

@@ -236,3 +236,18 @@ def test_observe_config_rejects_bad_values() -> None:
         ObserveConfig(ghost_entries=-1)
     with pytest.raises(InvalidArgumentError, match="residency_sample_every"):
         ObserveConfig(residency_sample_every=0)
+
+
+def test_residency_follows_exactly_one_in_n_allocations_across_calls() -> None:
+    from pagedkv.observe.residency import ResidencySampler
+
+    s = ResidencySampler(3, clock=lambda: 0.0)
+    ids = list(range(1, 30))
+    followed: list[int] = []
+    for chunk in (ids[:1], ids[1:5], ids[5:6], ids[6:20], ids[20:]):
+        before = set(s._followed)
+        s.allocated(chunk)
+        followed.extend(sorted(set(s._followed) - before))
+    assert followed == ids[::3]          # allocations 1, 4, 7, ...: every third
+    s.allocated([1, 4])                  # both die: two samples
+    assert len(s.drain()) == 2
