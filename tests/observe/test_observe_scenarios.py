@@ -251,3 +251,13 @@ def test_residency_follows_exactly_one_in_n_allocations_across_calls() -> None:
     assert followed == ids[::3]          # allocations 1, 4, 7, ...: every third
     s.allocated([1, 4])                  # both die: two samples
     assert len(s.drain()) == 2
+
+
+def test_explain_lookup_refuses_what_a_lookup_refuses() -> None:
+    from pagedkv import InvalidArgumentError
+
+    mgr = observed([full(16)], max_model_len=64)
+    with pytest.raises(InvalidArgumentError):
+        mgr.explain_lookup("not a request")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        mgr.explain_lookup(mgr.new_request("long", list(range(100))))

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pagedkv import validation
 from pagedkv.config import CacheConfig
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventRecorder, GroupInfo
@@ -162,7 +163,12 @@ class ObservedKVCacheManager(KVCacheManager):
 
         Changes nothing: no statistics, no LRU order, ``debug_state()`` stays identical;
         its hit part equals ``get_computed_blocks(request)`` at the same moment.
+
+        Raises:
+            InvalidArgumentError: as :meth:`get_computed_blocks` (not a request, or longer
+                than ``max_model_len``).
         """
+        validation.check_lookup(self, request)
         return self.explainer.explain(request)
 
     def get_computed_blocks(self, request: RequestLike) -> ComputedBlocks:
