@@ -14,8 +14,9 @@ unchanged and additionally
 It exists only when attribution is on (``pagedkv.observe.ObservedKVCacheManager``); the
 plain manager's pool never sees it.
 
-Memory: one ghost entry is a key tuple, a record and an ordered-dict slot, about 300
-bytes with 32-byte hashes (``benchmarks/observe_speed.py`` measures it).
+Memory: one ghost entry is a key tuple, a record and an ordered-dict slot: about 200
+bytes (``benchmarks/observe_speed.py``), plus the hash's bytes object (65 bytes for
+SHA-256) once nothing else holds it.
 """
 
 from __future__ import annotations
