@@ -222,9 +222,9 @@ def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
 def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
-    from pagedkv.observe import manager, reasons, residency
+    from pagedkv.observe import manager, reasons, residency, sim_support
 
-    for module in (manager, reasons, residency):
+    for module in (manager, reasons, residency, sim_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

@@ -12,10 +12,10 @@ interval's end time, or timed explanations folded into such intervals by
 ...     preempted_missed_tokens={})
 >>> print(render_miss_table(miss_table([s])))
 reason        missed tokens  % of misses  % of queried
-evicted                  45        75.0 %        45.0 %
-never_seen               15        25.0 %        15.0 %
-total missed             60       100.0 %        60.0 %
-hit                      40                      40.0 %
+evicted                  45       75.0 %        45.0 %
+never_seen               15       25.0 %        15.0 %
+total missed             60      100.0 %        60.0 %
+hit                      40                     40.0 %
 """
 
 from __future__ import annotations
