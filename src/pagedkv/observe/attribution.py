@@ -274,29 +274,38 @@ class Explainer:
         has_full = f_tokens >= 0
         # 2. + 3. the uncapped fixed point, with who shortened it
         uncapped, clamps, _ = replayed or self._replay(hashes, p_tokens)
-        labels: list[_Label | None] = [None] * (p_tokens // hbs)
+        # Labels per hash block from the hit on (the hit itself is one segment).
+        base = min(hit, p_tokens) // hbs
+        labels: list[_Label | None] = [None] * (p_tokens // hbs - base)
+
+        def paint(start: int, end: int, label: _Label) -> None:
+            a = max(start // hbs - base, 0)
+            b = end // hbs - base
+            if b > a:
+                labels[a:b] = [label] * (b - a)
+
         for start, end, clamp in clamps:
-            labels[start // hbs : end // hbs] = [clamp] * ((end - start) // hbs)
+            paint(start, end, clamp)
         # 4. the limiting group's own blocks
         first = f_tokens if has_full else uncapped
-        k = star_bs // hbs
         for a, b, status in self._scan(request, star, max(first, 0) // star_bs, limit,
                                        inherit=has_full):
             if status is not None:
-                labels[a * k : b * k] = [status] * ((b - a) * k)
-        hit_cap = max(uncapped, hit)
-        top = hit_cap // hbs
-        labels[: hit // hbs] = [(Reason.HIT, None, None, None)] * (hit // hbs)
-        labels[hit // hbs : top] = [(Reason.HIT_CAP, None, None, None)] * (top - hit // hbs)
+                paint(a * star_bs, b * star_bs, status)
+        paint(hit, max(uncapped, hit), (Reason.HIT_CAP, None, None, None))
         fallback: _Label = (Reason.CLAMPED, star, ClampCause.GROUP_MISS, None)
         segs: list[Segment] = []
-        j = 0
-        for key, run in groupby(labels, key=_merge_key):
+        if hit:
+            segs.append(Segment(0, base * hbs, _HIT, None, None, None))
+        j = base
+        for label, run in groupby(labels):  # painted runs share one label object
             e = j + len(list(run))
-            reason, group, cause, ev = labels[j] or fallback
-            if key is None:
-                reason, group, cause, ev = fallback
-            segs.append(Segment(j * hbs, e * hbs, reason, group, cause, ev))
+            reason, group, cause, ev = label or fallback
+            if segs and segs[-1].end == j * hbs and segs[-1].reason is reason and \
+                    segs[-1].group == group and segs[-1].cause is cause:
+                segs[-1] = segs[-1]._replace(end=e * hbs)
+            else:
+                segs.append(Segment(j * hbs, e * hbs, reason, group, cause, ev))
             j = e
         if p_tokens < n:
             segs.append(Segment(p_tokens, n, Reason.PARTIAL_BLOCK, None, None, None))
@@ -392,11 +401,6 @@ class Explainer:
                     runs.append(BlockRun(i, i + 1, s.reason, s.cause, s.group, s.eviction))
         return GroupExplanation(group=group, kind=self.kinds[group], block_size=bs,
                                 hit_block_ids=tuple(table), miss_runs=tuple(runs))
-
-
-def _merge_key(label: _Label | None) -> tuple[Reason, int | None, ClampCause | None] | None:
-    """Labels with equal keys merge into one segment."""
-    return None if label is None else (label[0], label[1], label[2])
 
 
 def _same(a: _Label | None, b: _Label | None) -> bool:
