@@ -17,7 +17,8 @@ succeeds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, KeysView, Sequence
+from typing import NamedTuple
 
 from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.full import FullAttentionManager
@@ -25,10 +26,35 @@ from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
 from pagedkv.specs import lcm_block_size
 
-__all__ = ["Coordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "UnitaryCoordinator"]
+__all__ = [
+    "ComputedBlocks",
+    "Coordinator",
+    "HybridCoordinator",
+    "NoPrefixCacheCoordinator",
+    "UnitaryCoordinator",
+]
 
 #: Per-group block ids, one list per group.
 BlockTables = tuple[list[int], ...]
+
+
+class ComputedBlocks(NamedTuple):
+    """A prefix-cache hit: block ids per group and the number of hit tokens.
+
+    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
+    :meth:`pagedkv.KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
+    it, for the same request, and only while its blocks still hold the request's prefix
+    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
+    """
+
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    issuer: object = None
+    request_id: str | None = None
+    #: The pool's ``index_generation`` at the lookup and a copy of what it returned: while
+    #: both still match, the blocks provably still hold the prefix (no O(n) hash check).
+    generation: int = -1
+    fingerprint: tuple[object, ...] = ()
 
 
 class Coordinator:
@@ -83,6 +109,10 @@ class Coordinator:
     def has_request(self, request_id: str) -> bool:
         """Whether the request holds a block table (it was allocated and not freed). O(1)."""
         return request_id in self.managers[0].req_to_blocks
+
+    def request_ids(self) -> KeysView[str]:
+        """The ids of the requests holding block tables (a live view). O(1)."""
+        return self.managers[0].req_to_blocks.keys()
 
     def allocate(
         self,

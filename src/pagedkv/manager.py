@@ -24,11 +24,12 @@ in the prefix index (the first two already were).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pagedkv import validation
 from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
+    ComputedBlocks,
     Coordinator,
     HybridCoordinator,
     NoPrefixCacheCoordinator,
@@ -49,21 +50,6 @@ if TYPE_CHECKING:
     from pagedkv.events.publisher import ZmqEventPublisher
 
 __all__ = ["ComputedBlocks", "KVCacheManager"]
-
-
-class ComputedBlocks(NamedTuple):
-    """A prefix-cache hit: block ids per group and the number of hit tokens.
-
-    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
-    :meth:`KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
-    it, for the same request, and only while its blocks still hold the request's prefix
-    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
-    """
-
-    block_ids: tuple[list[int], ...]
-    num_computed_tokens: int
-    issuer: object = None
-    request_id: str | None = None
 
 
 class KVCacheManager:
@@ -203,8 +189,13 @@ class KVCacheManager:
         Raises:
             InvalidArgumentError: not a request, or longer than ``max_model_len``.
         """
-        validation.check_lookup(self, request)
-        num_tokens = request.num_tokens
+        try:
+            num_tokens = request.num_tokens
+        except AttributeError:
+            validation.check_lookup(self, request)
+            raise
+        if num_tokens > self.max_model_len:
+            validation.check_lookup(self, request)
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
         if found is None:  # caching off: no lookup, nothing counted
             return self._empty_hit
@@ -219,7 +210,8 @@ class KVCacheManager:
             lookups.queries += num_tokens
             lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
-        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id)
+        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
+                              self.pool.index_generation, (num_hit, *map(tuple, blocks)))
 
     # ---------------------------------------------------------------- allocation
 
@@ -329,9 +321,18 @@ class KVCacheManager:
             InvalidArgumentError: neither a request nor a str.
             DuplicateRequestError: a request object whose id another live request holds.
         """
-        rid = validation.check_free(self, request)
-        if self.live_requests.pop(rid, None) is not None:
-            self.coordinator.free(rid)
+        try:
+            rid = request if isinstance(request, str) else request.request_id
+            live = self.live_requests.get(rid)
+        except (AttributeError, TypeError):
+            validation.check_free(self, request)
+            raise
+        if live is None:
+            return
+        if live is not request and type(request) is not str:
+            validation.check_free(self, request)
+        del self.live_requests[rid]
+        self.coordinator.free(rid)
 
     # ---------------------------------------------------------------- queries
 
@@ -459,6 +460,5 @@ class KVCacheManager:
         the number of block tables holding it. O(num_blocks + held blocks)."""
         self.pool.check_invariants()
         self.coordinator.check_invariants()
-        tracked = self.coordinator.managers[0].req_to_blocks
-        assert len(tracked) == len(self.live_requests) and all(
-            rid in tracked for rid in self.live_requests), "live requests and tables disagree"
+        assert self.coordinator.request_ids() == self.live_requests.keys(), (
+            "the live requests and the requests holding block tables differ")

@@ -77,8 +77,16 @@ class BlockPool:
         self.recorder = recorder if recorder is not None else EventRecorder()
         #: Cumulative number of cached blocks evicted (reused or dropped from the index).
         self.num_evicted_blocks = 0
+        # Blocks that lost their hash otherwise (re-registered under another hash; resets).
+        self._num_rehashed = 0
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def index_generation(self) -> int:
+        """Changes whenever a block loses or changes its hash; while it stays the same, every
+        block keeps the hash it had. O(1)."""
+        return self.num_evicted_blocks + self._num_rehashed
 
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
@@ -309,6 +317,8 @@ class BlockPool:
                 self.recorder.removed([h2], g2)
         if count:
             self.num_evicted_blocks += 1
+        else:
+            self._num_rehashed += 1
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix index (they stay allocated if in use).
@@ -339,6 +349,7 @@ class BlockPool:
             dups.clear()
         self._secondary.clear()
         self.block_hash = [None] * self.num_blocks
+        self._num_rehashed += 1
         self.recorder.cleared()
         return True
 

@@ -33,6 +33,7 @@ Worked cases (block size 4):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import ClassVar, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
@@ -167,7 +168,9 @@ class SingleTypeManager:
                     f"1..{pool.num_blocks - 1}, got {real!r}")
         k = self.hash_stride
         bh = pool.block_hash
-        if [bh[b] for b in real] != block_hashes[(nulls + 1) * k - 1 : n * k : k]:
+        want = block_hashes[(nulls + 1) * k - 1 : n * k : k]
+        got = itemgetter(*real)(bh) if len(real) > 1 else (bh[real[0]],)
+        if list(got) != want:
             return (f"group {g}: the blocks no longer hold this request's prefix (evicted or "
                     "reused since the lookup, or never cached under its hashes)")
         if len(pool.index) > 1:
