@@ -72,9 +72,9 @@ class KVCacheManager:
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]
-        #: Where the pool's events go: a buffer with events on, else the null recorder.
         recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
         self.pool = self._make_pool(config, groups, hash_bs, recorder)
+        #: Where the pool's events go: a buffer with events on, else the null recorder.
         self.recorder = self.pool.recorder
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
