@@ -26,7 +26,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", type=int, default=20, help="number of seeds per layout")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--ops", type=int, default=300, help="operations per seed")
-    ap.add_argument("--no-extras", action="store_true", help="no LoRA, salts or multimodal items")
+    ap.add_argument("--extras", default="lora,salt,mm",
+                    help="request extras to draw: comma-separated subset of lora,salt,mm, or 'none'")
     ap.add_argument("--keep-going", action="store_true",
                     help="run every seed (default: report the first divergence per layout)")
     ap.add_argument("--ignore", default="",
@@ -100,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError as exc:
         print(f"conformance: {exc.args[0]}", file=sys.stderr)
         return 2
+    extras = frozenset(e for e in args.extras.split(",") if e and e != "none")
+    if extras - {"lora", "salt", "mm"}:
+        print(f"conformance: unknown extras {sorted(extras - {'lora', 'salt', 'mm'})}; "
+              "choose from lora, salt, mm", file=sys.stderr)
+        return 2
     ignore = frozenset(f for f in args.ignore.split(",") if f)
     if ignore - set(FIELDS):
         print(f"conformance: unknown field(s) {sorted(ignore - set(FIELDS))}; "
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         secs = {"vllm": 0.0, "pagedkv": 0.0}
         ops = 0
         for seed in seeds:
-            res = run_seed(lay, seed, args.ops, VllmSide(lay), PagedSide(lay), extras=not args.no_extras,
+            res = run_seed(lay, seed, args.ops, VllmSide(lay), PagedSide(lay), extras=extras,
                            ignore=ignore)
             ops += res.num_ops
             for k, v in res.seconds.items():

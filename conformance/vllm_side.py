@@ -50,6 +50,9 @@ class VllmSide:
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.request import Request, RequestStatus
 
+        import logging
+
+        logging.getLogger("vllm").setLevel(logging.ERROR)
         self._torch = torch
         self._Request = Request
         self._Status = RequestStatus
@@ -190,7 +193,10 @@ class VllmSide:
             st.requests, st.queries, st.hits,
             st.preempted_requests, st.preempted_queries, st.preempted_hits,
         )
-        tables = {rid: self.mgr.get_block_ids(rid) for rid in self.reqs if self._holds(rid)}
+        # A request whose every group table is empty holds nothing (vLLM may keep an
+        # empty entry after a refused first allocation; pagedkv keeps none).
+        tables = {rid: t for rid in self.reqs if self._holds(rid)
+                  for t in [self.mgr.get_block_ids(rid)] if any(t)}
         events = self.mgr.take_events()
         payload = self._encode(self._Batch(ts=0.0, events=events, data_parallel_rank=0)) if events else b""
         return Snapshot(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from conformance.layouts import Layout
@@ -96,6 +96,12 @@ class _Pair:
         self.seconds[self.a.name] += t1 - t0
         self.seconds[self.b.name] += t2 - t1
         if ra != rb:
+            if isinstance(ra, list) and isinstance(rb, list) and ra and isinstance(ra[0], bytes):
+                k = next((k for k, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
+                raise _Mismatch(
+                    f"{what}: first difference at block {k} of {len(ra)}/{len(rb)}: "
+                    f"{self.a.name}={ra[k].hex()[:16] if k < len(ra) else None} "
+                    f"{self.b.name}={rb[k].hex()[:16] if k < len(rb) else None}")
             raise _Mismatch(f"{what}: {self.a.name}={ra} {self.b.name}={rb}")
         return ra
 
@@ -129,7 +135,7 @@ def _make_mm(rng: random.Random, n: int) -> tuple[tuple[str, int, int], ...]:
 
 
 def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
-             *, extras: bool = True, ignore: frozenset[str] = frozenset()) -> SeedResult:
+             *, extras: frozenset[str] = frozenset({"lora", "salt", "mm"}), ignore: frozenset[str] = frozenset()) -> SeedResult:
     """Drive ``a`` (the reference) and ``b`` with ``num_ops`` operations from ``seed``;
     stop at the first divergence."""
     rng = random.Random(seed)
@@ -157,12 +163,20 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
                 desc = ReqDesc(
                     request_id=f"r{next_id}",
                     prompt=tuple(prompt),
-                    lora=rng.choice(_LORAS) if extras else None,
-                    mm=_make_mm(rng, len(prompt)) if extras else (),
-                    salt=rng.choice(_SALTS) if extras else None,
+                    lora=rng.choice(_LORAS),
+                    mm=_make_mm(rng, len(prompt)),
+                    salt=rng.choice(_SALTS),
+                )
+                # The draws above happen whatever ``extras`` says, so a seed's sequence
+                # of operations is the same with any subset of extras.
+                desc = replace(
+                    desc,
+                    lora=desc.lora if "lora" in extras else None,
+                    mm=desc.mm if "mm" in extras else (),
+                    salt=desc.salt if "salt" in extras else None,
                 )
                 next_id += 1
-                pair.call("new request", "new_request", desc)
+                pair.call(f"new request {desc}", "new_request", desc)
                 reqs[desc.request_id] = _Req(desc, list(prompt))
                 check(desc.request_id)
             elif op == "admit" and waiting:
