@@ -31,6 +31,7 @@ class Layout:
     groups: tuple[GroupDesc, ...]
     num_blocks: int
     max_model_len: int = 512
+    prefix_match_unit: int | None = None  # vLLM's cache_config.prefix_match_unit
 
     @property
     def scheduler_block_size(self) -> int:
@@ -38,6 +39,8 @@ class Layout:
 
     @property
     def hash_block_size(self) -> int:
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
         return math.gcd(*(g.block_size for g in self.groups))
 
 
@@ -60,6 +63,13 @@ LAYOUTS: tuple[Layout, ...] = (
         num_blocks=96,
     ),
     Layout(name="full32+swa16", groups=(_g("full", 32), _g("swa", 16, 40)), num_blocks=80),
+    Layout(name="full32+swa8", groups=(_g("full", 32), _g("swa", 8, 8)), num_blocks=120),
+    Layout(
+        name="full+mamba/unit4",
+        groups=(_g("full", 16), _g("mamba", 16)),
+        num_blocks=64,
+        prefix_match_unit=4,
+    ),
 )
 
 

@@ -103,6 +103,11 @@ class PagedSide:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
 
+    def new_step(self) -> None:
+        step = getattr(self.mgr, "new_step_starts", None)
+        if step is not None:
+            step()
+
     def reset(self) -> bool:
         return bool(self.mgr.reset_prefix_cache())
 

@@ -170,6 +170,9 @@ class VllmSide:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
 
+    def new_step(self) -> None:
+        self.mgr.new_step_starts()
+
     def reset(self) -> bool:
         return bool(self.mgr.reset_prefix_cache())
 

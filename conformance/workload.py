@@ -25,8 +25,8 @@ _LORAS: tuple[tuple[str, int, str] | None, ...] = (
     ("ad2", 2, "/adapters/ad2"),
 )
 _SALTS: tuple[str | None, ...] = (None, None, None, None, "", "tenant-1")
-_OPS = ("new", "admit", "step", "step", "step", "finish", "preempt", "reset")
-_OP_WEIGHTS = (18, 20, 22, 22, 22, 10, 5, 1)
+_OPS = ("new", "admit", "step", "finish", "preempt", "reset", "new-step")
+_OP_WEIGHTS = (18, 20, 66, 10, 5, 1, 12)
 
 
 class Side(Protocol):
@@ -42,6 +42,7 @@ class Side(Protocol):
     def free(self, rid: str) -> None: ...
     def preempt(self, rid: str) -> None: ...
     def reset(self) -> bool: ...
+    def new_step(self) -> None: ...
     def block_hashes(self, rid: str) -> list[bytes]: ...
     def snapshot(self) -> Snapshot: ...
 
@@ -235,6 +236,8 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
                 pair.call(f"preempt {r.desc.request_id}", "preempt", r.desc.request_id)
                 r.computed = 0
                 r.state = "waiting"
+            elif op == "new-step":
+                pair.call("new step starts", "new_step")
             elif op == "reset":
                 pair.call("reset prefix cache", "reset")
             else:
