@@ -47,8 +47,10 @@ class Snapshot:
                 if name == "cached":
                     keys = sorted(set(a) ^ set(b) | {k for k in set(a) & set(b) if a[k] != b[k]})
                     k = keys[0]
-                    return (f"cached[block {k}]: vllm={_short(a.get(k))} "
-                            f"pagedkv={_short(b.get(k))} ({len(keys)} blocks differ)")
+                    return (
+                        f"cached[block {k}]: vllm={_short(a.get(k))} "
+                        f"pagedkv={_short(b.get(k))} ({len(keys)} blocks differ)"
+                    )
                 if name == "tables":
                     keys = sorted(set(a) | set(b))
                     k = next(k for k in keys if a.get(k) != b.get(k))
@@ -80,8 +82,10 @@ def _event_diff(a: bytes, b: bytes) -> str:
         if xa != xb:
             if isinstance(xa, dict) and isinstance(xb, dict):
                 keys = [f for f in {**xa, **xb} if xa.get(f, "<absent>") != xb.get(f, "<absent>")]
-                parts = [f"{f}: vllm={xa.get(f, '<absent>')!r} pagedkv={xb.get(f, '<absent>')!r}"
-                         for f in keys]
+                parts = [
+                    f"{f}: vllm={xa.get(f, '<absent>')!r} pagedkv={xb.get(f, '<absent>')!r}"
+                    for f in keys
+                ]
                 return f"event {k} ({xa.get('type')}): " + "; ".join(parts)
             return f"event {k}: vllm={xa!r} pagedkv={xb!r}"
     return f"same events, different bytes: vllm={a.hex()} pagedkv={b.hex()}"

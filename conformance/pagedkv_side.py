@@ -122,10 +122,21 @@ class PagedSide:
             if h is not None
         }
         st = self.mgr.make_prefix_cache_stats()
-        stats = (st.requests, st.queries, st.hits,
-                 st.preempted_requests, st.preempted_queries, st.preempted_hits)
-        tables = {rid: t for rid in self.reqs if self.mgr.has_request(rid)
-                  for t in [self.mgr.get_block_ids(rid)] if any(t)}
+        stats = (
+            st.requests,
+            st.queries,
+            st.hits,
+            st.preempted_requests,
+            st.preempted_queries,
+            st.preempted_hits,
+        )
+        tables = {
+            rid: t
+            for rid in self.reqs
+            if self.mgr.has_request(rid)
+            for t in [self.mgr.get_block_ids(rid)]
+            if any(t)
+        }
         events = self.mgr.take_events()
         payload = encode_batch(events, timestamp_s=0.0, data_parallel_rank=0) if events else b""
         return Snapshot(

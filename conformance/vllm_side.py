@@ -39,6 +39,8 @@ class VllmSide:
 
     def __init__(self, layout: Layout) -> None:
         _quiet()
+        import logging
+
         import torch
         from vllm.distributed.kv_events import KVEventBatch
         from vllm.lora.request import LoRARequest
@@ -49,8 +51,6 @@ class VllmSide:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.request import Request, RequestStatus
-
-        import logging
 
         logging.getLogger("vllm").setLevel(logging.ERROR)
         self._torch = torch
@@ -90,11 +90,15 @@ class VllmSide:
         from vllm.v1 import kv_cache_interface as kci
 
         dt = self._torch.bfloat16
-        common: dict[str, Any] = dict(block_size=g.block_size, num_kv_heads=2, head_size=16, dtype=dt)
+        common: dict[str, Any] = dict(
+            block_size=g.block_size, num_kv_heads=2, head_size=16, dtype=dt
+        )
         if g.kind == "full":
             return kci.FullAttentionSpec(**common)
         if g.kind == "mla":
-            return kci.MLAAttentionSpec(block_size=g.block_size, num_kv_heads=1, head_size=32, dtype=dt)
+            return kci.MLAAttentionSpec(
+                block_size=g.block_size, num_kv_heads=1, head_size=32, dtype=dt
+            )
         if g.kind == "swa":
             return kci.SlidingWindowSpec(**common, sliding_window=g.window_tokens)
         if g.kind == "chunked":
@@ -113,7 +117,9 @@ class VllmSide:
     def new_request(self, d: ReqDesc) -> None:
         lora = None
         if d.lora is not None:
-            lora = self._LoRARequest(lora_name=d.lora[0], lora_int_id=d.lora[1], lora_path=d.lora[2])
+            lora = self._LoRARequest(
+                lora_name=d.lora[0], lora_int_id=d.lora[1], lora_path=d.lora[2]
+            )
         mm = [
             self._Feature(
                 data=None,
@@ -145,12 +151,12 @@ class VllmSide:
         self._hits[rid] = (blocks, num_hit)
         return num_hit, blocks.get_block_ids()
 
-    def allocate(self, rid: str, num_new: int, lookahead: int, use_hit: bool) -> tuple[list[int], ...] | None:
+    def allocate(
+        self, rid: str, num_new: int, lookahead: int, use_hit: bool
+    ) -> tuple[list[int], ...] | None:
         req = self.reqs[rid]
         blocks, num_hit = self._hits.pop(rid) if use_hit else (None, 0)
-        out = self.mgr.allocate_slots(
-            req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead
-        )
+        out = self.mgr.allocate_slots(req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead)
         if out is None:
             return None
         return out.get_block_ids()
@@ -193,15 +199,28 @@ class VllmSide:
                 cached[b.block_id] = (get_group_id(key), bytes(get_block_hash(key)))
         st = self.mgr.make_prefix_cache_stats()
         stats = (
-            st.requests, st.queries, st.hits,
-            st.preempted_requests, st.preempted_queries, st.preempted_hits,
+            st.requests,
+            st.queries,
+            st.hits,
+            st.preempted_requests,
+            st.preempted_queries,
+            st.preempted_hits,
         )
         # A request whose every group table is empty holds nothing (vLLM may keep an
         # empty entry after a refused first allocation; pagedkv keeps none).
-        tables = {rid: t for rid in self.reqs if self._holds(rid)
-                  for t in [self.mgr.get_block_ids(rid)] if any(t)}
+        tables = {
+            rid: t
+            for rid in self.reqs
+            if self._holds(rid)
+            for t in [self.mgr.get_block_ids(rid)]
+            if any(t)
+        }
         events = self.mgr.take_events()
-        payload = self._encode(self._Batch(ts=0.0, events=events, data_parallel_rank=0)) if events else b""
+        payload = (
+            self._encode(self._Batch(ts=0.0, events=events, data_parallel_rank=0))
+            if events
+            else b""
+        )
         return Snapshot(
             num_free=pool.get_num_free_blocks(),
             usage=round(self.mgr.usage, 9),

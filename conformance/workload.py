@@ -21,7 +21,11 @@ from conformance.model import ReqDesc, Snapshot
 __all__ = ["Divergence", "SeedResult", "Side", "run_seed"]
 
 _LORAS: tuple[tuple[str, int, str] | None, ...] = (
-    None, None, None, ("ad1", 1, "/adapters/ad1"), ("ad1", 1, "/adapters/ad1-v2"),
+    None,
+    None,
+    None,
+    ("ad1", 1, "/adapters/ad1"),
+    ("ad1", 1, "/adapters/ad1-v2"),
     ("ad2", 2, "/adapters/ad2"),
 )
 _SALTS: tuple[str | None, ...] = (None, None, None, None, "", "tenant-1")
@@ -98,27 +102,32 @@ class _Pair:
         self.seconds[self.b.name] += t2 - t1
         if ra != rb:
             if isinstance(ra, list) and isinstance(rb, list) and ra and isinstance(ra[0], bytes):
-                k = next((k for k, (x, y) in enumerate(zip(ra, rb)) if x != y), min(len(ra), len(rb)))
+                pairs = enumerate(zip(ra, rb, strict=False))
+                k = next((k for k, (x, y) in pairs if x != y), min(len(ra), len(rb)))
                 raise _Mismatch(
                     f"{what}: first difference at block {k} of {len(ra)}/{len(rb)}: "
                     f"{self.a.name}={ra[k].hex()[:16] if k < len(ra) else None} "
-                    f"{self.b.name}={rb[k].hex()[:16] if k < len(rb) else None}")
+                    f"{self.b.name}={rb[k].hex()[:16] if k < len(rb) else None}"
+                )
             raise _Mismatch(f"{what}: {self.a.name}={ra} {self.b.name}={rb}")
         return ra
 
 
-def _make_prompt(rng: random.Random, prefixes: list[list[int]], finished: list[list[int]],
-                 max_len: int) -> list[int]:
+def _make_prompt(
+    rng: random.Random, prefixes: list[list[int]], finished: list[list[int]], max_len: int
+) -> list[int]:
     r = rng.random()
     if finished and r < 0.15:
         base = list(rng.choice(finished))  # exact repeat of an earlier conversation
     elif finished and r < 0.35:
-        base = list(rng.choice(finished)) + [rng.randrange(1, 30000) for _ in range(rng.randint(1, 24))]
+        base = list(rng.choice(finished)) + [
+            rng.randrange(1, 30000) for _ in range(rng.randint(1, 24))
+        ]
     else:
         prefix = rng.choice(prefixes)
         cut = rng.randint(0, len(prefix))
         base = prefix[:cut] + [rng.randrange(1, 30000) for _ in range(rng.randint(1, 48))]
-    return base[: max_len]
+    return base[:max_len]
 
 
 def _make_mm(rng: random.Random, n: int) -> tuple[tuple[str, int, int], ...]:
@@ -135,8 +144,16 @@ def _make_mm(rng: random.Random, n: int) -> tuple[tuple[str, int, int], ...]:
     return tuple(items)
 
 
-def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
-             *, extras: frozenset[str] = frozenset({"lora", "salt", "mm"}), ignore: frozenset[str] = frozenset()) -> SeedResult:
+def run_seed(
+    layout: Layout,
+    seed: int,
+    num_ops: int,
+    a: Side,
+    b: Side,
+    *,
+    extras: frozenset[str] = frozenset({"lora", "salt", "mm"}),
+    ignore: frozenset[str] = frozenset(),
+) -> SeedResult:
     """Drive ``a`` (the reference) and ``b`` with ``num_ops`` operations from ``seed``;
     stop at the first divergence."""
     rng = random.Random(seed)
@@ -154,7 +171,8 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
         pair.call(f"block hashes of {rid}", "block_hashes", rid)
 
     try:
-        for i in range(num_ops):
+        for step in range(num_ops):
+            i = step
             op = rng.choices(_OPS, _OP_WEIGHTS)[0]
             waiting = [r for r in reqs.values() if r.state == "waiting"]
             running = [r for r in reqs.values() if r.state == "running"]
@@ -187,8 +205,14 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
                 remaining = len(r.tokens) - num_hit
                 num_new = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
-                out = pair.call(f"allocate {rid} new={num_new} hit={num_hit} la={lookahead}",
-                                "allocate", rid, num_new, lookahead, True)
+                out = pair.call(
+                    f"allocate {rid} new={num_new} hit={num_hit} la={lookahead}",
+                    "allocate",
+                    rid,
+                    num_new,
+                    lookahead,
+                    True,
+                )
                 if out is not None:
                     r.computed = num_hit + num_new
                     r.state = "running"
@@ -213,9 +237,18 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
                     check(rid)
                     num_new = 1
                     op = "decode"
-                out = None if op == "finish-at-limit" else pair.call(
-                    f"allocate {rid} new={num_new} la={lookahead}",
-                    "allocate", rid, num_new, lookahead, False)
+                out = (
+                    None
+                    if op == "finish-at-limit"
+                    else pair.call(
+                        f"allocate {rid} new={num_new} la={lookahead}",
+                        "allocate",
+                        rid,
+                        num_new,
+                        lookahead,
+                        False,
+                    )
+                )
                 if op == "finish-at-limit":
                     pass
                 elif out is None:
@@ -245,10 +278,16 @@ def run_seed(layout: Layout, seed: int, num_ops: int, a: Side, b: Side,
             counts[op] = counts.get(op, 0) + 1
             _compare(a.snapshot(), b.snapshot(), ignore)
     except _Mismatch as exc:
-        return SeedResult(seed=seed, num_ops=i + 1, counts=counts, seconds=pair.seconds,
-                          divergence=Divergence(seed=seed, op_index=i, op=op, detail=str(exc)))
-    return SeedResult(seed=seed, num_ops=num_ops, divergence=None, seconds=pair.seconds,
-                      counts=counts)
+        return SeedResult(
+            seed=seed,
+            num_ops=i + 1,
+            counts=counts,
+            seconds=pair.seconds,
+            divergence=Divergence(seed=seed, op_index=i, op=op, detail=str(exc)),
+        )
+    return SeedResult(
+        seed=seed, num_ops=num_ops, divergence=None, seconds=pair.seconds, counts=counts
+    )
 
 
 def _compare(sa: Snapshot, sb: Snapshot, ignore: frozenset[str]) -> None:
