@@ -8,6 +8,13 @@ import importlib
 import pytest
 
 MODULES = [
+    "pagedkv.cbor",
+    "pagedkv.config",
+    "pagedkv.coordinator",
+    "pagedkv.hashing",
+    "pagedkv.manager",
+    "pagedkv.metrics",
+    "pagedkv.request",
     "pagedkv.planner",
     "pagedkv.planner.units",
     "pagedkv.events.config",

@@ -18,22 +18,24 @@ Worked cases (block size 4):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import ClassVar
+from collections.abc import Callable, Iterator
+from typing import ClassVar, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.pool import BlockPool, HashedRequest
+from pagedkv.pool import BlockPool
+from pagedkv.request import RequestLike
 from pagedkv.specs import KVCacheSpec
 
 __all__ = ["SingleTypeManager", "SkippingManager", "manager_class_for", "register_manager"]
 
 _REGISTRY: dict[type[KVCacheSpec], type[SingleTypeManager]] = {}
+_M = TypeVar("_M", bound="type[SingleTypeManager]")
 
 
-def register_manager(*spec_types: type[KVCacheSpec]):  # type: ignore[no-untyped-def]
+def register_manager(*spec_types: type[KVCacheSpec]) -> Callable[[_M], _M]:
     """Class decorator: the decorated manager serves layers of ``spec_types``."""
 
-    def deco(cls: type[SingleTypeManager]) -> type[SingleTypeManager]:
+    def deco(cls: _M) -> _M:
         for t in spec_types:
             _REGISTRY[t] = cls
         return cls
@@ -167,7 +169,7 @@ class SingleTypeManager:
         blocks.extend(new)
         return new
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
         tokens and not registered yet."""
         num_full = num_tokens // self.block_size
