@@ -10,7 +10,7 @@ import pagedkv
 from conformance.layouts import GroupDesc, Layout
 from conformance.model import ReqDesc, Snapshot
 from pagedkv.events.wire import encode_batch
-from pagedkv.hashing import LoRA, MultiModalItem
+from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 __all__ = ["PagedSide"]
 
@@ -66,12 +66,13 @@ class PagedSide:
         raise ValueError(f"unknown group kind {g.kind!r}")
 
     def new_request(self, d: ReqDesc) -> None:
-        self.reqs[d.request_id] = self.mgr.new_request(
-            d.request_id,
-            list(d.prompt),
+        extras = HashExtras(
             lora=None if d.lora is None else _lora(*d.lora),
-            mm_items=[MultiModalItem(i, o, n) for i, o, n in d.mm],
+            mm_items=tuple(MultiModalItem(i, o, n) for i, o, n in d.mm),
             cache_salt=d.salt,
+        )
+        self.reqs[d.request_id] = self.mgr.new_request(
+            d.request_id, list(d.prompt), hash_extras=None if extras.is_empty else extras
         )
 
     def append_token(self, rid: str, token: int) -> None:

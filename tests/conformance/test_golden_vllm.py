@@ -18,7 +18,7 @@ import pytest
 
 import pagedkv
 from pagedkv.events.wire import encode_batch
-from pagedkv.hashing import LoRA, MultiModalItem
+from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_vllm.json").read_text(encoding="utf-8"))
 
@@ -60,13 +60,12 @@ def _spec(kind: str, block_size: int, window: int) -> Any:
 
 
 def _request(mgr: Any, rid: str, case: dict[str, Any]) -> Any:
-    return mgr.new_request(
-        rid,
-        case.get("tokens", GOLDEN["tokens"]),
+    extras = HashExtras(
         lora=_lora(case.get("lora")),
-        mm_items=[MultiModalItem(i, o, n) for i, o, n in case.get("mm", [])],
+        mm_items=tuple(MultiModalItem(i, o, n) for i, o, n in case.get("mm", [])),
         cache_salt=case.get("salt"),
     )
+    return mgr.new_request(rid, case.get("tokens", GOLDEN["tokens"]), hash_extras=extras)
 
 
 def _manager(groups: list[list[Any]]) -> Any:
