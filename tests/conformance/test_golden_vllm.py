@@ -8,7 +8,6 @@ tests/conformance/golden_vllm.json``.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from pathlib import Path
@@ -22,17 +21,8 @@ from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_vllm.json").read_text(encoding="utf-8"))
 
-#: Cases pagedkv does not match yet (issue 19 items 2, 3, 7); strict, so a fix flips them.
-KNOWN_DIVERGENT = {
-    "lora_with_path",
-    "lora_repointed",
-    "empty_salt",
-    "lora_mm_salt",
-    "lora_stored",
-    "mm_stored",
-    "salt_stored",
-    "hybrid_stored",
-}
+#: Cases pagedkv does not match yet (strict xfail, so a fix must remove them here).
+KNOWN_DIVERGENT: set[str] = set()
 
 
 def _mark(name: str) -> Any:
@@ -44,9 +34,7 @@ def _mark(name: str) -> Any:
 def _lora(spec: list[Any] | None) -> LoRA | None:
     if spec is None:
         return None
-    if "path" in inspect.signature(LoRA).parameters:
-        return LoRA(name=spec[0], adapter_id=spec[1], path=spec[2])  # type: ignore[call-arg]
-    return LoRA(name=spec[0], adapter_id=spec[1])
+    return LoRA(name=spec[0], adapter_id=spec[1], path=spec[2])
 
 
 def _spec(kind: str, block_size: int, window: int) -> Any:

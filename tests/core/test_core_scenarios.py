@@ -21,6 +21,7 @@ from pagedkv import (
     MultiModalItem,
     UnknownRequestError,
 )
+from pagedkv.hashing import event_extra_keys
 
 BS = 4
 
@@ -113,8 +114,8 @@ def test_eviction_from_the_front_removes_cached_block_and_emits_event(make_mgr: 
     assert new_d == ([3, 2],)
     events = m.take_events()
     removed = [e for e in events if isinstance(e, BlockRemoved)]
-    # One removed event for the allocation's evictions, in eviction order.
-    assert [e.block_hashes for e in removed] == [[hashes[2], hashes[1]]]
+    # One removed event per evicted hash (as vLLM 0.33), in eviction order.
+    assert [e.block_hashes for e in removed] == [[hashes[2]], [hashes[1]]]
     assert m.num_evicted_blocks == 2
     # Block 1 is still cached: A's prompt now hits one block.
     e = m.new_request("e", list(range(12)))
@@ -323,7 +324,8 @@ def test_stored_event_contents(make_mgr: Any) -> None:
     assert ev.token_ids == list(range(8))
     assert ev.block_size == BS
     assert (ev.lora_id, ev.lora_name, ev.group_idx, ev.medium) == (7, "ad", 0, "GPU")
-    assert ev.extra_keys == [[["lora", "ad"], ["cache_salt", "t"]], [["lora", "ad"]]]
+    # Untagged, as vLLM's to_event_extra_keys sends them: bare LoRA name and salt.
+    assert ev.extra_keys == [["ad", "t"], ["ad"]]
     assert ev.kv_cache_spec_kind == "full_attention"
     # Decoding fills block 3: a second event whose parent is block 2's hash.
     a.append_output_tokens([9, 10, 11])
@@ -405,8 +407,8 @@ def test_stored_events_reuse_the_hashers_extra_keys_and_derive_missing_ones(
     a, _, _ = prefill(m, "a", list(range(9)), hash_extras=extras)
     assert a.block_extra_keys == [extras.block_keys(0, 4), extras.block_keys(4, 8)]
     [ev] = m.take_events()
-    assert ev.extra_keys == a.block_extra_keys
-    assert ev.extra_keys is not a.block_extra_keys  # a copy: the request keeps growing
+    assert ev.extra_keys == [event_extra_keys(k) for k in a.block_extra_keys]
+    assert ev.extra_keys == [[["img", 2], "s"], [["img", -2]]]
     m2 = make_mgr(enable_events=True)
     b, _, _ = prefill(m2, "b", list(range(9)), hash_extras=extras,
                       block_hashes=a.block_hashes)

@@ -28,6 +28,7 @@ from pagedkv.events.records import (
     BlockStored,
     KVCacheEvent,
 )
+from pagedkv.hashing import event_extra_keys
 
 if TYPE_CHECKING:
     from pagedkv.request import RequestLike
@@ -110,11 +111,13 @@ class EventBuffer(EventRecorder):
     ``groups`` and ``hash_block_size`` must be the pool's. Stored records are one per run
     of consecutive newly registered block positions, so each record's ``token_ids`` cover
     exactly its blocks and its parent is the hash just before its first block; removed
-    records are one per run of same-group evictions of one pool call.
+    records are one per dropped hash (vLLM 0.33 emits them so).
 
-    Extra keys: for a group whose block is one hash block, the keys the hasher recorded on
-    the request (``block_extra_keys``) are reused; otherwise (larger blocks, or hashes the
-    caller supplied) they are derived from ``request.hash_extras`` over the block's span.
+    Extra keys go out untagged (:func:`pagedkv.hashing.event_extra_keys`, vLLM's
+    ``to_event_extra_keys``). For a group whose block is one hash block, the keys the hasher
+    recorded on the request (``block_extra_keys``) are reused; otherwise (larger blocks, or
+    hashes the caller supplied) they are derived from ``request.hash_extras`` over the
+    block's span.
     """
 
     def __init__(self, groups: Sequence[GroupInfo], hash_block_size: int) -> None:
@@ -159,9 +162,10 @@ class EventBuffer(EventRecorder):
             if extras is None:
                 extra: list[Any] = [None] * (last - first)
             elif reuse:
-                extra = recorded[first:last]
+                extra = [event_extra_keys(k) for k in recorded[first:last]]
             else:
-                extra = [extras.block_keys(j * bs, (j + 1) * bs) for j in range(first, last)]
+                extra = [event_extra_keys(extras.block_keys(j * bs, (j + 1) * bs))
+                         for j in range(first, last)]
             event = BlockStored(
                 hashes[first:last], hashes[first - 1] if first else None,
                 tokens[first * bs : last * bs], bs, lora_id, MEDIUM_GPU, lora_name, extra,
@@ -180,9 +184,9 @@ class EventBuffer(EventRecorder):
         if extras is None:
             extra = None
         elif len(request.block_extra_keys) > i:
-            extra = request.block_extra_keys[i]
+            extra = event_extra_keys(request.block_extra_keys[i])
         else:
-            extra = extras.block_keys(i * hbs, (i + 1) * hbs)
+            extra = event_extra_keys(extras.block_keys(i * hbs, (i + 1) * hbs))
         info = self.groups[group]
         event = BlockStored(
             block_hashes=[hashes[i]],
@@ -202,7 +206,8 @@ class EventBuffer(EventRecorder):
         self._events.append(event)
 
     def removed(self, hashes: list[bytes], group: int) -> None:
-        self._events.append(BlockRemoved(hashes, MEDIUM_GPU, group))
+        # One record per hash, as vLLM's pool emits them.
+        self._events.extend(BlockRemoved([h], MEDIUM_GPU, group) for h in hashes)
 
     def cleared(self) -> None:
         self._announced.clear()
