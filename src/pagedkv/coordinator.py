@@ -11,8 +11,8 @@ hit, and the per-group loops of allocating, registering and freeing a request's 
 
 The façade (:class:`pagedkv.KVCacheManager`) validates calls, does the token arithmetic
 and keeps statistics; the coordinator does everything that touches groups and the pool.
-Lookups never change state; :meth:`Coordinator.allocate` changes state only when it
-succeeds.
+Lookups never change state; a refused :meth:`Coordinator.allocate` changes nothing except
+releasing the blocks that fell out of the request's windows (as vLLM 0.33 does).
 """
 
 from __future__ import annotations
@@ -84,31 +84,29 @@ class Coordinator:
         ``num_computed_tokens``: computed before this step (decides which blocks fell out
         of windows); ``total_computed_tokens``: plus the hit and external tokens.
 
-        Order: check capacity for every group at once (counting the blocks that fell out
-        of windows as freed), free those blocks, claim every group's hit blocks, then grow
-        every table. Claiming all hits before any group allocates means one group's
-        allocation can never evict another group's hit.
+        Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
+        are never read again, whatever this call decides), then check capacity for every
+        group at once, then claim every group's hit blocks, then grow every table.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
 
         Returns:
-            The new block ids per group, or ``None`` (no state changed) when the pool is
-            short. O(blocks touched).
+            The new block ids per group, or ``None`` when the pool is short; a refusal
+            changes nothing except releasing the skipped blocks. O(blocks touched).
         """
         managers = self.managers
         table_hit = hit if hit is not None else self._no_hit
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
         num_needed = 0
-        num_freed = 0
         slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
         for g, m in enumerate(managers):
-            if m.drops_blocks:
-                num_freed += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
             num_needed += m.get_num_blocks_to_allocate(
                 request_id, slots[g], table_hit[g], total_computed_tokens
             )
         pool = self.pool
-        if num_needed > pool.free_queue.num_free + num_freed:
+        if num_needed > pool.free_queue.num_free:
             return None
-        for m in self._droppers:
-            m.remove_skipped_blocks(request_id, num_computed_tokens)
         if hit is not None:
             # Claim every group's hit before any group allocates: an allocation takes
             # blocks from the front of the free queue and would evict an unclaimed hit.
@@ -221,15 +219,12 @@ class UnitaryCoordinator(Coordinator):
         m = self._manager
         slots = m.slots_needed(num_tokens, num_encoder_tokens)
         table_hit = hit[0] if hit is not None else []
-        num_free = self.pool.free_queue.num_free
-        if m.drops_blocks:
-            num_free += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
-        if m.get_num_blocks_to_allocate(
-            request_id, slots, table_hit, total_computed_tokens
-        ) > num_free:
-            return None
         if m.drops_blocks:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if m.get_num_blocks_to_allocate(
+            request_id, slots, table_hit, total_computed_tokens
+        ) > self.pool.free_queue.num_free:
+            return None
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
         m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)

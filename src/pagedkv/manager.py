@@ -211,14 +211,17 @@ class KVCacheManager:
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
         yet); call :meth:`cache_blocks` when it is.
 
-        Order: check capacity for every group at once (counting the blocks that fell out
-        of windows as freed), free those blocks, claim every group's hit blocks, then
-        allocate and register blocks that became full. Claiming all hits before any group
-        allocates means one group's allocation can never evict another group's hit.
+        Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
+        chunked local: never read again), check capacity for every group at once, claim
+        every group's hit blocks, then allocate and register blocks that became full.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
 
         Returns:
             The newly allocated block ids per group, or ``None`` when there are not enough
-            free blocks, in which case **no state changed**.
+            free blocks. A refused allocation **changes nothing except releasing blocks the
+            request no longer needs** (those outside its windows; they are freed as on
+            any other call, exactly as vLLM does); with full attention only, nothing.
 
         Raises:
             InvalidArgumentError: negative counts, nothing to allocate, or hit blocks for a

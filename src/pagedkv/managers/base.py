@@ -191,10 +191,6 @@ class SingleTypeManager:
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace blocks the request no longer needs by the null block and free them."""
 
-    def num_skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> int:
-        """How many blocks :meth:`remove_skipped_blocks` would return to the free queue."""
-        return 0
-
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks shared by every running request (for cascade attention)."""
         return 0
@@ -260,23 +256,6 @@ class SkippingManager(SingleTypeManager):
             blocks[i] = 0
         if freed:
             self.pool.free_blocks(freed)
-
-    def num_skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> int:
-        """Blocks :meth:`remove_skipped_blocks` would return to the free queue (those only
-        this request holds). Does not modify any state. O(blocks newly skipped)."""
-        blocks = self.req_to_blocks.get(request_id)
-        if not blocks:
-            return 0
-        end = min(self._num_skipped_blocks(num_computed_tokens), len(blocks))
-        ref = self.pool.ref_cnt
-        n = 0
-        for i in range(end - 1, -1, -1):
-            b = blocks[i]
-            if not b:
-                break
-            if ref[b] == 1:
-                n += 1
-        return n
 
     def claimed_hit_blocks(self, new_computed: list[int], total_computed_tokens: int) -> list[int]:
         """The hit blocks still inside the window once ``total_computed_tokens`` (hit plus
