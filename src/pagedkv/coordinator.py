@@ -273,6 +273,14 @@ class HybridCoordinator(Coordinator):
                         if not isinstance(m, FullAttentionManager)]
         self._never_hits = any(not m.cacheable for m in self.managers)
         self._drop = [m.drop_last_hit for m in self.managers]
+        for m in self.managers:
+            m.hit_alignment_tokens = self.lcm_block_size
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Register only up to a multiple of the lcm (no hit can end elsewhere), as vLLM
+        0.33: full attention 32 + sliding window 16 with 48 tokens computed registers 32
+        tokens in each group."""
+        super().cache_blocks(request, num_tokens // self.lcm_block_size * self.lcm_block_size)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

@@ -380,7 +380,9 @@ def test_stored_events_split_at_blocks_not_newly_registered(make_mgr: Any) -> No
         assert len(e.extra_keys) == len(e.block_hashes)
 
 
-def test_stored_events_split_around_null_blocks() -> None:
+def test_stored_event_around_null_blocks_has_vllm_shape() -> None:
+    """One stored record per registering call, as vLLM 0.33: hashes (and extra keys) of
+    the registered positions only, token ids over the whole range, parent before it."""
     from pagedkv import BlockHasher, Request
     from pagedkv.events.recorder import EventBuffer, GroupInfo
     from pagedkv.pool import BlockPool
@@ -391,10 +393,20 @@ def test_stored_events_split_around_null_blocks() -> None:
     ids = pool.get_new_blocks(4)
     table = [ids[0], 0, ids[1], ids[2], 0]  # block positions 1 and 4 are null
     pool.cache_full_blocks(req, table, 0, 5, 0)
-    events = pool.recorder.take()
-    assert [e.block_hashes for e in events] == [req.block_hashes[0:1], req.block_hashes[2:4]]
-    assert [e.parent_block_hash for e in events] == [None, req.block_hashes[1]]
-    assert [e.token_ids for e in events] == [list(range(0, 4)), list(range(8, 16))]
+    [event] = pool.recorder.take()
+    h = req.block_hashes
+    assert event.block_hashes == [h[0], h[2], h[3]]
+    assert event.parent_block_hash is None
+    assert event.token_ids == list(range(20))
+    assert event.extra_keys == [None, None, None]
+    # A snapshot still gives every block its own tokens and its true parent.
+    snap = pool.recorder.snapshot(pool.block_hash, pool.block_group)
+    assert sorted(((e.block_hashes, e.parent_block_hash, e.token_ids) for e in snap),
+                  key=lambda t: t[2]) == [
+        ([h[0]], None, [0, 1, 2, 3]),
+        ([h[2]], None, [8, 9, 10, 11]),  # its parent h[1] is not cached
+        ([h[3]], h[2], [12, 13, 14, 15]),
+    ]
     pool.check_invariants()
 
 

@@ -89,6 +89,9 @@ class SingleTypeManager:
                 f"block size {pool.hash_block_size}"
             )
         self.drop_last_hit = drop_last_hit
+        #: Token multiple every prefix-cache hit lands on: the block size alone, the lcm of
+        #: all block sizes in a hybrid model (set by the coordinator).
+        self.hit_alignment_tokens = spec.block_size
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}
 
@@ -171,14 +174,20 @@ class SingleTypeManager:
 
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
-        tokens and not registered yet."""
+        tokens and not registered yet (those :meth:`reachable_mask` allows)."""
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_blocks[request_id]
         if num_full > num_cached:
             self.pool.cache_full_blocks(
-                request, self.req_to_blocks[request_id], num_cached, num_full, self.group
+                request, self.req_to_blocks[request_id], num_cached, num_full, self.group,
+                self.reachable_mask(num_cached, num_full),
             )
             self.num_cached_blocks[request_id] = num_full
+
+    def reachable_mask(self, start: int, end: int) -> list[bool] | None:
+        """Which of the table positions ``[start, end)`` a later hit could ever use (only
+        those are registered); ``None``: all of them (the default). No state change."""
+        return None
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (deepest prefix blocks evicted first)."""
