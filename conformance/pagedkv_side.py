@@ -3,7 +3,6 @@ vLLM side."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import pagedkv
@@ -14,13 +13,8 @@ from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 __all__ = ["PagedSide"]
 
-_LORA_FIELDS = set(getattr(LoRA, "_fields", ())) or set(inspect.signature(LoRA).parameters)
-
-
 def _lora(name: str, adapter_id: int, path: str) -> LoRA:
-    if "path" in _LORA_FIELDS:
-        return LoRA(name=name, adapter_id=adapter_id, path=path)  # type: ignore[call-arg]
-    return LoRA(name=name, adapter_id=adapter_id)
+    return LoRA(name=name, adapter_id=adapter_id, path=path)
 
 
 class PagedSide:
@@ -58,11 +52,7 @@ class PagedSide:
         if g.kind == "chunked":
             return pagedkv.ChunkedLocalAttentionSpec(**common, attention_chunk_size=g.window_tokens)
         if g.kind == "mamba":
-            fields = set(inspect.signature(pagedkv.MambaSpec).parameters)
-            extra: dict[str, Any] = {}
-            if "cache_checkpoints" in fields:
-                extra["cache_checkpoints"] = True
-            return pagedkv.MambaSpec(block_size=g.block_size, state_bytes=128, **extra)
+            return pagedkv.MambaSpec(block_size=g.block_size, state_bytes=128)
         raise ValueError(f"unknown group kind {g.kind!r}")
 
     def new_request(self, d: ReqDesc) -> None:
@@ -105,9 +95,7 @@ class PagedSide:
         req.num_preemptions += 1
 
     def new_step(self) -> None:
-        step = getattr(self.mgr, "new_step_starts", None)
-        if step is not None:
-            step()
+        self.mgr.new_step_starts()
 
     def reset(self) -> bool:
         return bool(self.mgr.reset_prefix_cache())

@@ -77,12 +77,15 @@ class Coordinator:
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         """Give the request slots for ``num_tokens`` tokens in every group.
 
         ``hit``: the hit blocks a new request adopts (from a lookup), else ``None``;
         ``num_computed_tokens``: computed before this step (decides which blocks fell out
-        of windows); ``total_computed_tokens``: plus the hit and external tokens.
+        of windows); ``total_computed_tokens``: plus the hit and external tokens;
+        ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
+        ignore lookahead, Mamba, are sized by; default ``num_tokens``).
 
         Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
         are never read again, whatever this call decides), then check capacity for every
@@ -99,7 +102,9 @@ class Coordinator:
         for m in self._droppers:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
         num_needed = 0
-        slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
+                 for m in managers]
         for g, m in enumerate(managers):
             num_needed += m.get_num_blocks_to_allocate(
                 request_id, slots[g], table_hit[g], total_computed_tokens
@@ -124,6 +129,11 @@ class Coordinator:
         rid = request.request_id
         for m in self._cacheable:
             m.cache_blocks(request, rid, num_tokens)
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: every group resets its per-step bookkeeping."""
+        for m in self.managers:
+            m.new_step_starts()
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks in every group, tail first; an unknown id is a
@@ -183,9 +193,10 @@ class NoPrefixCacheCoordinator(Coordinator):
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
-                                num_tokens, num_encoder_tokens)
+                                num_tokens, num_encoder_tokens, num_tokens_main_model)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         return
@@ -214,10 +225,14 @@ class UnitaryCoordinator(Coordinator):
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, for the one group."""
         m = self._manager
-        slots = m.slots_needed(num_tokens, num_encoder_tokens)
+        if m.ignores_lookahead and num_tokens_main_model is not None:
+            slots = num_tokens_main_model
+        else:
+            slots = m.slots_needed(num_tokens, num_encoder_tokens)
         table_hit = hit[0] if hit is not None else []
         if m.drops_blocks:
             m.remove_skipped_blocks(request_id, num_computed_tokens)

@@ -81,7 +81,8 @@ class KVCacheManager:
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
-            manager_class_for(s)(s, self.pool, g, drop_last_hit=config.drop_last_hit)
+            manager_class_for(s, enable_caching=config.enable_caching)(
+                s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, s in enumerate(specs)
         ]
         self.coordinator: Coordinator
@@ -263,7 +264,8 @@ class KVCacheManager:
         total_computed = min(local_computed + num_external_computed_tokens, max_len)
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
+            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
+            total_computed + num_new_tokens,
         )
         if new_blocks is not None and not delay_caching:
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens,
@@ -279,6 +281,12 @@ class KVCacheManager:
         """
         self._require_known(request.request_id)
         self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def new_step_starts(self) -> None:
+        """Tell the manager a scheduler step begins (call once per step, before scheduling;
+        vLLM's ``new_step_starts``). A Mamba state registered in this step cannot be hit
+        again before the next one (its KV is written by the step that registered it)."""
+        self.coordinator.new_step_starts()
 
     def free(self, request: RequestLike | str) -> None:
         """Release every block of the request, tail first. Freeing a request the manager

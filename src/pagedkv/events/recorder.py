@@ -161,7 +161,7 @@ class EventBuffer(EventRecorder):
             hashes[start - 1] if start else None,
             request.all_token_ids[start * bs : end * bs], bs,
             lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
-            extra, group, info.kind, info.sliding_window,
+            extra or None, group, info.kind, info.sliding_window,
         )
         self._events.append(event)
         announced = self._announced

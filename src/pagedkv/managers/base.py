@@ -43,8 +43,11 @@ def register_manager(*spec_types: type[KVCacheSpec]) -> Callable[[_M], _M]:
     return deco
 
 
-def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
-    """The manager class registered for ``spec``'s class or its nearest base.
+def manager_class_for(
+    spec: KVCacheSpec, *, enable_caching: bool = True
+) -> type[SingleTypeManager]:
+    """The manager class registered for ``spec``'s class or its nearest base (which may
+    hand the spec to a variant, e.g. Mamba with prefix caching on).
 
     Raises:
         InvalidArgumentError: no manager serves this kind of spec.
@@ -52,7 +55,7 @@ def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
     for t in type(spec).__mro__:
         cls = _REGISTRY.get(t)
         if cls is not None:
-            return cls.variant_for(spec)
+            return cls.variant_for(spec, enable_caching=enable_caching)
     raise InvalidArgumentError(f"no KV-cache manager is registered for {type(spec).__name__}")
 
 
@@ -68,6 +71,8 @@ class SingleTypeManager:
     drops_blocks: ClassVar[bool] = False
     #: Whether blocks of this kind are registered in the prefix index.
     cacheable: ClassVar[bool] = True
+    #: Whether the table is sized by the main model's tokens only (no lookahead slots).
+    ignores_lookahead: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -96,9 +101,11 @@ class SingleTypeManager:
         self.num_cached_blocks: dict[str, int] = {}
 
     @classmethod
-    def variant_for(cls, spec: KVCacheSpec) -> type[SingleTypeManager]:
-        """The class that serves ``spec`` (a registered class may hand a spec option to a
-        subclass, e.g. Mamba with state checkpoints). Default: ``cls`` itself."""
+    def variant_for(
+        cls, spec: KVCacheSpec, *, enable_caching: bool = True
+    ) -> type[SingleTypeManager]:
+        """The class that serves ``spec`` (a registered class may hand a spec option or
+        the caching mode to a subclass, e.g. Mamba). Default: ``cls`` itself."""
         return cls
 
     # ----------------------------------------------------------------- lookup
@@ -188,6 +195,9 @@ class SingleTypeManager:
         """Which of the table positions ``[start, end)`` a later hit could ever use (only
         those are registered); ``None``: all of them (the default). No state change."""
         return None
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (per-step bookkeeping resets). Default: nothing."""
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (deepest prefix blocks evicted first)."""
