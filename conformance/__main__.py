@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{g.kind}/{g.block_size}" + (f"w{g.window_tokens}" if g.window_tokens else "")
                 for g in lay.groups
             )
-            print(f"{lay.name:16} {groups}  ({lay.num_blocks} blocks)")
+            unit = f", hash unit {lay.prefix_match_unit}" if lay.prefix_match_unit else ""
+            print(f"{lay.name:16} {groups}  ({lay.num_blocks} blocks{unit})")
         return 0
     if args.vllm_python:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,6 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"conformance: cannot run {args.vllm_python}: {exc}", file=sys.stderr)
             return 2
+    try:
+        layouts = (
+            LAYOUTS
+            if args.layouts == "all"
+            else tuple(layout_by_name(n.strip()) for n in args.layouts.split(","))
+        )
+    except KeyError as exc:
+        print(f"conformance: {exc.args[0]}", file=sys.stderr)
+        return 2
     from conformance.vllm_side import vllm_available
 
     reason = vllm_available()
@@ -115,15 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     from conformance.vllm_side import VllmSide
     from conformance.workload import run_seed
 
-    try:
-        layouts = (
-            LAYOUTS
-            if args.layouts == "all"
-            else tuple(layout_by_name(n.strip()) for n in args.layouts.split(","))
-        )
-    except KeyError as exc:
-        print(f"conformance: {exc.args[0]}", file=sys.stderr)
-        return 2
     extras = frozenset(e for e in args.extras.split(",") if e and e != "none")
     if extras - {"lora", "salt", "mm"}:
         print(
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             f" speed_vs_vllm={ratio:.2f}x wall={time.perf_counter() - t0:.1f}s",
             flush=True,
         )
+        if bad and args.keep_going:
+            shown = ",".join(map(str, bad[:40])) + (",..." if len(bad) > 40 else "")
+            print(f"  divergent seeds: {shown}", flush=True)
         if first is not None:
             failed += 1
             print(

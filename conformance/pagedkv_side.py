@@ -13,6 +13,7 @@ from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 __all__ = ["PagedSide"]
 
+
 def _lora(name: str, adapter_id: int, path: str) -> LoRA:
     return LoRA(name=name, adapter_id=adapter_id, path=path)
 
