@@ -72,7 +72,7 @@ class PagedSide:
     def lookup(self, rid: str) -> tuple[int, tuple[list[int], ...]]:
         hit = self.mgr.get_computed_blocks(self.reqs[rid])
         self._hits[rid] = hit
-        return hit.num_computed_tokens, tuple(list(g) for g in hit.block_ids)
+        return hit.num_computed_tokens, hit.block_ids
 
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool
@@ -81,7 +81,7 @@ class PagedSide:
         out = self.mgr.allocate_slots(
             self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead
         )
-        return None if out is None else tuple(list(g) for g in out)
+        return out
 
     def commit(self, rid: str, num_tokens: int) -> None:
         self.reqs[rid].num_computed_tokens = num_tokens
