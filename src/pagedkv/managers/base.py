@@ -14,6 +14,20 @@ Worked cases (block size 4):
 * a new request with a 3-block hit whose last block is free (ref count 0) and 14 tokens
   needing a slot: ceil(14 / 4) - 3 = 1 new block, plus 1 for reviving the free hit block
   (it leaves the free queue) = 2 blocks of capacity needed.
+
+>>> from pagedkv.managers import FullAttentionManager
+>>> from pagedkv.pool import BlockPool
+>>> from pagedkv.specs import FullAttentionSpec
+>>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> m = FullAttentionManager(spec, pool, 0)
+>>> m.save_new_computed_blocks("r", [], 0); m.allocate_new_blocks("r", 8)
+[1, 2]
+>>> m.get_num_blocks_to_allocate("r", 10, [])               # first case: 1 new block
+1
+>>> m.free("r")                                             # blocks 1, 2 now free
+>>> m.get_num_blocks_to_allocate("s", 14, [1, 2])          # 2 new + 2 revived hit blocks
+4
 """
 
 from __future__ import annotations
