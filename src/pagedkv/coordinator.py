@@ -145,6 +145,16 @@ class Coordinator:
         """Copies of the request's block tables. Precondition: it holds blocks."""
         return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
 
+    def block_ids_for_computed_tokens(self, request_id: str, num_tokens: int) -> BlockTables:
+        """Copies of the request's tables, attention groups clipped to the
+        ``ceil(num_tokens / block_size)`` blocks covering ``num_tokens`` tokens (Mamba and
+        cross-attention tables whole). Precondition: it holds blocks."""
+        return tuple(
+            list(m.req_to_blocks[request_id][: -(-num_tokens // m.block_size)])
+            if m.positional else list(m.req_to_blocks[request_id])
+            for m in self.managers
+        )
+
     def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> list[int]:
         """Per group, the leading blocks every running request shares (0 where the kind
         has no cascade attention)."""

@@ -305,6 +305,20 @@ class KVCacheManager:
         self._require_known(request_id)
         return self.coordinator.block_ids(request_id)
 
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The request's tables clipped to the blocks covering its first
+        ``num_computed_tokens`` tokens (attention groups; Mamba and cross-attention tables
+        whole), as vLLM's method of this name. Block 4, table ``[1, 2, 3]``, 5 tokens ->
+        ``[1, 2]``.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self._require_known(request_id)
+        return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
+
     def get_num_common_prefix_blocks(
         self, request_id: str, num_running_requests: int
     ) -> list[int]:

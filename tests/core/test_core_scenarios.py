@@ -433,3 +433,14 @@ def test_null_recorder_has_no_snapshot(make_mgr: Any) -> None:
     m = make_mgr()
     with pytest.raises(InvalidArgumentError, match="enable_events=True"):
         m.prefix_index_snapshot()
+
+
+def test_block_ids_for_computed_tokens_clip_attention_tables(make_mgr: Any) -> None:
+    m = make_mgr()
+    a, _, new = prefill(m, "a", list(range(11)))  # 3 blocks of 4
+    assert new == ([1, 2, 3],)
+    assert m.get_block_ids_for_computed_tokens("a", 5) == ([1, 2],)
+    assert m.get_block_ids_for_computed_tokens("a", 0) == ([],)
+    assert m.get_block_ids_for_computed_tokens("a", 100) == ([1, 2, 3],)
+    with pytest.raises(UnknownRequestError):
+        m.get_block_ids_for_computed_tokens("nope", 4)

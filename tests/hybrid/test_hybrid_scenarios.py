@@ -217,6 +217,9 @@ def test_mamba_align_is_the_default_with_caching() -> None:
     assert mgr.get_computed_blocks(b).num_computed_tokens == 0
     admit(mgr, "C", tokens(128))
     assert mgr.get_block_ids("C")[1][0] == 0
+    full_c, mamba_c = mgr.get_block_ids("C")
+    # Clipped to computed tokens: attention tables only; the Mamba table stays whole.
+    assert mgr.get_block_ids_for_computed_tokens("C", 40) == (full_c[:3], mamba_c)
     d = mgr.new_request("D", tokens(130))
     hit = mgr.get_computed_blocks(d)
     assert hit.num_computed_tokens == 128

@@ -87,6 +87,9 @@ class SingleTypeManager:
     cacheable: ClassVar[bool] = True
     #: Whether the table is sized by the main model's tokens only (no lookahead slots).
     ignores_lookahead: ClassVar[bool] = False
+    #: Whether table position i stands for tokens ``i*bs .. i*bs + bs - 1`` (attention
+    #: kinds), so a table can be clipped to the blocks covering computed tokens.
+    positional: ClassVar[bool] = True
 
     def __init__(
         self,

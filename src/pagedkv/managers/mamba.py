@@ -77,6 +77,7 @@ __all__ = ["MambaAlignManager", "MambaCheckpointManager", "MambaManager"]
 class MambaManager(SingleTypeManager):
     """One state block per request; no prefix caching."""
 
+    positional = False
     cacheable = False
 
     @classmethod
@@ -119,6 +120,8 @@ class MambaManager(SingleTypeManager):
 class MambaCheckpointManager(SkippingManager):
     """State checkpoints at every ``block_size`` boundary (module docstring)."""
 
+    positional = False
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens of finished checkpoints: interval 64, 130 computed -> live block 2, so
         128 tokens (blocks 0 and 1); 128 computed -> live block 1, so 64; 0 -> 0."""
@@ -153,6 +156,7 @@ class MambaAlignManager(SkippingManager):
     the hashes it registered."""
 
     ignores_lookahead = True
+    positional = False
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
