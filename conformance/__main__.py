@@ -47,6 +47,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated compared fields to leave out (to look past a known "
         "divergence): " + ", ".join(FIELDS),
     )
+    ap.add_argument(
+        "--bursts",
+        action="store_true",
+        help="add bursts of identical requests (duplicate blocks in the index)",
+    )
     ap.add_argument("--list", action="store_true", help="list the layouts and exit")
     return ap.parse_args(argv)
 
@@ -153,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         ops = 0
         for seed in seeds:
             res = run_seed(
-                lay, seed, args.ops, VllmSide(lay), PagedSide(lay), extras=extras, ignore=ignore
+                lay,
+                seed,
+                args.ops,
+                VllmSide(lay),
+                PagedSide(lay),
+                extras=extras,
+                ignore=ignore,
+                bursts=args.bursts,
             )
             ops += res.num_ops
             for k, v in res.seconds.items():

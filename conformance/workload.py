@@ -31,6 +31,10 @@ _LORAS: tuple[tuple[str, int, str] | None, ...] = (
 _SALTS: tuple[str | None, ...] = (None, None, None, None, "", "tenant-1")
 _OPS = ("new", "admit", "step", "finish", "preempt", "reset", "new-step")
 _OP_WEIGHTS = (18, 20, 66, 10, 5, 1, 12)
+#: With ``bursts``: three requests with one prompt admitted with small first chunks, so
+#: several requests compute (and register) the same blocks: duplicates in the index.
+_BURST_OPS = (*_OPS, "burst")
+_BURST_WEIGHTS = (*_OP_WEIGHTS, 8)
 
 
 class Side(Protocol):
@@ -153,9 +157,12 @@ def run_seed(
     *,
     extras: frozenset[str] = frozenset({"lora", "salt", "mm"}),
     ignore: frozenset[str] = frozenset(),
+    bursts: bool = False,
 ) -> SeedResult:
     """Drive ``a`` (the reference) and ``b`` with ``num_ops`` operations from ``seed``;
-    stop at the first divergence."""
+    stop at the first divergence. ``bursts`` adds the burst operation (another mix, so
+    other sequences than without it)."""
+    ops, weights = (_BURST_OPS, _BURST_WEIGHTS) if bursts else (_OPS, _OP_WEIGHTS)
     rng = random.Random(seed)
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
@@ -173,7 +180,7 @@ def run_seed(
     try:
         for step in range(num_ops):
             i = step
-            op = rng.choices(_OPS, _OP_WEIGHTS)[0]
+            op = rng.choices(ops, weights)[0]
             waiting = [r for r in reqs.values() if r.state == "waiting"]
             running = [r for r in reqs.values() if r.state == "running"]
             if op == "new" or (not waiting and not running):
@@ -271,6 +278,29 @@ def run_seed(
                 r.state = "waiting"
             elif op == "new-step":
                 pair.call("new step starts", "new_step")
+            elif op == "burst":
+                prompt = _make_prompt(rng, prefixes, finished, max_prompt)
+                for _ in range(3):
+                    rid = f"r{next_id}"
+                    next_id += 1
+                    desc = ReqDesc(request_id=rid, prompt=tuple(prompt))
+                    pair.call(f"new request {desc}", "new_request", desc)
+                    r = _Req(desc, list(prompt))
+                    reqs[rid] = r
+                    num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
+                    num_new = min(len(prompt) - num_hit, rng.randint(1, 8))
+                    out = pair.call(
+                        f"allocate {rid} new={num_new} hit={num_hit}",
+                        "allocate",
+                        rid,
+                        num_new,
+                        0,
+                        True,
+                    )
+                    if out is not None:
+                        r.computed = num_hit + num_new
+                        r.state = "running"
+                        pair.call("commit", "commit", rid, r.computed)
             elif op == "reset":
                 pair.call("reset prefix cache", "reset")
             else:
