@@ -146,8 +146,11 @@ class EventBuffer(EventRecorder):
         bs = info.block_size
         extras = request.hash_extras
         lora = extras.lora if extras is not None else None
-        positions = range(start, end) if not skipped else [
-            i for i in range(start, end) if i not in set(skipped)]
+        if skipped:
+            left_out = set(skipped)
+            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+        else:
+            positions = range(start, end)
         if extras is None:
             extra: list[Any] = [None] * len(positions)
         elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
