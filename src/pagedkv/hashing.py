@@ -294,10 +294,19 @@ class BlockHasher:
             except (IndexError, TypeError):
                 # An id outside the table: the checked path below encodes it or raises.
                 start = len(hashes) * bs
+        # Consecutive blocks often carry equal keys (a LoRA adapter on every block):
+        # their CBOR encoding is reused instead of re-encoded.
+        last_keys: list[Any] | None = None
+        last_encoded = b"\xf6"
+        ctor = self._ctor
         for s in range(start, end + 1, bs):
             tokens = token_ids[s : s + bs]
             keys = None if extras is None else extras.block_keys(s, s + bs)
-            parent = self.hash_block(parent, tokens, keys)
+            if keys != last_keys:
+                last_keys = keys
+                last_encoded = b"\xf6" if keys is None else canonical_cbor(keys)
+            parent = ctor(b"\x83" + cbor_head(2, len(parent)) + parent + encode_tokens(tokens)
+                          + last_encoded).digest()
             hashes.append(parent)
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)
