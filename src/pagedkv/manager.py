@@ -79,7 +79,8 @@ class KVCacheManager:
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
-            manager_class_for(s)(s, self.pool, g, drop_last_hit=config.drop_last_hit)
+            manager_class_for(s, enable_caching=config.enable_caching)(
+                s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, s in enumerate(specs)
         ]
         self.coordinator: Coordinator
@@ -258,14 +259,17 @@ class KVCacheManager:
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
         yet); call :meth:`cache_blocks` when it is.
 
-        Order: check capacity for every group at once (counting the blocks that fell out
-        of windows as freed), free those blocks, claim every group's hit blocks, then
-        allocate and register blocks that became full. Claiming all hits before any group
-        allocates means one group's allocation can never evict another group's hit.
+        Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
+        chunked local: never read again), check capacity for every group at once, claim
+        every group's hit blocks, then allocate and register blocks that became full.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
 
         Returns:
             The newly allocated block ids per group, or ``None`` when there are not enough
-            free blocks, in which case **no state changed**.
+            free blocks. A refused allocation **changes nothing except releasing blocks the
+            request no longer needs** (those outside its windows; they are freed as on
+            any other call, exactly as vLLM does); with full attention only, nothing.
 
         ``num_lookahead_tokens`` past ``max_model_len`` are capped there (speculative
         tokens that could never be accepted); every other count is checked exactly.
@@ -313,7 +317,8 @@ class KVCacheManager:
         total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
+            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
+            total_computed + num_new_tokens,
         )
         if new_blocks is not None:
             if first:
@@ -332,6 +337,12 @@ class KVCacheManager:
         """
         validation.check_cache_blocks(self, request, num_computed_tokens)
         self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def new_step_starts(self) -> None:
+        """Tell the manager a scheduler step begins (call once per step, before scheduling;
+        vLLM's ``new_step_starts``). A Mamba state registered in this step cannot be hit
+        again before the next one (its KV is written by the step that registered it)."""
+        self.coordinator.new_step_starts()
 
     def free(self, request: RequestLike | str) -> None:
         """Release every block of the request, tail first; its id is free again. Freeing a
@@ -368,6 +379,20 @@ class KVCacheManager:
         """
         self.require_live(request_id)
         return self.coordinator.block_ids(request_id)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The request's tables clipped to the blocks covering its first
+        ``num_computed_tokens`` tokens (attention groups; Mamba and cross-attention tables
+        whole), as vLLM's method of this name. Block 4, table ``[1, 2, 3]``, 5 tokens ->
+        ``[1, 2]``.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
 
     def get_num_common_prefix_blocks(
         self, request_id: str, num_running_requests: int

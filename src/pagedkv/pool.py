@@ -185,9 +185,11 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
         group: int,
+        mask: Sequence[bool] | None = None,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` of ``request`` in the
-        index under their hashes (null blocks skipped) and tell the recorder in one call.
+        index under their hashes (null blocks, and positions whose ``mask`` entry is false,
+        skipped) and tell the recorder in one call.
 
         The group's block size may be k times the hash block size; a block's hash is then
         the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
@@ -205,7 +207,7 @@ class BlockPool:
         skipped: list[int] = []  # positions not newly registered (null or already there)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
-            if not b:
+            if not b or (mask is not None and not mask[i - num_cached_blocks]):
                 skipped.append(i)
                 continue
             h = hashes[i]
