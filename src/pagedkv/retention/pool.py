@@ -124,10 +124,12 @@ class RetentionPool(BlockPool):
         num_cached_blocks: int,
         num_full_blocks: int,
         group: int,
+        mask: Sequence[bool] | None = None,
     ) -> None:
         """As the base pool; newly registered blocks also learn their tenant and whether
         their key is pinned. O(num_full_blocks - num_cached_blocks)."""
-        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, group)
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, group,
+                                  mask)
         pins = self.pins.keys
         if not pins and not self._quotas_on:
             return
@@ -139,7 +141,7 @@ class RetentionPool(BlockPool):
         bh = self.block_hash
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
-            if b:
+            if b and bh[b] is not None and (mask is None or mask[i - num_cached_blocks]):
                 queue.tenant[b] = t
                 if pins and (group, bh[b]) in pins:
                     queue.pinned[b] = True
@@ -213,6 +215,7 @@ class RetentionPool(BlockPool):
 
     def unpin(self, lease: PinLease) -> None:
         """End ``lease`` now (no-op if it ended); keys no other lease holds are released."""
+        self.free_queue.tick()
         self._release(lease)
 
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
@@ -238,10 +241,12 @@ class RetentionPool(BlockPool):
             if t_pin > now and t_dur > now:
                 queue.deadline = min(t_pin, t_dur)
                 return
+            queue.now_s = min(t_pin, t_dur)  # timers restarted here start at the expiry
             if t_pin <= t_dur:
                 self._release(pins.pop_due())
             else:
                 queue.expire_front(head)
+            queue.now_s = now
 
     # ------------------------------------------------------------------ checks
 

@@ -47,10 +47,10 @@ class PriorityFreeQueue(FreeBlockQueue):
     """
 
     __slots__ = (
-        "_clock", "_count", "_mask", "_n", "_now", "_num_free", "_quota", "_tcount",
+        "_clock", "_count", "_mask", "_n", "_num_free", "_quota", "_tcount",
         "_tenant_lists", "_tkey", "_tmask", "_where", "_xkey", "_xlists", "deadline",
-        "default_priority", "duration_s", "expires_at", "num_parked", "on_deadline", "pinned",
-        "plain", "preempt_pins", "priority", "tenant",
+        "default_priority", "duration_s", "expires_at", "now_s", "num_parked", "on_deadline",
+        "pinned", "plain", "preempt_pins", "priority", "tenant",
     )
 
     def __init__(
@@ -88,7 +88,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         #: False by the pool, for good): freeing then only sorts blocks by priority.
         self.plain = not tenant_quotas
         self._clock = clock
-        self._now = 0.0
+        #: The time timers start from: the clock at the last tick (or the time of the
+        #: expiry being processed).
+        self.now_s = 0.0
         self.deadline = _INF
         self.on_deadline: Callable[[float], None] = self._expire_durations
         # Timed lists: one per (level, duration), FIFO = expiry order.
@@ -118,9 +120,9 @@ class PriorityFreeQueue(FreeBlockQueue):
     def tick(self) -> float:
         """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
         now = self._clock()
-        if now < self._now:
-            raise AssertionError(f"retention clock went backwards: {self._now} -> {now}")
-        self._now = now
+        if now < self.now_s:
+            raise AssertionError(f"retention clock went backwards: {self.now_s} -> {now}")
+        self.now_s = now
         if now >= self.deadline:
             self.on_deadline(now)
         return now
@@ -197,7 +199,7 @@ class PriorityFreeQueue(FreeBlockQueue):
             head = self._xkey.get(key)
             if head is None:
                 head = self._xkey[key] = self._xlists.new_list()
-            expires = self._now + d
+            expires = self.now_s + d
             self.expires_at[b] = expires
             self._xlists.append(head, b)
             if expires < self.deadline:
@@ -252,11 +254,12 @@ class PriorityFreeQueue(FreeBlockQueue):
         """Queue freed hashed blocks by their priority (pinned ones parked). O(len)."""
         if not ids:
             return
-        if self.deadline != _INF or self._xkey:
-            self.tick()
-        if self.plain:
+        if self.plain:  # no timers, pins or quotas: the time does not matter
+            if self.deadline != _INF:
+                self.tick()
             self._append_plain(ids)
             return
+        self.tick()  # timers start now, and due expiries go first
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
         tail0 = self._n + 2 * _LEVEL0 + 1
