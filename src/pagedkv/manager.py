@@ -69,10 +69,10 @@ class KVCacheManager:
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]
+        recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
+        self.pool = self._make_pool(config, groups, hash_bs, recorder)
         #: Where the pool's events go: a buffer with events on, else the null recorder.
-        self.recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
-        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
-                              hash_block_size=hash_bs, groups=groups, recorder=self.recorder)
+        self.recorder = self.pool.recorder
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
@@ -101,6 +101,15 @@ class KVCacheManager:
             self.publisher = ZmqEventPublisher(
                 config.kv_events, snapshot_fn=self.prefix_index_snapshot
             )
+
+    def _make_pool(
+        self, config: CacheConfig, groups: list[GroupInfo], hash_block_size: int,
+        recorder: EventRecorder,
+    ) -> BlockPool:
+        """The block pool, telling ``recorder``. A subclass may build an observed pool
+        (``pagedkv.observe``) here; called once, before the managers exist."""
+        return BlockPool(config.num_blocks, enable_caching=config.enable_caching,
+                         hash_block_size=hash_block_size, groups=groups, recorder=recorder)
 
     @classmethod
     def from_spec(
