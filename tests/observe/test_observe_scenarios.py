@@ -266,3 +266,24 @@ def test_explain_lookup_refuses_what_a_lookup_refuses() -> None:
         mgr.explain_lookup("not a request")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         mgr.explain_lookup(mgr.new_request("long", list(range(100))))
+
+
+def test_attribution_keeps_the_retention_pool() -> None:
+    from pagedkv.retention import RetentionConfig
+    from pagedkv.retention.pool import RetentionPool
+
+    mgr = observed([full(16)], retention=RetentionConfig(),
+                   observe=ObserveConfig(residency_sample_every=None))
+    assert isinstance(mgr.pool, RetentionPool) and mgr.retention is not None
+    compute(mgr, mgr.new_request("a", list(range(40))))
+    assert spans(mgr.explain_lookup(mgr.new_request("b", list(range(40))))) == [
+        (0, 32, "hit"), (32, 40, "partial_block")]
+
+
+def test_residency_sampling_with_retention_is_refused() -> None:
+    from pagedkv.errors import InvalidArgumentError
+    from pagedkv.retention import RetentionConfig
+
+    with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
+        observed([full(16)], retention=RetentionConfig(),
+                 observe=ObserveConfig(residency_sample_every=1))
