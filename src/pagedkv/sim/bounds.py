@@ -45,7 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv import BlockHasher
-from pagedkv.sim.workloads import Workload, check_block_size, request_block_hashes
+from pagedkv.sim.semantics import Semantics, get_semantics
+from pagedkv.sim.workloads import Workload, request_block_hashes
 
 __all__ = [
     "AccessSequence",
@@ -71,7 +72,18 @@ class AccessSequence:
     starts: list[int]
     num_queried: list[int]
     query_tokens: list[int]
+    #: Tokens a hit on request ``i``'s last queried block credits (``block_size`` unless
+    #: reference semantics makes it a partial block); None = all ``block_size``.
+    tail_tokens: list[int] | None = None
     _next_use: list[int] | None = None
+
+    def credit(self, i: int, num_hit_blocks: int, last_hit: bool) -> int:
+        """Tokens credited to request ``i`` for ``num_hit_blocks`` hit blocks, of which
+        the last queried one is among them when ``last_hit``."""
+        bs = self.block_size
+        if not last_hit or self.tail_tokens is None:
+            return num_hit_blocks * bs
+        return (num_hit_blocks - 1) * bs + self.tail_tokens[i]
 
     @property
     def num_requests(self) -> int:
@@ -118,6 +130,7 @@ def access_sequence(
     *,
     with_outputs: bool = False,
     indices: Sequence[int] | None = None,
+    semantics: str | Semantics = "vllm",
 ) -> AccessSequence:
     """Build the access sequence of ``workload`` at ``block_size``. O(total blocks).
 
@@ -126,8 +139,12 @@ def access_sequence(
     with real output tokens (generators) have such blocks others can hit; trace requests'
     decode tokens are unique placeholders and are left out. ``indices``: only these
     requests, in this order (engine mode leaves out the requests it rejected).
+    ``semantics``: which blocks are stored and queried (:mod:`pagedkv.sim.semantics`).
     """
-    check_block_size(block_size, workload.source_block_size)
+    sem = get_semantics(semantics)
+    sem.check(workload, block_size)
+    reference = sem.name != "vllm"
+    tails: list[int] | None = [] if reference else None
     src = workload.source_block_size
     order = range(len(workload.requests)) if indices is None else indices
     chain: dict[tuple[int, int], int] = {}
@@ -139,8 +156,10 @@ def access_sequence(
     for index in order:
         r = workload.requests[index]
         n = r.num_prompt_tokens
-        s = n // block_size
-        num_queried.append((n - 1) // block_size)
+        s = sem.num_stored_blocks(n, block_size)
+        num_queried.append(sem.num_queried_blocks(n, block_size))
+        if tails is not None:
+            tails.append(sem.tail_tokens(n, block_size))
         if r.hash_ids is not None:
             assert src is not None
             parent = -1
@@ -163,7 +182,8 @@ def access_sequence(
                     items.extend(range(node * k, node * k + k))
                 del items[start + s :]
         else:
-            hashes = request_block_hashes(r, block_size, source_block_size=src, index=index)
+            hashes = request_block_hashes(r, block_size, source_block_size=src, index=index,
+                                          num_blocks=s if reference else None)
             if hashes is None:
                 assert r.prompt_token_ids is not None
                 if hasher is None:
@@ -183,6 +203,7 @@ def access_sequence(
     return AccessSequence(
         block_size=block_size, items=items, starts=starts, num_queried=num_queried,
         query_tokens=[workload.requests[i].num_prompt_tokens for i in order],
+        tail_tokens=tails,
     )
 
 
@@ -197,7 +218,7 @@ def infinite_cache_hits(seq: AccessSequence) -> BoundResult:
         h = 0
         while h < q and items[a + h] in seen:
             h += 1
-        out.append(h * seq.block_size)
+        out.append(seq.credit(i, h, h == q and h > 0))
         seen.update(items[a : starts[i + 1]])
     return BoundResult(capacity_blocks=None, hit_tokens=out, query_tokens=seq.query_tokens)
 
@@ -218,12 +239,14 @@ def belady_hits(seq: AccessSequence, capacity_blocks: int) -> BoundResult:
     for i, q in enumerate(seq.num_queried):
         a = starts[i]
         hits = 0
+        last_hit = False
         for p in range(a, starts[i + 1]):
             x = items[p]
             nu = nxt[p]
             if x in cache:
                 if p - a < q:
                     hits += 1
+                    last_hit = p - a == q - 1
                 if nu == _NEVER:
                     del cache[x]
                 else:
@@ -247,6 +270,6 @@ def belady_hits(seq: AccessSequence, capacity_blocks: int) -> BoundResult:
         if len(heap) > 4 * cap + 1024:
             heap = [(-u, y) for y, u in cache.items()]
             heapq.heapify(heap)
-        out.append(hits * bs)
+        out.append(seq.credit(i, hits, last_hit) if last_hit else hits * bs)
     return BoundResult(capacity_blocks=capacity_blocks, hit_tokens=out,
                        query_tokens=seq.query_tokens)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pagedkv import InvalidArgumentError
 from pagedkv.sim.bounds import AccessSequence, access_sequence, belady_hits, infinite_cache_hits
 from pagedkv.sim.results import SimResult
-from pagedkv.sim.scheduler import build_manager, make_request
+from pagedkv.sim.scheduler import ManagerFactory, build_manager, make_request
+from pagedkv.sim.semantics import Semantics, get_semantics
 from pagedkv.sim.workloads import Workload
 
 __all__ = [
@@ -44,19 +45,27 @@ def run_pure_cache(
     *,
     block_size: int,
     num_blocks: int,
+    semantics: str | Semantics = "vllm",
     progress: Callable[[int, int], None] | None = None,
     check_invariants: bool = False,
+    manager_factory: ManagerFactory | None = None,
 ) -> SimResult:
     """Replay ``workload`` in pure-cache mode on a fresh manager of ``num_blocks`` blocks.
 
-    ``lookup_time_s`` of request ``i`` is its nominal arrival time. ``check_invariants``
-    walks the manager's state after every request (slow; for tests).
+    ``semantics``: "vllm" (default) or "reference" (:mod:`pagedkv.sim.semantics`);
+    ``hit_tokens`` are the tokens credited. ``lookup_time_s`` of request ``i`` is its
+    nominal arrival time. ``check_invariants`` walks the manager's state after every
+    request (slow; for tests). ``manager_factory`` builds the manager (default: one
+    full-attention group, :func:`~pagedkv.sim.scheduler.build_manager`).
 
     Raises:
         InvalidArgumentError: a block size the workload cannot be replayed at.
     """
     wall0 = time.perf_counter()
-    mgr = build_manager(workload, block_size=block_size, num_blocks=num_blocks)
+    sem = get_semantics(semantics)
+    sem.check(workload, block_size)
+    factory = manager_factory or build_manager
+    mgr = factory(workload, block_size=block_size, num_blocks=num_blocks, kv_events=None)
     reqs = workload.requests
     n = len(reqs)
     max_tokens = (num_blocks - 1) * block_size
@@ -66,16 +75,17 @@ def run_pure_cache(
         hit_tokens=[0] * n, lookup_time_s=[r.arrival_s for r in reqs],
     )
     hits = res.hit_tokens
+    reference = sem.name != "vllm"
     for i in range(n):
-        req = make_request(mgr, workload, i, block_size)
-        hit = mgr.get_computed_blocks(req)
-        num_hit = hit.num_computed_tokens
-        hits[i] = num_hit
-        num_new = min(req.num_tokens, max_tokens) - num_hit
-        if num_new > 0:
-            new = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
-            assert new is not None, "an empty cache must hold one prompt's blocks"
-            mgr.free(req)
+        num = reqs[i].num_prompt_tokens
+        if reference:
+            req = make_request(mgr, workload, i, block_size,
+                               num_tokens=sem.manager_tokens(num, block_size),
+                               num_hashed_blocks=sem.num_stored_blocks(num, block_size))
+        else:
+            req = make_request(mgr, workload, i, block_size)
+        hits[i] = sem.replay(mgr, req, req.num_tokens if not reference else num, block_size,
+                             max_tokens)
         if check_invariants:
             mgr.check_invariants()
         if progress is not None and i % 512 == 0:

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pagedkv import FullAttentionSpec, InvalidArgumentError, KVCacheManager, Request
 from pagedkv.events.config import KVEventsConfig
@@ -128,10 +129,35 @@ class SchedulerConfig:
             raise InvalidArgumentError(f"rate_scale must be > 0, got {self.rate_scale}")
 
 
+class ManagerFactory(Protocol):
+    """Builds the manager a simulation runs on (:func:`build_manager` is the default; a
+    hybrid model's factory builds every group, :mod:`pagedkv.sim.models`)."""
+
+    def __call__(
+        self,
+        workload: Workload,
+        *,
+        block_size: int,
+        num_blocks: int,
+        kv_events: KVEventsConfig | None = None,
+    ) -> KVCacheManager: ...
+
+
 def request_blocks_needed(r: SimRequest, block_size: int) -> int:
     """Blocks the request holds at its largest: ``ceil((prompt + output - 1) / b)``."""
     total = r.num_prompt_tokens + max(1, r.num_output_tokens) - 1
     return -(-total // block_size)
+
+
+def workload_max_len(workload: Workload, block_size: int) -> int:
+    """``max_model_len`` for replaying ``workload``: its longest prompt + output, and room
+    for a prompt padded to whole blocks plus one token (reference semantics)."""
+    return max(
+        (max(r.num_prompt_tokens + max(1, r.num_output_tokens),
+             -(-r.num_prompt_tokens // block_size) * block_size + 1)
+         for r in workload.requests),
+        default=1,
+    )
 
 
 def build_manager(
@@ -154,10 +180,7 @@ def build_manager(
         raise InvalidArgumentError(
             f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
         )
-    max_len = max(
-        (r.num_prompt_tokens + max(1, r.num_output_tokens) for r in workload.requests),
-        default=1,
-    )
+    max_len = workload_max_len(workload, block_size)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128,
                              dtype_bytes=2)
     return KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len,
@@ -165,15 +188,26 @@ def build_manager(
 
 
 def make_request(
-    mgr: KVCacheManager, workload: Workload, index: int, block_size: int
+    mgr: KVCacheManager,
+    workload: Workload,
+    index: int,
+    block_size: int,
+    *,
+    num_tokens: int | None = None,
+    num_hashed_blocks: int | None = None,
 ) -> Request:
-    """The manager request for ``workload.requests[index]`` (hashes per workloads.py)."""
+    """The manager request for ``workload.requests[index]`` (hashes per workloads.py).
+    ``num_tokens`` / ``num_hashed_blocks``: placeholder prompt length and hashed blocks
+    other than the prompt's (reference semantics, :mod:`pagedkv.sim.semantics`)."""
     r = workload.requests[index]
     hashes = request_block_hashes(
-        r, block_size, source_block_size=workload.source_block_size, index=index
+        r, block_size, source_block_size=workload.source_block_size, index=index,
+        num_blocks=num_hashed_blocks,
     )
-    tokens = r.prompt_token_ids if r.prompt_token_ids is not None else [0] * r.num_prompt_tokens
-    return mgr.new_request(r.request_id, tokens, block_hashes=hashes)
+    if r.prompt_token_ids is not None:
+        return mgr.new_request(r.request_id, r.prompt_token_ids, block_hashes=hashes)
+    n = r.num_prompt_tokens if num_tokens is None else num_tokens
+    return mgr.new_request(r.request_id, [0] * n, block_hashes=hashes)
 
 
 class _Live:

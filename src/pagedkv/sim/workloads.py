@@ -146,15 +146,22 @@ def check_block_size(block_size: int, source_block_size: int | None) -> None:
 
 
 def request_block_hashes(
-    request: SimRequest, block_size: int, *, source_block_size: int | None, index: int = 0
+    request: SimRequest,
+    block_size: int,
+    *,
+    source_block_size: int | None,
+    index: int = 0,
+    num_blocks: int | None = None,
 ) -> list[bytes] | None:
     """The block hashes of ``request``'s full prompt blocks at ``block_size`` (module
     docstring), or None when the manager should hash its token ids itself.
 
     ``index`` (the request's position in its workload) keys the unique hashes of
-    length-only requests. Pure; O(prompt blocks).
+    length-only requests. ``num_blocks``: hash this many blocks instead of the full ones
+    (reference semantics also hashes the partial last block; at most ``ceil(n / b)`` with
+    ``b`` dividing the source block size). Pure; O(prompt blocks).
     """
-    num_full = request.num_prompt_tokens // block_size
+    num_full = request.num_prompt_tokens // block_size if num_blocks is None else num_blocks
     ids = request.hash_ids
     if ids is None:
         if request.prompt_token_ids is not None:
