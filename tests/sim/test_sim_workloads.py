@@ -16,7 +16,6 @@ from pagedkv.sim.pure_cache import unlimited_num_blocks
 from pagedkv.sim.workloads import bundled_trace_path
 
 
-
 def _unlimited_hits(wl: Workload, block_size: int) -> list[int]:
     seq = access_sequence(wl, block_size)
     res = run_pure_cache(wl, block_size=block_size, num_blocks=unlimited_num_blocks(seq))

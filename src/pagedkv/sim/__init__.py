@@ -16,13 +16,13 @@ Pieces, each usable on its own (all built on the public :mod:`pagedkv` API only)
 """
 
 from pagedkv.sim.bounds import BoundResult, belady_hits, infinite_cache_hits
+from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.generators import agent_loops, multi_turn, system_prompts
 from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.pure_cache import PureCacheResult, run_pure_cache
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.scheduler import (
     EngineResult,
-    EngineSimulator,
     SchedulerConfig,
     StepTimeModel,
 )

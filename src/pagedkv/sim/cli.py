@@ -16,12 +16,12 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.sim import EngineSimulator, SchedulerConfig, StepTimeModel
 from pagedkv.sim.bounds import access_sequence, belady_hits, infinite_cache_hits
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.pure_cache import capacity_sweep, run_pure_cache
 from pagedkv.sim.report import ProgressReporter, print_report, summarize, write_plots
-from pagedkv.sim.scheduler import EngineSimulator, SchedulerConfig, StepTimeModel
 from pagedkv.sim.workloads import Workload, bundled_trace_path, check_block_size
 
 __all__ = ["add_parser", "run"]
