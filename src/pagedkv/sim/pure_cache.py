@@ -22,8 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pagedkv import InvalidArgumentError
-from pagedkv.sim.bounds import AccessSequence, access_sequence, belady_hits, infinite_cache_hits
+from pagedkv import InvalidArgumentError, KVCacheManager
+from pagedkv.sim.bounds import (
+    AccessSequence,
+    BoundResult,
+    access_sequence,
+    belady_hits,
+    infinite_cache_hits,
+)
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.scheduler import ManagerFactory, build_manager, make_request
 from pagedkv.sim.semantics import Semantics, get_semantics
@@ -68,7 +74,7 @@ def run_pure_cache(
     mgr = factory(workload, block_size=block_size, num_blocks=num_blocks, kv_events=None)
     reqs = workload.requests
     n = len(reqs)
-    max_tokens = (num_blocks - 1) * block_size
+    max_tokens = _max_tokens(mgr, num_blocks - 1)
     res = SimResult(
         mode="pure-cache", workload=workload.name, block_size=block_size,
         num_blocks=num_blocks, query_tokens=[r.num_prompt_tokens for r in reqs],
@@ -95,6 +101,23 @@ def run_pure_cache(
     res.evicted_blocks = mgr.num_evicted_blocks
     res.wall_s = time.perf_counter() - wall0
     return res
+
+
+def _max_tokens(mgr: KVCacheManager, capacity_blocks: int) -> int:
+    """The longest prompt the manager's groups can hold at once in ``capacity_blocks``."""
+    groups = mgr.config.groups
+
+    def need(tokens: int) -> int:
+        return sum(g.max_admission_blocks(tokens) for g in groups)
+
+    lo, hi = 0, capacity_blocks * max(g.block_size for g in groups)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= capacity_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,40 +151,59 @@ def capacity_sweep(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     warmup_fraction: float = 0.5,
+    semantics: str = "vllm",
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepRow]:
     """Pure-cache hit rates at each capacity in tokens (None = unlimited; a capacity holds
-    ``floor(tokens / block_size)`` blocks). "After warm-up" counts only requests from
-    ``floor(n * warmup_fraction)`` on, the cache having served the earlier ones.
+    ``floor(tokens / block_size)`` blocks), one point after the other
+    (:func:`pagedkv.sim.parallel.sweep_rows` runs them in parallel). "After warm-up"
+    counts only requests from ``floor(n * warmup_fraction)`` on.
 
     Raises:
         InvalidArgumentError: a block size the workload cannot be replayed at, or a
             capacity below one block.
     """
-    seq = access_sequence(workload, block_size)
+    seq = access_sequence(workload, block_size, semantics=semantics)
     inf = infinite_cache_hits(seq)
-    start = int(len(workload.requests) * warmup_fraction)
     rows: list[SweepRow] = []
     for step, cap in enumerate(capacities_tokens):
         if progress is not None:
             progress(step, len(capacities_tokens))
-        if cap is None:
-            num_blocks = unlimited_num_blocks(seq)
-        else:
-            if cap < block_size:
-                raise InvalidArgumentError(
-                    f"capacity {cap} tokens is less than one block of {block_size} tokens"
-                )
-            num_blocks = cap // block_size + 1
-        lru = run_pure_cache(workload, block_size=block_size, num_blocks=num_blocks)
-        bel = inf if cap is None else belady_hits(seq, num_blocks - 1)
-        rows.append(SweepRow(
-            capacity_tokens=cap, num_blocks=num_blocks,
-            lru=lru.hit_rate(), lru_after_warmup=lru.hit_rate(start),
-            belady=bel.hit_rate(), belady_after_warmup=bel.hit_rate(start),
-            infinite=inf.hit_rate(), infinite_after_warmup=inf.hit_rate(start),
-            evicted_blocks=lru.evicted_blocks,
-        ))
+        rows.append(sweep_point(workload, seq, inf, cap, warmup_fraction=warmup_fraction,
+                                semantics=semantics))
     if progress is not None:
         progress(len(capacities_tokens), len(capacities_tokens))
     return rows
+
+
+def sweep_point(
+    workload: Workload,
+    seq: AccessSequence,
+    infinite: BoundResult,
+    capacity_tokens: int | None,
+    *,
+    warmup_fraction: float,
+    semantics: str,
+) -> SweepRow:
+    """One capacity of a sweep: LRU (a pure-cache replay), Belady and infinite."""
+    block_size = seq.block_size
+    start = int(len(workload.requests) * warmup_fraction)
+    if capacity_tokens is None:
+        num_blocks = unlimited_num_blocks(seq)
+    else:
+        if capacity_tokens < block_size:
+            raise InvalidArgumentError(
+                f"capacity {capacity_tokens} tokens is less than one block of {block_size} "
+                "tokens")
+        num_blocks = capacity_tokens // block_size + 1
+    lru = run_pure_cache(workload, block_size=block_size, num_blocks=num_blocks,
+                         semantics=semantics)
+    bel = infinite if capacity_tokens is None else belady_hits(seq, num_blocks - 1)
+    inf = infinite
+    return SweepRow(
+        capacity_tokens=capacity_tokens, num_blocks=num_blocks,
+        lru=lru.hit_rate(), lru_after_warmup=lru.hit_rate(start),
+        belady=bel.hit_rate(), belady_after_warmup=bel.hit_rate(start),
+        infinite=inf.hit_rate(), infinite_after_warmup=inf.hit_rate(start),
+        evicted_blocks=lru.evicted_blocks,
+    )
