@@ -38,12 +38,13 @@ def read_head(path: Path, size: int = 4096) -> str:
         InputFileError: the file cannot be opened, is a directory, is not gzip although
             named ``.gz``, or is binary / not UTF-8.
     """
-    raw = _read_raw_head(path, size)
+    raw, _ = _read_raw_head(path, size)
     _check_text(path, raw)
     return raw.decode("utf-8", errors="ignore")
 
 
-def _read_raw_head(path: Path, size: int) -> bytes:
+def _read_raw_head(path: Path, size: int) -> tuple[bytes, bool]:
+    """(first ``size`` bytes, decompressed when gzip; whether it is gzip)."""
     name = str(path)
     try:
         with open(path, "rb") as f:
@@ -56,13 +57,13 @@ def _read_raw_head(path: Path, size: int) -> bytes:
     if raw[:2] == _GZIP_MAGIC:
         try:
             with gzip.open(path, "rb") as g:
-                return g.read(size)
+                return g.read(size), True
         except (OSError, EOFError, zlib.error) as exc:
             raise InputFileError(name, f"a corrupt gzip file ({exc})") from None
     if path.suffix == ".gz":
         raise InputFileError(name, "named .gz but not gzip-compressed (no gzip header); "
                              "rename it or compress it")
-    return raw
+    return raw, False
 
 
 def open_text(path: Path) -> io.TextIOBase:
@@ -71,10 +72,10 @@ def open_text(path: Path) -> io.TextIOBase:
     Raises:
         InputFileError: as :func:`read_head`.
     """
-    raw = _read_raw_head(path, 4096)
+    raw, is_gzip = _read_raw_head(path, 4096)
     _check_text(path, raw)
     try:
-        if raw[:2] == _GZIP_MAGIC or (path.suffix == ".gz" and not raw):
+        if is_gzip:
             return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
         return open(path, encoding="utf-8")
     except OSError as exc:
