@@ -162,7 +162,7 @@ def test_gzip_and_format_detection(tmp_path: Path, sessions: list[Path]) -> None
         load_trace(fake)
     odd = tmp_path / "trace.dat"
     odd.write_text("hello world\n")
-    with pytest.raises(InputFileError, match="expected one of .*kv-cache-tester"):
+    with pytest.raises(InputFileError, match=r"expected one of .*kv-cache-tester"):
         load_trace(odd)
     # content wins over the name: a session saved as .jsonl is still a session
     renamed = tmp_path / "s.jsonl"

@@ -5,9 +5,9 @@
 
 **Verdict** (engine mode), from the run's own evidence:
 
-* ``saturated`` — requests queue for seconds or are preempted: TTFT p99 above
-  :data:`SATURATED_TTFT_S`, or any preemption, or a waiting queue at the end of the
-  arrivals. It says whether the KV cache is the limit (usage at its maximum, preemptions:
+* ``saturated`` — requests queue or are preempted: queue delay p99 above
+  :data:`SATURATED_QUEUE_S`, or any preemption. (A long TTFT without queueing is the
+  prefill of long prompts, not saturation; the evidence shows it.) It says whether the KV cache is the limit (usage at its maximum, preemptions:
   more KV memory helps) or compute (the cache has room while requests wait: more
   replicas or faster steps help).
 * ``idle`` — KV usage never above :data:`IDLE_USAGE` and nobody waits: a smaller GPU or
@@ -26,7 +26,7 @@ from pagedkv.sim.results import SimResult, percentile
 
 __all__ = [
     "IDLE_USAGE",
-    "SATURATED_TTFT_S",
+    "SATURATED_QUEUE_S",
     "CapacityInfo",
     "EngineStats",
     "HitWindow",
@@ -38,8 +38,8 @@ __all__ = [
     "judge",
 ]
 
-#: TTFT p99 above this (seconds) counts as saturated.
-SATURATED_TTFT_S = 2.0
+#: Queue delay p99 above this (seconds) counts as saturated.
+SATURATED_QUEUE_S = 1.0
 #: KV usage never above this counts as idle.
 IDLE_USAGE = 0.3
 
@@ -197,15 +197,16 @@ def _engine_stats(res: SimResult) -> EngineStats:
 
 def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:
     """The verdict on an engine run (module docstring)."""
-    ttft99 = engine.ttft.p99 or 0.0
+    queue99 = engine.queue_delay.p99 or 0.0
     usage_max = engine.usage_max or 0.0
     usage_mean = engine.usage_mean or 0.0
     figures = (f"KV usage mean {100 * usage_mean:.0f} % / max {100 * usage_max:.0f} %, "
-               f"{preemptions:,} preemptions, TTFT p50 {_s(engine.ttft.p50)} / p99 "
-               f"{_s(engine.ttft.p99)}, up to {engine.max_waiting:,} waiting")
+               f"{preemptions:,} preemptions, queue delay p99 {_s(engine.queue_delay.p99)}, "
+               f"TTFT p50 {_s(engine.ttft.p50)} / p99 {_s(engine.ttft.p99)}, up to "
+               f"{engine.max_waiting:,} waiting")
     if rejected:
         figures += f", {rejected:,} rejected (longer than the whole cache)"
-    if ttft99 > SATURATED_TTFT_S or preemptions:
+    if queue99 > SATURATED_QUEUE_S or preemptions:
         kv_bound = preemptions > 0 or usage_max >= 0.98
         if kv_bound:
             advice = ("The KV cache is the limit: give it more memory (a bigger GPU, "

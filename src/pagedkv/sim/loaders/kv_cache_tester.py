@@ -64,6 +64,11 @@ def parse_session(
     doc: object, *, name: str, skip_bad_lines: bool = False, limit: int | None = None
 ) -> Workload:
     """The workload of a parsed session document ``doc`` (errors name ``name``)."""
+    if isinstance(doc, list):
+        raise InputFileError(
+            name, "a JSON array; expected a kv-cache-tester session (one JSON object with a "
+            "'requests' list) or Mooncake JSON lines (one object per line, no enclosing "
+            "array: try converting it with `jq -c '.[]'`)")
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise InputFileError(
             name, "expected a kv-cache-tester session: a JSON object with a 'requests' list",

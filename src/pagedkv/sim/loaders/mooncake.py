@@ -115,7 +115,7 @@ def _line(path: str, line: int, text: str, n: int, source_bs: int) -> SimRequest
 
 def _sniff(head: str) -> bool:
     first = head.lstrip().split("\n", 1)[0]
-    return first.startswith("{") and '"timestamp"' in first and '"hash_ids"' in first
+    return first.startswith("{") and first.rstrip().endswith("}") and '"timestamp"' in first
 
 
 register_format(TraceFormat(
