@@ -7,7 +7,8 @@
 
 * ``saturated`` — requests queue or are preempted: queue delay p99 above
   :data:`SATURATED_QUEUE_S`, or any preemption. (A long TTFT without queueing is the
-  prefill of long prompts, not saturation; the evidence shows it.) It says whether the KV cache is the limit (usage at its maximum, preemptions:
+  prefill of long prompts, not saturation; the evidence shows it.) It says whether the
+  KV cache is the limit (usage at its maximum, preemptions:
   more KV memory helps) or compute (the cache has room while requests wait: more
   replicas or faster steps help).
 * ``idle`` — KV usage never above :data:`IDLE_USAGE` and nobody waits: a smaller GPU or
