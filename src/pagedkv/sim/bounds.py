@@ -41,6 +41,7 @@ manager would hash them (SHA-256 over their tokens) and numbered by digest.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,18 +65,20 @@ class AccessSequence:
     """The flattened pure-cache access sequence of a workload at one block size.
 
     Request ``i`` accesses ``items[starts[i]:starts[i+1]]`` (its stored blocks in order);
-    the first ``num_queried[i]`` of them are counted.
+    the first ``num_queried[i]`` of them are counted. Block identities are dense:
+    ``0 <= item < num_ids`` (so per-block state fits flat arrays, 8 bytes a block).
     """
 
     block_size: int
-    items: list[int]
+    items: array[int]
     starts: list[int]
     num_queried: list[int]
     query_tokens: list[int]
     #: Tokens a hit on request ``i``'s last queried block credits (``block_size`` unless
     #: reference semantics makes it a partial block); None = all ``block_size``.
     tail_tokens: list[int] | None = None
-    _next_use: list[int] | None = None
+    num_ids: int = 0
+    _next_use: array[int] | None = None
 
     def credit(self, i: int, num_hit_blocks: int, last_hit: bool) -> int:
         """Tokens credited to request ``i`` for ``num_hit_blocks`` hit blocks, of which
@@ -89,7 +92,7 @@ class AccessSequence:
     def num_requests(self) -> int:
         return len(self.num_queried)
 
-    def next_use(self) -> list[int]:
+    def next_use(self) -> array[int]:
         """Per access, the position of the item's next access if that one is counted,
         else a sentinel larger than any position. Cached; O(accesses)."""
         if self._next_use is None:
@@ -97,13 +100,12 @@ class AccessSequence:
             counted = bytearray(len(items))
             for i, start in enumerate(self.starts[:-1]):
                 counted[start : start + self.num_queried[i]] = b"\x01" * self.num_queried[i]
-            nxt = [_NEVER] * len(items)
-            last: dict[int, int] = {}
-            get = last.get
+            nxt = array("q", [_NEVER]) * len(items)
+            last = array("q", [-1]) * self.num_ids
             for p in range(len(items) - 1, -1, -1):
                 x = items[p]
-                j = get(x)
-                if j is not None and counted[j]:
+                j = last[x]
+                if j >= 0 and counted[j]:
                     nxt[p] = j
                 last[x] = p
             self._next_use = nxt
@@ -150,7 +152,7 @@ def access_sequence(
     chain: dict[tuple[int, int], int] = {}
     digests: dict[bytes, int] = {}
     hasher: BlockHasher | None = None
-    items: list[int] = []
+    items = array("q")
     starts = [0]
     num_queried: list[int] = []
     for index in order:
@@ -200,8 +202,14 @@ def access_sequence(
                     v = digests[h] = -1 - len(digests)
                 items.append(v)
         starts.append(len(items))
+    chain_ids = len(chain) * (src // block_size if src and block_size < src else 1)
+    if digests:  # digest identities were numbered -1, -2, ...: move them past the chain's
+        for p, x in enumerate(items):
+            if x < 0:
+                items[p] = chain_ids - 1 - x
     return AccessSequence(
         block_size=block_size, items=items, starts=starts, num_queried=num_queried,
+        num_ids=chain_ids + len(digests),
         query_tokens=[workload.requests[i].num_prompt_tokens for i in order],
         tail_tokens=tails,
     )
@@ -209,17 +217,18 @@ def access_sequence(
 
 def infinite_cache_hits(seq: AccessSequence) -> BoundResult:
     """Hit tokens per request with a cache that never evicts. O(accesses)."""
-    seen: set[int] = set()
+    seen = bytearray(seq.num_ids)
     items = seq.items
     starts = seq.starts
     out: list[int] = []
     for i, q in enumerate(seq.num_queried):
         a = starts[i]
         h = 0
-        while h < q and items[a + h] in seen:
+        while h < q and seen[items[a + h]]:
             h += 1
         out.append(seq.credit(i, h, h == q and h > 0))
-        seen.update(items[a : starts[i + 1]])
+        for p in range(a, starts[i + 1]):
+            seen[items[p]] = 1
     return BoundResult(capacity_blocks=None, hit_tokens=out, query_tokens=seq.query_tokens)
 
 

@@ -68,6 +68,7 @@ from pagedkv.sim.scheduler import (
     Progress,
     SchedulerConfig,
     build_manager,
+    decode_block_key,
     make_request,
 )
 from pagedkv.sim.workloads import SimRequest, Workload
@@ -85,13 +86,16 @@ class _Live:
     """
 
     __slots__ = (
-        "blocked_at", "computed", "first_scheduled", "generated", "index", "num_tokens",
+        "blocked_at", "computed", "first_scheduled", "generated", "index", "key_block_size",
+        "num_tokens",
         "outputs", "pushed", "req", "target",
     )
 
-    def __init__(self, index: int, req: Request, sim: SimRequest) -> None:
+    def __init__(self, index: int, req: Request, sim: SimRequest, block_size: int) -> None:
         self.index = index
         self.req = req
+        #: placeholder tokens: block keys are appended here, not hashed by a hasher
+        self.key_block_size = block_size if sim.prompt_token_ids is None else 0
         self.target = max(1, sim.num_output_tokens)
         self.generated = 0
         self.pushed = 0
@@ -110,6 +114,11 @@ class _Live:
             outs = self.outputs
             if outs is None:
                 req.append_output_tokens([self.index + 1] * (b - a))  # unique per request
+                kbs = self.key_block_size
+                if kbs:
+                    hashes = req.block_hashes
+                    for k in range(len(hashes), req.num_tokens // kbs):
+                        hashes.append(decode_block_key(self.index, k))
             else:
                 req.append_output_tokens(
                     [outs[k] if k < len(outs) else self.index + 1 for k in range(a, b)]
@@ -279,7 +288,7 @@ class EngineSimulator:
             else:
                 self.waiting.append(
                     _Live(i, make_request(self.manager, self.workload, i, self.block_size),
-                          reqs[i]))
+                          reqs[i], self.block_size))
 
     def _blocks_needed(self, r: SimRequest) -> int:
         total = r.num_prompt_tokens + max(1, r.num_output_tokens) - 1

@@ -142,7 +142,10 @@ def unlimited_num_blocks(seq: AccessSequence) -> int:
     largest = max(
         (seq.starts[i + 1] - seq.starts[i] for i in range(seq.num_requests)), default=0
     )
-    return len(set(seq.items)) + largest + 2
+    seen = bytearray(seq.num_ids)
+    for x in seq.items:
+        seen[x] = 1
+    return sum(seen) + largest + 2
 
 
 def capacity_sweep(

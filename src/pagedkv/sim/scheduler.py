@@ -169,4 +169,12 @@ def make_request(
     if r.prompt_token_ids is not None:
         return mgr.new_request(r.request_id, r.prompt_token_ids, block_hashes=hashes)
     n = r.num_prompt_tokens if num_tokens is None else num_tokens
-    return mgr.new_request(r.request_id, [0] * n, block_hashes=hashes)
+    # Placeholder tokens: no hasher; the engine appends a unique key per block that fills
+    # while decoding (decode_block_key), which is what hashing unique tokens would give.
+    return Request(r.request_id, [0] * n, block_hashes=hashes)
+
+
+def decode_block_key(index: int, block: int) -> bytes:
+    """The block hash of block ``block`` of placeholder request ``index`` past its supplied
+    hashes: unique to the request (never shared), and cheaper than hashing its tokens."""
+    return b"\x00sim-decode" + index.to_bytes(8, "little") + block.to_bytes(4, "little")
