@@ -6,7 +6,7 @@ Everything ``pagedkv simulate`` computes lives here; the CLI parses, calls and r
 >>> report = run(system_prompts(num_groups=2, questions_per_group=4),
 ...              SimConfig(num_blocks=2000, jobs=1))
 >>> round(report.hit_rate, 4) == round(report.ideal_hit_rate, 4), report.verdict.state
-(True, 'idle')
+(True, 'healthy')
 """
 
 from __future__ import annotations
