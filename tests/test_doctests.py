@@ -8,6 +8,20 @@ import importlib
 import pytest
 
 MODULES = [
+    "pagedkv.cbor",
+    "pagedkv.config",
+    "pagedkv.coordinator",
+    "pagedkv.hashing",
+    "pagedkv.manager",
+    "pagedkv.managers.base",
+    "pagedkv.managers.chunked_local",
+    "pagedkv.managers.cross_attention",
+    "pagedkv.managers.full",
+    "pagedkv.managers.mamba",
+    "pagedkv.managers.sliding_window",
+    "pagedkv.metrics",
+    "pagedkv.request",
+    "pagedkv.specs",
     "pagedkv.planner",
     "pagedkv.planner.units",
     "pagedkv.events.config",

@@ -3,6 +3,7 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
+from pagedkv.config import CacheConfig
 from pagedkv.errors import (
     ConfigError,
     InputFileError,
@@ -15,10 +16,10 @@ from pagedkv.errors import (
     UnsupportedModelError,
 )
 from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from pagedkv.hashing import BlockHasher, LoRA, MultiModalItem
-from pagedkv.manager import CacheConfig, ComputedBlocks, KVCacheManager, RequestLike
+from pagedkv.hashing import BlockHasher, HashExtras, LoRA, MultiModalItem
+from pagedkv.manager import ComputedBlocks, KVCacheManager
 from pagedkv.metrics import PrefixCacheStats
-from pagedkv.request import Request
+from pagedkv.request import Request, RequestLike
 from pagedkv.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -43,6 +44,7 @@ __all__ = [
     "ConfigError",
     "CrossAttentionSpec",
     "FullAttentionSpec",
+    "HashExtras",
     "InputFileError",
     "InsufficientMemoryError",
     "InvalidArgumentError",

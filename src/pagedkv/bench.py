@@ -13,7 +13,9 @@ Workloads (all deterministic from ``--seed``):
 * ``heavy-eviction``: 8 system prompts, 80 % of requests use one, a pool of 1,500 blocks;
 * ``no-sharing``: random prompts only (pure allocation cost).
 
-The numbers are for comparing configurations on one machine in one run, not absolute.
+A request that does not fit even into an empty pool is skipped and counted
+(``rejected_requests``); a run in which no request fits is an error, not a figure. The
+numbers are for comparing configurations on one machine in one run, not absolute.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.manager import KVCacheManager
 from pagedkv.request import Request
 from pagedkv.specs import FullAttentionSpec
@@ -36,6 +39,8 @@ __all__ = ["BenchConfig", "add_parser", "build_workload", "run_bench"]
 WORKLOADS = ("shared-prefix", "heavy-eviction", "no-sharing")
 OPS = ("hash_prompt", "lookup", "allocate_prefill", "append_token", "allocate_decode", "free")
 CORE_OPS = ("lookup", "allocate_prefill", "allocate_decode", "free")
+# A pool of this many blocks takes about 1 GiB of bookkeeping; more is a typo, not a benchmark.
+_MAX_BENCH_BLOCKS = 10_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +53,21 @@ class BenchConfig:
     hash_algo: str = "sha256_cbor"
     enable_events: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise InvalidArgumentError(
+                f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        for name in ("num_requests", "block_size", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_blocks is not None and (
+                isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
+                or not 2 <= self.num_blocks <= _MAX_BENCH_BLOCKS):
+            raise InvalidArgumentError(
+                f"num_blocks must be between 2 and {_MAX_BENCH_BLOCKS:,} (block 0 is the null "
+                f"block), got {self.num_blocks!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +86,8 @@ def build_workload(cfg: BenchConfig) -> tuple[list[_Spec], int]:
         num_prompts, shared_fraction, num_blocks = 8, 0.8, 1500
     elif cfg.workload == "no-sharing":
         num_prompts, shared_fraction, num_blocks = 1, 0.0, 10_000
-    else:
-        raise ValueError(f"unknown workload {cfg.workload!r}; choose one of {WORKLOADS}")
+    else:  # BenchConfig checked the name
+        raise AssertionError(cfg.workload)
     prompts = [[rng.randrange(vocab) for _ in range(1024)] for _ in range(num_prompts)]
     specs = []
     for i in range(cfg.num_requests):
@@ -111,7 +131,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     step_ns: list[int] = []
     pending = deque(specs)
     running: list[list[Any]] = []
-    hit_tokens = prompt_tokens = steps = preempted = 0
+    hit_tokens = prompt_tokens = steps = preempted = rejected = 0
     hasher = mgr.hasher
     wall0 = time.perf_counter()
     def timed(op: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,7 +153,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             if new is None:
                 if running:
                     break
-                pending.popleft()
+                pending.popleft()  # does not fit even into the emptiest pool this run has
+                rejected += 1
                 continue
             pending.popleft()
             req.num_computed_tokens = req.num_tokens
@@ -160,6 +181,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             mgr.take_events()
         step_ns.append(perf() - step0)
     wall_s = time.perf_counter() - wall0
+    if rejected == len(specs):
+        raise ConfigError(
+            f"no request fits into {num_blocks:,} blocks of {cfg.block_size} tokens (the "
+            f"largest prompt needs {-(-max(len(s.prompt) for s in specs) // cfg.block_size):,} "
+            "blocks plus the null block); raise --num-blocks")
 
     core_n = sum(len(times[k]) for k in CORE_OPS)
     core_ns = sum(sum(times[k]) for k in CORE_OPS)
@@ -180,6 +206,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "steps": steps,
         "hit_rate": round(hit_tokens / prompt_tokens, 6) if prompt_tokens else 0.0,
         "failed_decodes": preempted,
+        "rejected_requests": rejected,
         "pool_build_s": round(build_s, 4),
         "pool_bytes_per_block": round(pool_bytes / num_blocks, 1),
         "wall_s": round(wall_s, 3),
@@ -194,6 +221,9 @@ def _print_table(r: dict[str, Any]) -> None:
     print(f"  core+hash ops/s      {r['core_plus_hash_ops_per_s']:>12,.0f}")
     print(f"  manager time/step    {r['manager_us_per_step']:>12,.1f} us over {r['steps']} steps")
     print(f"  hit rate             {r['hit_rate']:>12.4f}")
+    if r["rejected_requests"]:
+        print(f"  rejected requests    {r['rejected_requests']:>12,}   (did not fit the pool; "
+              "not timed beyond the refused call)")
     print(f"  pool build           {r['pool_build_s'] * 1e3:>12.2f} ms, "
           f"{r['pool_bytes_per_block']:.1f} bytes/block")
     print(f"  {'operation':<18} {'count':>8} {'mean us':>9} {'p50 us':>9} {'p99 us':>9}")
@@ -203,19 +233,43 @@ def _print_table(r: dict[str, Any]) -> None:
                   f"{o['p99_us']:>9.2f}")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "bench", help="measure the manager's speed on a standard workload",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix")
-    p.add_argument("--num-requests", type=int, default=2000)
-    p.add_argument("--num-blocks", type=int, default=None,
-                   help="default: 10,000 (1,500 for heavy-eviction)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--hash-algo", choices=("sha256_cbor", "xxhash_cbor"), default="sha256_cbor")
+        description="Replay a deterministic workload through a continuous-batching loop on a "
+        "fresh manager and report operations per second, per-operation latency percentiles "
+        "and pool memory. Compare figures within one run on one machine only.",
+        epilog="workloads: shared-prefix (one 1,024-token system prompt + 16-512 random "
+        "tokens, the side-by-side harness's default), heavy-eviction (8 system prompts, "
+        "1,500 blocks), no-sharing (random prompts only)")
+    p.add_argument("--workload", choices=WORKLOADS, default="shared-prefix",
+                   help="which workload to replay (default: %(default)s)")
+    p.add_argument("--num-requests", type=_positive_int, default=2000,
+                   help="requests in the workload (default: %(default)s)")
+    p.add_argument("--num-blocks", type=_positive_int, default=None,
+                   help="pool size in blocks, null block included "
+                        "(default: 10,000; 1,500 for heavy-eviction)")
+    p.add_argument("--block-size", type=_positive_int, default=16,
+                   help="tokens per block (default: %(default)s)")
+    p.add_argument("--concurrency", type=_positive_int, default=32,
+                   help="requests running at once (default: %(default)s)")
+    p.add_argument("--hash-algo", choices=("sha256_cbor", "xxhash_cbor"), default="sha256_cbor",
+                   help="block hash function (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="workload random seed (default: %(default)s)")
     p.add_argument("--events", action="store_true", help="buffer KV events, drain each step")
-    p.add_argument("--repeat", type=int, default=1, help="runs; the median core ops/s is shown")
+    p.add_argument("--repeat", type=_positive_int, default=1,
+                   help="runs on fresh managers; the median core ops/s is shown")
     p.add_argument("--smoke", action="store_true", help="a tiny run (200 requests) for CI")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run)
@@ -230,8 +284,9 @@ def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         hash_algo=args.hash_algo,
         enable_events=args.events,
+        seed=args.seed,
     )
-    results = [run_bench(cfg) for _ in range(max(1, args.repeat))]
+    results = [run_bench(cfg) for _ in range(args.repeat)]
     results.sort(key=lambda r: r["core_ops_per_s"])
     report = results[len(results) // 2]
     if len(results) > 1:

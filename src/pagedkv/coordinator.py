@@ -1,63 +1,239 @@
-"""Coordinators: how the groups of one model agree on a prefix-cache hit.
+"""Coordinators: the groups of one model as one unit — how they agree on a prefix-cache
+hit, and the per-group loops of allocating, registering and freeing a request's blocks.
 
-* :class:`NoPrefixCacheCoordinator` — caching off: every lookup misses.
-* :class:`UnitaryCoordinator` — one group: that group's longest hit.
+* :class:`NoPrefixCacheCoordinator` — caching off: no lookup, nothing registered.
+* :class:`UnitaryCoordinator` — one group: that group's longest hit; no loops.
 * :class:`HybridCoordinator` — several groups: a hit must be valid for *every* group.
   Full-attention groups go first (their hit is a plain prefix); every other group then
   verifies and possibly shortens it; this repeats until the length stops changing (a fixed
   point). Lengths are kept multiples of the least common multiple of the block sizes so
   every group's hit ends on one of its block boundaries.
 
-A coordinator only decides lookups; it never changes state.
+The façade (:class:`pagedkv.KVCacheManager`) validates calls, does the token arithmetic
+and keeps statistics; the coordinator does everything that touches groups and the pool.
+Lookups never change state; :meth:`Coordinator.allocate` changes state only when it
+succeeds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.full import FullAttentionManager
+from pagedkv.pool import BlockPool
+from pagedkv.request import RequestLike
 from pagedkv.specs import lcm_block_size
 
 __all__ = ["Coordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "UnitaryCoordinator"]
 
+#: Per-group block ids, one list per group.
+BlockTables = tuple[list[int], ...]
+
 
 class Coordinator:
-    """Finds the longest prefix-cache hit across a model's groups (no state change)."""
+    """The groups of one model, sharing ``pool``. Subclasses decide lookups.
 
-    def __init__(self, managers: Sequence[SingleTypeManager]) -> None:
+    >>> from pagedkv.managers import FullAttentionManager
+    >>> from pagedkv.specs import FullAttentionSpec
+    >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    >>> pool = BlockPool(8, hash_block_size=4)
+    >>> coord = NoPrefixCacheCoordinator([FullAttentionManager(spec, pool, 0)], pool)
+    >>> coord.allocate("r", None, 0, 0, 10, 0)      # 10 tokens -> 3 blocks
+    ([1, 2, 3],)
+    >>> coord.allocate("r", None, 10, 10, 30, 0) is None   # 8 blocks needed, 4 free
+    True
+    >>> coord.free("r"); pool.free_queue.num_free
+    7
+    """
+
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
         self.managers = list(managers)
+        self.pool = pool
+        self._droppers = [m for m in self.managers if m.drops_blocks]
+        self._cacheable = [m for m in self.managers if m.cacheable]
+        self._no_hit: BlockTables = tuple([] for _ in self.managers)
+
+    # ----------------------------------------------------------------- lookup
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
-    ) -> tuple[tuple[list[int], ...], int]:
-        """Per-group hit block ids and the hit length in tokens (``<= max_length``)."""
+    ) -> tuple[BlockTables, int] | None:
+        """Per-group hit block ids and the hit length in tokens (``<= max_length``), or
+        ``None`` when this coordinator makes no lookups (caching off). No state change."""
         raise NotImplementedError
+
+    # ----------------------------------------------------------------- requests
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request holds a block table (it was allocated and not freed). O(1)."""
+        return request_id in self.managers[0].req_to_blocks
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> BlockTables | None:
+        """Give the request slots for ``num_tokens`` tokens in every group.
+
+        ``hit``: the hit blocks a new request adopts (from a lookup), else ``None``;
+        ``num_computed_tokens``: computed before this step (decides which blocks fell out
+        of windows); ``total_computed_tokens``: plus the hit and external tokens.
+
+        Order: check capacity for every group at once (counting the blocks that fell out
+        of windows as freed), free those blocks, claim every group's hit blocks, then grow
+        every table. Claiming all hits before any group allocates means one group's
+        allocation can never evict another group's hit.
+
+        Returns:
+            The new block ids per group, or ``None`` (no state changed) when the pool is
+            short. O(blocks touched).
+        """
+        managers = self.managers
+        table_hit = hit if hit is not None else self._no_hit
+        num_needed = 0
+        num_freed = 0
+        slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
+        for g, m in enumerate(managers):
+            if m.drops_blocks:
+                num_freed += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
+            num_needed += m.get_num_blocks_to_allocate(
+                request_id, slots[g], table_hit[g], total_computed_tokens
+            )
+        pool = self.pool
+        if num_needed > pool.free_queue.num_free + num_freed:
+            return None
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if hit is not None:
+            # Claim every group's hit before any group allocates: an allocation takes
+            # blocks from the front of the free queue and would evict an unclaimed hit.
+            for g, m in enumerate(managers):
+                pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
+        new_blocks = []
+        for g, m in enumerate(managers):
+            m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
+            new_blocks.append(m.allocate_new_blocks(request_id, slots[g]))
+        return tuple(new_blocks)
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens``
+        tokens, in every group that caches. Precondition: the request holds blocks."""
+        rid = request.request_id
+        for m in self._cacheable:
+            m.cache_blocks(request, rid, num_tokens)
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks in every group, tail first; an unknown id is a
+        no-op. O(blocks held)."""
+        for m in self.managers:
+            m.free(request_id)
+
+    def block_ids(self, request_id: str) -> BlockTables:
+        """Copies of the request's block tables. Precondition: it holds blocks."""
+        return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
+
+    def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> list[int]:
+        """Per group, the leading blocks every running request shares (0 where the kind
+        has no cascade attention)."""
+        return [m.get_num_common_prefix_blocks(request_id, num_running_requests)
+                for m in self.managers]
+
+    # ----------------------------------------------------------------- checks
+
+    def iter_held_blocks(self) -> Iterator[int]:
+        """Every block id held by any table of any group, once per holding."""
+        for m in self.managers:
+            yield from m.iter_held_blocks()
+
+    def check_invariants(self) -> None:
+        """Each group's checks; every group tracks the same requests; every block's ref
+        count equals the number of tables holding it. O(num_blocks + held blocks)."""
+        pool = self.pool
+        counts = [0] * pool.num_blocks
+        tracked: set[str] | None = None
+        for m in self.managers:
+            m.check_invariants()
+            ids = set(m.req_to_blocks)
+            assert tracked is None or ids == tracked, "groups track different requests"
+            tracked = ids
+        for b in self.iter_held_blocks():
+            counts[b] += 1
+        for b in range(1, pool.num_blocks):
+            assert pool.ref_cnt[b] == counts[b], (
+                f"block {b}: ref count {pool.ref_cnt[b]}, held by {counts[b]} block tables"
+            )
 
 
 class NoPrefixCacheCoordinator(Coordinator):
-    """Caching off: always a miss."""
+    """Caching off: no lookup, no hit adopted, nothing registered."""
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
-    ) -> tuple[tuple[list[int], ...], int]:
-        return tuple([] for _ in self.managers), 0
+    ) -> tuple[BlockTables, int] | None:
+        return None
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> BlockTables | None:
+        return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
+                                num_tokens, num_encoder_tokens)
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        return
 
 
 class UnitaryCoordinator(Coordinator):
-    """One group: its own longest hit."""
+    """One group: its own longest hit, and the allocation without per-group loops."""
 
-    def __init__(self, managers: Sequence[SingleTypeManager]) -> None:
-        super().__init__(managers)
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
+        super().__init__(managers, pool)
         assert len(self.managers) == 1
         self._manager = self.managers[0]
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
-    ) -> tuple[tuple[list[int], ...], int]:
+    ) -> tuple[BlockTables, int] | None:
         m = self._manager
         blocks = m.find_longest_cache_hit(block_hashes, max_length)
         return (blocks,), len(blocks) * m.block_size
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> BlockTables | None:
+        """As :meth:`Coordinator.allocate`, for the one group."""
+        m = self._manager
+        slots = m.slots_needed(num_tokens, num_encoder_tokens)
+        table_hit = hit[0] if hit is not None else []
+        num_free = self.pool.free_queue.num_free
+        if m.drops_blocks:
+            num_free += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
+        if m.get_num_blocks_to_allocate(
+            request_id, slots, table_hit, total_computed_tokens
+        ) > num_free:
+            return None
+        if m.drops_blocks:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if hit is not None:
+            self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
+        m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
+        return (m.allocate_new_blocks(request_id, slots),)
 
 
 class HybridCoordinator(Coordinator):
@@ -93,8 +269,8 @@ class HybridCoordinator(Coordinator):
     lookup miss, without any lookup.
     """
 
-    def __init__(self, managers: Sequence[SingleTypeManager]) -> None:
-        super().__init__(managers)
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
+        super().__init__(managers, pool)
         self.lcm_block_size = lcm_block_size([m.spec for m in self.managers])
         self._full = [i for i, m in enumerate(self.managers)
                       if isinstance(m, FullAttentionManager)]
@@ -105,7 +281,7 @@ class HybridCoordinator(Coordinator):
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
-    ) -> tuple[tuple[list[int], ...], int]:
+    ) -> tuple[BlockTables, int] | None:
         """Per-group hit blocks and the common hit length (class docstring). Does not
         modify any state. Cost: one scan per full-attention group, plus one scan per other
         group and pass; passes are few (each one lowers the length by at least the lcm)."""

@@ -21,23 +21,24 @@ bytes)]``.
 from __future__ import annotations
 
 import hashlib
-import struct
-import sys
-from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
 from pagedkv.errors import InvalidArgumentError, require
 
 __all__ = [
     "HASH_ALGOS",
     "BlockHasher",
+    "HashExtras",
     "LoRA",
     "MultiModalItem",
     "canonical_cbor",
 ]
 
 HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
+_CHUNK_TOKENS = 1024
 _NONE_HASH_INPUT = "vllm-none-hash"
 
 
@@ -57,168 +58,57 @@ class MultiModalItem(NamedTuple):
     length: int
 
 
-# ---------------------------------------------------------------- canonical CBOR
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HashExtras:
+    """What makes equal tokens mean different things: a LoRA adapter, multimodal items,
+    a cache salt, prompt embeddings. Part of every block hash (as *extra keys*, module
+    docstring) and of every stored event. A request without any has ``None`` instead.
 
-
-def _head(major: int, value: int) -> bytes:
-    mt = major << 5
-    if value < 24:
-        return bytes((mt | value,))
-    if value < 0x100:
-        return bytes((mt | 24, value))
-    if value < 0x10000:
-        return struct.pack(">BH", mt | 25, value)
-    if value < 0x100000000:
-        return struct.pack(">BI", mt | 26, value)
-    if value < 0x10000000000000000:
-        return struct.pack(">BQ", mt | 27, value)
-    raise InvalidArgumentError(f"integer {value} is too large for CBOR encoding (max 2**64-1)")
-
-
-def _encode_float(value: float) -> bytes:
-    # Deterministic encoding: the shortest IEEE 754 form that represents the value exactly.
-    for fmt, lead in (("e", 0xF9), ("f", 0xFA)):
-        try:
-            packed = struct.pack(">" + fmt, value)
-        except OverflowError:
-            continue
-        if struct.unpack(">" + fmt, packed)[0] == value or value != value:
-            return bytes((lead,)) + packed
-    return b"\xfb" + struct.pack(">d", value)
-
-
-def _encode(obj: Any, out: list[bytes]) -> None:
-    if obj is None:
-        out.append(b"\xf6")
-    elif obj is True:
-        out.append(b"\xf5")
-    elif obj is False:
-        out.append(b"\xf4")
-    elif isinstance(obj, int):
-        out.append(_head(0, obj) if obj >= 0 else _head(1, -1 - obj))
-    elif isinstance(obj, (bytes, bytearray, memoryview)):
-        data = bytes(obj)
-        out.append(_head(2, len(data)))
-        out.append(data)
-    elif isinstance(obj, str):
-        data = obj.encode("utf-8")
-        out.append(_head(3, len(data)))
-        out.append(data)
-    elif isinstance(obj, (list, tuple)):
-        out.append(_head(4, len(obj)))
-        for item in obj:
-            _encode(item, out)
-    elif isinstance(obj, dict):
-        items = sorted((canonical_cbor(k), v) for k, v in obj.items())
-        out.append(_head(5, len(items)))
-        for key_bytes, value in items:
-            out.append(key_bytes)
-            _encode(value, out)
-    elif isinstance(obj, float):
-        out.append(_encode_float(obj))
-    else:
-        raise InvalidArgumentError(
-            f"cannot CBOR-encode a {type(obj).__name__} in a block hash input; "
-            "extra keys may hold None, bool, int, float, str, bytes, lists and dicts"
-        )
-
-
-def canonical_cbor(obj: Any) -> bytes:
-    """Canonical (deterministic) CBOR encoding of ``obj``.
-
-    Supports None, bool, int (-2**64 .. 2**64-1), float, str, bytes, list/tuple (arrays)
-    and dict (keys sorted by their encoding).
-
-    Raises:
-        InvalidArgumentError: an unsupported type or an out-of-range integer.
+    >>> extras = HashExtras(lora=LoRA("sql", 1), cache_salt="tenant-7")
+    >>> extras.block_keys(0, 4)
+    [['lora', 'sql'], ['cache_salt', 'tenant-7']]
+    >>> extras.block_keys(4, 8)
+    [['lora', 'sql']]
+    >>> HashExtras(mm_items=[MultiModalItem("img", 6, 4)]).block_keys(4, 8)
+    [['mm', 'img', 2]]
+    >>> HashExtras().is_empty
+    True
     """
-    out: list[bytes] = []
-    _encode(obj, out)
-    return b"".join(out)
 
+    lora: LoRA | None = None
+    mm_items: tuple[MultiModalItem, ...] = ()
+    cache_salt: str | None = None
+    prompt_embeds: tuple[bytes, ...] | None = None
 
-# Token ids outside 256..65535 (and blocks with extra keys) are encoded through a lookup
-# table of pre-encoded CBOR unsigned ints: one C-level list index per token instead of a
-# branchy Python encode. The common range takes the sequential path in _block_payloads.
-# The table ends with a poisoned half (None entries) so a negative id, which Python would
-# index from the end, or an id past the table, fails the join and takes the checked path.
-_TABLE_SIZE = 1 << 17
-_CHUNK_TOKENS = 1024
-_LITTLE_ENDIAN = sys.byteorder == "little"
-_token_table: list[bytes | None] = []
+    def __post_init__(self) -> None:
+        # Sequences given as lists become tuples: the value stays immutable and hashable.
+        if not isinstance(self.mm_items, tuple):
+            object.__setattr__(self, "mm_items", tuple(self.mm_items))
+        if self.prompt_embeds is not None and not isinstance(self.prompt_embeds, tuple):
+            object.__setattr__(self, "prompt_embeds", tuple(self.prompt_embeds))
 
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is set (such extras change no hash)."""
+        return (self.lora is None and not self.mm_items and self.cache_salt is None
+                and self.prompt_embeds is None)
 
-def _build_token_table() -> list[bytes | None]:
-    if not _token_table:
-        pack2 = struct.Struct(">BH").pack
-        pack4 = struct.Struct(">BI").pack
-        _token_table.extend(bytes((i,)) for i in range(24))
-        _token_table.extend(bytes((0x18, i)) for i in range(24, 256))
-        _token_table.extend(pack2(0x19, i) for i in range(256, 0x10000))
-        _token_table.extend(pack4(0x1A, i) for i in range(0x10000, _TABLE_SIZE))
-        _token_table.extend([None] * _TABLE_SIZE)
-    return _token_table
-
-
-def _encode_tokens(tokens: Sequence[int]) -> bytes:
-    """Canonical CBOR array of non-negative token ids.
-
-    Raises:
-        InvalidArgumentError: a token id that is not a non-negative int.
-    """
-    table: list[Any] = _token_table or _build_token_table()
-    try:
-        return _head(4, len(tokens)) + b"".join(map(table.__getitem__, tokens))
-    except (IndexError, TypeError):
-        pass
-    for t in tokens:
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise InvalidArgumentError(f"token ids must be non-negative ints, got {t!r}")
-    return canonical_cbor(list(tokens))
-
-
-_UINT16_HEAD = b"\x19" * (3 * 4096)  # CBOR head of a uint16 token, repeated
-
-
-def _block_payloads(tokens: Sequence[int], bs: int, table: list[Any]) -> list[Any]:
-    """The CBOR encodings (without array head) of each full block of ``tokens``.
-
-    NOTE: ids 256..65535 encode as 3 bytes (0x19 + big-endian uint16). A chunk is encoded
-    with C-level array and strided-slice operations, reading each token once in order;
-    blocks holding an id outside that range are re-encoded through the lookup table. Table
-    lookups cost two random memory reads per token: on a 16k-token prompt hashing took 3.6
-    us per block against vLLM's 3.2 (pickle); with this 2.5 (same prompt, interleaved; with
-    fresh prompts 5.2 against 6.8: benchmarks/ab_hashing.py).
-
-    Raises:
-        IndexError, TypeError: an id outside the table (the caller falls back).
-    """
-    num_blocks = len(tokens) // bs
-    n = num_blocks * bs
-    if n > len(_UINT16_HEAD) // 3:
-        return [b"".join(map(table.__getitem__, tokens[s : s + bs])) for s in range(0, n, bs)]
-    try:
-        words = array("H", tokens[:n] if len(tokens) != n else tokens)
-    except OverflowError:
-        return [b"".join(map(table.__getitem__, tokens[s : s + bs])) for s in range(0, n, bs)]
-    if _LITTLE_ENDIAN:
-        words.byteswap()
-    raw = words.tobytes()
-    buf = bytearray(3 * n)
-    buf[0::3] = _UINT16_HEAD[:n]
-    buf[1::3] = raw[0::2]
-    buf[2::3] = raw[1::2]
-    encoded = bytes(buf)
-    width = 3 * bs
-    payloads: list[Any] = [encoded[k : k + width] for k in range(0, 3 * n, width)]
-    high = raw[0::2]  # high byte 0: an id below 256, which encodes shorter
-    i = high.find(0)
-    while i >= 0:
-        k = i // bs
-        s = k * bs
-        payloads[k] = b"".join(map(table.__getitem__, tokens[s : s + bs]))
-        i = high.find(0, s + bs)
-    return payloads
+    def block_keys(self, start: int, end: int) -> list[Any] | None:
+        """Extra hash keys of the block of tokens ``[start, end)``; ``None`` when it has
+        none. O(number of multimodal items + embedding bytes of the block)."""
+        keys: list[Any] = []
+        if self.lora is not None:
+            keys.append(["lora", self.lora.name])
+        for item in self.mm_items:
+            if item.offset < end and item.offset + item.length > start:
+                keys.append(["mm", item.identifier, item.offset - start])
+        if self.cache_salt is not None and start == 0:
+            keys.append(["cache_salt", self.cache_salt])
+        embeds = self.prompt_embeds
+        if embeds is not None and start < len(embeds):
+            digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
+            keys.append(["embeds", digest])
+        return keys or None
 
 
 # ---------------------------------------------------------------- hash functions
@@ -230,7 +120,8 @@ def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
         return hashlib.sha256
     if algo == "xxhash_cbor":
         xxhash: Any = require("xxhash", "fast", "the xxhash_cbor block hash")
-        return xxhash.xxh3_128  # type: ignore[no-any-return]
+        ctor: Callable[[bytes], Any] = xxhash.xxh3_128
+        return ctor
     raise InvalidArgumentError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
 
 
@@ -284,7 +175,7 @@ class BlockHasher:
             extra = b"\xf6"
         else:
             extra = canonical_cbor(extra_keys)
-        data = b"\x83" + _head(2, len(parent)) + parent + _encode_tokens(tokens) + extra
+        data = b"\x83" + cbor_head(2, len(parent)) + parent + encode_tokens(tokens) + extra
         digest: bytes = self._ctor(data).digest()
         return digest
 
@@ -292,15 +183,16 @@ class BlockHasher:
         self,
         hashes: list[bytes],
         token_ids: Sequence[int],
-        *,
-        lora: LoRA | None = None,
-        mm_items: Sequence[MultiModalItem] = (),
-        cache_salt: str | None = None,
-        prompt_embeds: Sequence[bytes] | None = None,
+        extras: HashExtras | None = None,
+        keys_out: list[list[Any] | None] | None = None,
     ) -> None:
         """Append to ``hashes`` the hash of every full block of ``token_ids`` not hashed yet.
 
-        Mutates ``hashes`` only. Cost: one hash per new full block.
+        ``extras`` (``None``: none) enter every hash as the block's extra keys; with
+        ``extras``, the keys computed for each new block are appended to ``keys_out`` when
+        given (stored events reuse them instead of deriving them again).
+
+        Mutates ``hashes`` and ``keys_out`` only. Cost: one hash per new full block.
         """
         bs = self.block_size
         start = len(hashes) * bs
@@ -309,13 +201,12 @@ class BlockHasher:
             return
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
-        plain = lora is None and not mm_items and cache_salt is None and prompt_embeds is None
-        if plain:
+        if extras is None:
             # Fast path, in chunks of about 1,024 tokens (a cache-sized working set): the
-            # chunk's block payloads (see _block_payloads), then one digest per block.
-            table: list[Any] = _token_table or _build_token_table()
-            head = b"\x83" + _head(2, len(parent))
-            array_head = _head(4, bs)
+            # chunk's block payloads (see block_payloads), then one digest per block.
+            table = token_table()
+            head = b"\x83" + cbor_head(2, len(parent))
+            array_head = cbor_head(4, bs)
             tail = b"\xf6"  # the null extra keys
             join = b"".join
             append = hashes.append
@@ -328,7 +219,7 @@ class BlockHasher:
             looking = memo_cap > 0
             try:
                 for c in range(start, stop, chunk):
-                    payloads = _block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+                    payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
                     if not memo_cap:
                         for payload in payloads:
                             parent = ctor(join((head, parent, array_head, payload, tail))).digest()
@@ -359,33 +250,9 @@ class BlockHasher:
                 start = len(hashes) * bs
         for s in range(start, end + 1, bs):
             tokens = token_ids[s : s + bs]
-            keys = block_extra_keys(
-                s, s + bs, lora=lora, mm_items=mm_items, cache_salt=cache_salt,
-                prompt_embeds=prompt_embeds,
-            ) if not plain else None
+            keys = None if extras is None else extras.block_keys(s, s + bs)
             parent = self.hash_block(parent, tokens, keys)
             hashes.append(parent)
+            if keys_out is not None and extras is not None:
+                keys_out.append(keys)
 
-
-def block_extra_keys(
-    start: int,
-    end: int,
-    *,
-    lora: LoRA | None = None,
-    mm_items: Sequence[MultiModalItem] = (),
-    cache_salt: str | None = None,
-    prompt_embeds: Sequence[bytes] | None = None,
-) -> list[Any] | None:
-    """Extra hash keys of the block of tokens ``[start, end)``; ``None`` when it has none."""
-    keys: list[Any] = []
-    if lora is not None:
-        keys.append(["lora", lora.name])
-    for item in mm_items:
-        if item.offset < end and item.offset + item.length > start:
-            keys.append(["mm", item.identifier, item.offset - start])
-    if cache_salt is not None and start == 0:
-        keys.append(["cache_salt", cache_salt])
-    if prompt_embeds is not None and start < len(prompt_embeds):
-        digest = hashlib.sha256(b"".join(prompt_embeds[start:end])).digest()
-        keys.append(["embeds", digest])
-    return keys or None

@@ -24,9 +24,9 @@ in the prefix index (the first two already were).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
     Coordinator,
     HybridCoordinator,
@@ -35,32 +35,19 @@ from pagedkv.coordinator import (
 )
 from pagedkv.errors import InvalidArgumentError, UnknownRequestError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.events.recorder import EventBuffer, EventRecorder, GroupInfo
 from pagedkv.events.records import BlockStored, KVCacheEvent
-from pagedkv.hashing import HASH_ALGOS, BlockHasher, LoRA, MultiModalItem
+from pagedkv.hashing import BlockHasher, HashExtras
 from pagedkv.managers import SingleTypeManager, manager_class_for
-from pagedkv.metrics import HitRateWindow, PrefixCacheStats
-from pagedkv.pool import BlockPool, GroupInfo, HashedRequest
-from pagedkv.request import Request
+from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
+from pagedkv.pool import BlockPool
+from pagedkv.request import Request, RequestLike
 from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:
     from pagedkv.events.publisher import ZmqEventPublisher
 
-__all__ = ["CacheConfig", "ComputedBlocks", "KVCacheManager", "RequestLike"]
-
-
-class RequestLike(HashedRequest, Protocol):
-    """What the manager reads from a request. :class:`pagedkv.Request` has all of it; an
-    engine can adapt its own request type instead."""
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def num_tokens(self) -> int: ...
-    @property
-    def num_computed_tokens(self) -> int: ...
-    @property
-    def num_preemptions(self) -> int: ...
+__all__ = ["ComputedBlocks", "KVCacheManager"]
 
 
 class ComputedBlocks(NamedTuple):
@@ -68,47 +55,6 @@ class ComputedBlocks(NamedTuple):
 
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CacheConfig:
-    """Everything a :class:`KVCacheManager` needs.
-
-    ``groups``: one layer spec per KV-cache group (the planner produces them).
-    ``hash_block_size``: block size hashes are computed at; default the smallest group
-    block size (every group block size must be a multiple of it).
-    ``drop_last_hit``: speculative decoding whose draft head needs the last block's hidden
-    states; the last hit block is dropped so it is recomputed.
-    ``hash_memo_blocks``: how many recently hashed blocks the hasher remembers so repeated
-    prefixes are not re-hashed (0: off); see :class:`pagedkv.BlockHasher`.
-    ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
-    ``enable_events``; needs the ``events`` extra); see :meth:`KVCacheManager.publish_events`.
-    """
-
-    groups: tuple[KVCacheSpec, ...]
-    num_blocks: int
-    max_model_len: int
-    enable_caching: bool = True
-    hash_algo: str = "sha256_cbor"
-    hash_block_size: int | None = None
-    secret_seed: bytes | None = None
-    enable_events: bool = False
-    drop_last_hit: bool = False
-    hit_rate_window_requests: int = 1000
-    kv_events: KVEventsConfig | None = None
-    hash_memo_blocks: int = 16384
-
-    def __post_init__(self) -> None:
-        if not self.groups:
-            raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
-        if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
-            raise InvalidArgumentError(
-                f"max_model_len must be a positive int, got {self.max_model_len!r}"
-            )
-        if self.hash_algo not in HASH_ALGOS:
-            raise InvalidArgumentError(
-                f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
-            )
 
 
 class KVCacheManager:
@@ -123,37 +69,31 @@ class KVCacheManager:
         specs = list(config.groups)
         hash_bs = config.hash_block_size or min(s.block_size for s in specs)
         self.max_model_len = config.max_model_len
-        self.enable_caching = config.enable_caching
-        self.pool = BlockPool(
-            config.num_blocks,
-            enable_caching=config.enable_caching,
-            hash_block_size=hash_bs,
-            groups=[
-                GroupInfo(
-                    s.block_size,
-                    s.kind,
-                    s.sliding_window if isinstance(s, SlidingWindowSpec) else None,
-                )
-                for s in specs
-            ],
-            enable_events=config.enable_events or config.kv_events is not None,
-        )
+        groups = [
+            GroupInfo(s.block_size, s.kind,
+                      s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
+            for s in specs
+        ]
+        #: Where the pool's events go: a buffer with events on, else the null recorder.
+        self.recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
+        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
+                              hash_block_size=hash_bs, groups=groups, recorder=self.recorder)
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
             manager_class_for(s)(s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, s in enumerate(specs)
         ]
-        self._droppers = [m for m in self.managers if m.drops_blocks]
         self.coordinator: Coordinator
         if not config.enable_caching:
-            self.coordinator = NoPrefixCacheCoordinator(self.managers)
+            self.coordinator = NoPrefixCacheCoordinator(self.managers, self.pool)
         elif len(self.managers) == 1:
-            self.coordinator = UnitaryCoordinator(self.managers)
+            self.coordinator = UnitaryCoordinator(self.managers, self.pool)
         else:
-            self.coordinator = HybridCoordinator(self.managers)
+            self.coordinator = HybridCoordinator(self.managers, self.pool)
         self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0)
-        self._stats = [0, 0, 0, 0, 0, 0]
+        #: Lookup counters since the last :meth:`make_prefix_cache_stats`.
+        self.lookups = LookupCounters()
         self.hit_rate_window = HitRateWindow(config.hit_rate_window_requests)
         self.publisher: ZmqEventPublisher | None = None
         if config.kv_events is not None:
@@ -165,15 +105,44 @@ class KVCacheManager:
 
     @classmethod
     def from_spec(
-        cls, spec: KVCacheSpec, *, num_blocks: int, max_model_len: int, **options: object
+        cls,
+        spec: KVCacheSpec,
+        *,
+        num_blocks: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        hash_algo: str = "sha256_cbor",
+        hash_block_size: int | None = None,
+        secret_seed: bytes | None = None,
+        enable_events: bool = False,
+        drop_last_hit: bool = False,
+        hit_rate_window_requests: int = 1000,
+        kv_events: KVEventsConfig | None = None,
+        hash_memo_blocks: int = 16384,
     ) -> KVCacheManager:
-        """A manager for a model with one KV-cache group (``options``: CacheConfig fields)."""
+        """A manager for a model with one KV-cache group; the keywords are the
+        :class:`CacheConfig` fields of the same names.
+
+        >>> from pagedkv import FullAttentionSpec
+        >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
+        ...                          dtype_bytes=2)
+        >>> KVCacheManager.from_spec(spec, num_blocks=100, max_model_len=2048).num_free_blocks
+        99
+        """
         return cls(
             CacheConfig(
                 groups=(spec,),
                 num_blocks=num_blocks,
                 max_model_len=max_model_len,
-                **options,  # type: ignore[arg-type]
+                enable_caching=enable_caching,
+                hash_algo=hash_algo,
+                hash_block_size=hash_block_size,
+                secret_seed=secret_seed,
+                enable_events=enable_events,
+                drop_last_hit=drop_last_hit,
+                hit_rate_window_requests=hit_rate_window_requests,
+                kv_events=kv_events,
+                hash_memo_blocks=hash_memo_blocks,
             )
         )
 
@@ -185,22 +154,11 @@ class KVCacheManager:
         prompt_token_ids: Sequence[int],
         *,
         block_hashes: Sequence[bytes] | None = None,
-        lora: LoRA | None = None,
-        mm_items: Sequence[MultiModalItem] = (),
-        cache_salt: str | None = None,
-        prompt_embeds: Sequence[bytes] | None = None,
+        hash_extras: HashExtras | None = None,
     ) -> Request:
         """A :class:`Request` whose block hashes use this manager's hash settings."""
-        return Request(
-            request_id,
-            prompt_token_ids,
-            hasher=self.hasher,
-            block_hashes=block_hashes,
-            lora=lora,
-            mm_items=mm_items,
-            cache_salt=cache_salt,
-            prompt_embeds=prompt_embeds,
-        )
+        return Request(request_id, prompt_token_ids, hasher=self.hasher,
+                       block_hashes=block_hashes, hash_extras=hash_extras)
 
     # ---------------------------------------------------------------- lookup
 
@@ -212,21 +170,20 @@ class KVCacheManager:
         lookup statistics (preempted re-lookups apart). Does not change the pool: the hit
         blocks are claimed only by :meth:`allocate_slots`.
         """
-        if not self.enable_caching:
-            return self._empty_hit
         num_tokens = request.num_tokens
-        blocks, num_hit = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, num_tokens - 1
-        )
-        stats = self._stats
+        found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
+        if found is None:  # caching off: no lookup, nothing counted
+            return self._empty_hit
+        blocks, num_hit = found
+        lookups = self.lookups
         if request.num_preemptions:
-            stats[3] += 1
-            stats[4] += num_tokens
-            stats[5] += num_hit
+            lookups.preempted_requests += 1
+            lookups.preempted_queries += num_tokens
+            lookups.preempted_hits += num_hit
         else:
-            stats[0] += 1
-            stats[1] += num_tokens
-            stats[2] += num_hit
+            lookups.requests += 1
+            lookups.queries += num_tokens
+            lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
         return ComputedBlocks(blocks, num_hit)
 
@@ -290,9 +247,9 @@ class KVCacheManager:
                 f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or external or "
                 "lookahead tokens); there is nothing to allocate"
             )
-        managers = self.managers
-        hit = new_computed_blocks.block_ids if new_computed_blocks else self._empty_hit.block_ids
-        if new_computed_blocks is not None and any(hit) and rid in managers[0].req_to_blocks:
+        coordinator = self.coordinator
+        hit = new_computed_blocks.block_ids if new_computed_blocks is not None else None
+        if hit is not None and any(hit) and coordinator.has_request(rid):
             raise InvalidArgumentError(
                 f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
                 "be given to its first allocate_slots call"
@@ -302,36 +259,13 @@ class KVCacheManager:
         max_len = self.max_model_len
         total_computed = min(local_computed + num_external_computed_tokens, max_len)
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
-        pool = self.pool
-
-        num_needed = 0
-        num_freed = 0
-        slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
-        for g, m in enumerate(managers):
-            if m.drops_blocks:
-                num_freed += m.num_skipped_blocks_to_free(rid, num_computed)
-            num_needed += m.get_num_blocks_to_allocate(rid, slots[g], hit[g], total_computed)
-        if num_needed > pool.free_queue.num_free + num_freed:
-            return None
-
-        for m in self._droppers:
-            m.remove_skipped_blocks(rid, num_computed)
-        if new_computed_blocks and self.enable_caching:
-            # Claim every group's hit before any group allocates: an allocation takes
-            # blocks from the front of the free queue and would evict an unclaimed hit.
-            for g, m in enumerate(managers):
-                pool.touch(m.claimed_hit_blocks(hit[g], total_computed))
-        new_blocks = []
-        for g, m in enumerate(managers):
-            m.save_new_computed_blocks(rid, hit[g], total_computed)
-            new_blocks.append(m.allocate_new_blocks(rid, slots[g]))
-
-        if self.enable_caching and not delay_caching:
-            num_cache = min(total_computed + num_new_tokens, request.num_tokens)
-            for m in managers:
-                if m.cacheable:
-                    m.cache_blocks(request, rid, num_cache)
-        return tuple(new_blocks)
+        new_blocks = coordinator.allocate(
+            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
+        )
+        if new_blocks is not None and not delay_caching:
+            coordinator.cache_blocks(request, min(total_computed + num_new_tokens,
+                                                  request.num_tokens))
+        return new_blocks
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         """Register the request's full blocks within its first ``num_computed_tokens``
@@ -340,19 +274,14 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
         """
-        rid = request.request_id
-        self._require_known(rid)
-        if self.enable_caching:
-            for m in self.managers:
-                if m.cacheable:
-                    m.cache_blocks(request, rid, min(num_computed_tokens, request.num_tokens))
+        self._require_known(request.request_id)
+        self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
     def free(self, request: RequestLike | str) -> None:
         """Release every block of the request, tail first. Freeing a request the manager
         does not track (e.g. aborted before its first allocation) does nothing."""
         rid = request if isinstance(request, str) else request.request_id
-        for m in self.managers:
-            m.free(rid)
+        self.coordinator.free(rid)
 
     # ---------------------------------------------------------------- queries
 
@@ -363,7 +292,7 @@ class KVCacheManager:
             UnknownRequestError: the manager holds no blocks for this request.
         """
         self._require_known(request_id)
-        return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
+        return self.coordinator.block_ids(request_id)
 
     def get_num_common_prefix_blocks(
         self, request_id: str, num_running_requests: int
@@ -375,20 +304,22 @@ class KVCacheManager:
             UnknownRequestError: the manager holds no blocks for this request.
         """
         self._require_known(request_id)
-        return [m.get_num_common_prefix_blocks(request_id, num_running_requests)
-                for m in self.managers]
+        return self.coordinator.num_common_prefix_blocks(request_id, num_running_requests)
 
     def has_request(self, request_id: str) -> bool:
-        return request_id in self.managers[0].req_to_blocks
+        """Whether the request holds blocks (allocated and not freed yet). O(1)."""
+        return self.coordinator.has_request(request_id)
 
     @property
     def num_free_blocks(self) -> int:
+        """Free blocks, cached ones (eviction candidates) included."""
         return self.pool.free_queue.num_free
 
     @property
     def usage(self) -> float:
-        """Fraction of non-null blocks in use."""
-        return self.pool.usage
+        """Fraction of non-null blocks in use (ref count > 0)."""
+        pool = self.pool
+        return 1.0 - pool.free_queue.num_free / (pool.num_blocks - 1)
 
     @property
     def num_evicted_blocks(self) -> int:
@@ -397,9 +328,7 @@ class KVCacheManager:
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Lookup statistics since the previous call (then starts a new interval)."""
-        stats = PrefixCacheStats(*self._stats)
-        self._stats = [0, 0, 0, 0, 0, 0]
-        return stats
+        return self.lookups.take()
 
     # ---------------------------------------------------------------- cache control
 
@@ -423,7 +352,7 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV-cache events buffered since the last call (empty when events are off)."""
-        return self.pool.take_events()
+        return self.recorder.take()
 
     def publish_events(self) -> int:
         """Hand the events buffered since the last call to the ZeroMQ publisher (configured
@@ -434,7 +363,7 @@ class KVCacheManager:
         costs nothing here (the publisher drops and counts batches past its queue).
         Without a publisher the events are simply taken and discarded.
         """
-        events = self.pool.take_events()
+        events = self.recorder.take()
         if self.publisher is not None:
             self.publisher.publish(events)
         return len(events)
@@ -447,12 +376,12 @@ class KVCacheManager:
 
     def prefix_index_snapshot(self) -> list[BlockStored]:
         """Stored events recreating the current prefix index (events must be on)."""
-        return self.pool.prefix_index_snapshot()
+        return self.recorder.snapshot(self.pool.block_hash, self.pool.block_group)
 
     # ---------------------------------------------------------------- checks
 
     def _require_known(self, request_id: str) -> None:
-        if request_id not in self.managers[0].req_to_blocks:
+        if not self.coordinator.has_request(request_id):
             raise UnknownRequestError(
                 f"unknown request {request_id!r}: it was never allocated or is already freed; "
                 "call allocate_slots for it first"
@@ -467,7 +396,7 @@ class KVCacheManager:
                 {rid: list(b) for rid, b in m.req_to_blocks.items()} for m in self.managers
             ],
             "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
-            "stats": list(self._stats),
+            "stats": self.lookups.snapshot(),
             "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
                                 self.hit_rate_window.num_requests),
         }
@@ -475,18 +404,5 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Walk all state: the pool, each group, and that every block's ref count equals
         the number of block tables holding it. O(num_blocks + held blocks)."""
-        pool = self.pool
-        pool.check_invariants()
-        counts = [0] * pool.num_blocks
-        tracked: set[str] | None = None
-        for m in self.managers:
-            m.check_invariants()
-            ids = set(m.req_to_blocks)
-            assert tracked is None or ids == tracked, "groups track different requests"
-            tracked = ids
-            for b in m.iter_held_blocks():
-                counts[b] += 1
-        for b in range(1, pool.num_blocks):
-            assert pool.ref_cnt[b] == counts[b], (
-                f"block {b}: ref count {pool.ref_cnt[b]}, held by {counts[b]} block tables"
-            )
+        self.pool.check_invariants()
+        self.coordinator.check_invariants()

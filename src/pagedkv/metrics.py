@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import NamedTuple
 
-__all__ = ["HitRateWindow", "PrefixCacheStats"]
+__all__ = ["HitRateWindow", "LookupCounters", "PrefixCacheStats"]
 
 
 class PrefixCacheStats(NamedTuple):
@@ -26,6 +26,38 @@ class PrefixCacheStats(NamedTuple):
     def hit_rate(self) -> float:
         """Hit tokens / queried tokens of fresh (not preempted) lookups; 0.0 with none."""
         return self.hits / self.queries if self.queries else 0.0
+
+
+class LookupCounters:
+    """The running counters behind :class:`PrefixCacheStats` (one field each).
+
+    The façade adds to the fields directly (no call on the lookup path).
+
+    >>> c = LookupCounters()
+    >>> c.requests += 1; c.queries += 100; c.hits += 64
+    >>> c.take().hit_rate, c.take().requests
+    (0.64, 0)
+    """
+
+    __slots__ = ("hits", "preempted_hits", "preempted_queries", "preempted_requests",
+                 "queries", "requests")
+
+    def __init__(self) -> None:
+        self.requests = self.queries = self.hits = 0
+        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
+
+    def snapshot(self) -> PrefixCacheStats:
+        """The counters as a value; nothing changes. O(1)."""
+        return PrefixCacheStats(self.requests, self.queries, self.hits,
+                                self.preempted_requests, self.preempted_queries,
+                                self.preempted_hits)
+
+    def take(self) -> PrefixCacheStats:
+        """The counters as a value, then all back to 0. O(1)."""
+        stats = self.snapshot()
+        self.requests = self.queries = self.hits = 0
+        self.preempted_requests = self.preempted_queries = self.preempted_hits = 0
+        return stats
 
 
 class HitRateWindow:

@@ -1,6 +1,6 @@
 """The block pool: every block's reference count and hash, the free queue, and the prefix index.
 
-State per block id ``b`` (parallel lists, see ``blocks.py`` for why blocks are ints):
+State per block id ``b`` (parallel lists, see ``free_queue.py`` for why blocks are ints):
 
 * ``ref_cnt[b]``: how many request block tables hold ``b``. A block is in the free queue
   iff its ref count is 0. Block 0 is the *null block*: never queued, allocated, freed,
@@ -17,58 +17,25 @@ Partial-prefix entries (hybrid groups whose block is k > 1 hash blocks long) reg
 block under the hash of a shorter prefix that ends inside it, as a *secondary* key; see
 ``cache_partial_block``.
 
-Events (stored / removed / all cleared) are buffered only when the pool was built with
-``enable_events=True``; otherwise no event object is ever built.
+Events: the pool tells its recorder (:mod:`pagedkv.events.recorder`) what it registered,
+evicted or cleared, once per run of blocks; the default recorder does nothing and builds no
+event object, so the pool never tests whether events are on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from pagedkv.blocks import FreeBlockQueue
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheEvent,
-)
-from pagedkv.hashing import LoRA, MultiModalItem, block_extra_keys
+from pagedkv.events.recorder import EventRecorder, GroupInfo
+from pagedkv.free_queue import FreeBlockQueue
+from pagedkv.request import RequestLike
 
-__all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo", "HashedRequest"]
+__all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo"]
 
 #: Block id of the null block.
 NULL_BLOCK = 0
-
-
-class HashedRequest(Protocol):
-    """What the pool reads from a request when it registers its blocks."""
-
-    @property
-    def block_hashes(self) -> list[bytes]: ...
-    @property
-    def all_token_ids(self) -> list[int]: ...
-    @property
-    def lora(self) -> LoRA | None: ...
-    @property
-    def mm_items(self) -> Sequence[MultiModalItem]: ...
-    @property
-    def cache_salt(self) -> str | None: ...
-    @property
-    def prompt_embeds(self) -> Sequence[bytes] | None: ...
-
-
-class GroupInfo:
-    """Per-group annotations the pool puts on events."""
-
-    __slots__ = ("block_size", "kind", "sliding_window")
-
-    def __init__(self, block_size: int, kind: str | None, sliding_window: int | None) -> None:
-        self.block_size = block_size
-        self.kind = kind
-        self.sliding_window = sliding_window
 
 
 class BlockPool:
@@ -85,7 +52,7 @@ class BlockPool:
         enable_caching: bool = True,
         hash_block_size: int,
         groups: Sequence[GroupInfo] = (),
-        enable_events: bool = False,
+        recorder: EventRecorder | None = None,
     ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise InvalidArgumentError(
@@ -106,29 +73,12 @@ class BlockPool:
         self._dups: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
         # Block id -> secondary (group, hash) keys (partial-prefix entries).
         self._secondary: dict[int, list[tuple[int, bytes]]] = {}
-        #: Buffered events, or None when events are off.
-        self.events: list[KVCacheEvent] | None = [] if enable_events else None
-        # Block id -> the stored event that announced it (the block is the one whose hash
-        # that event lists): what a snapshot re-announces. Kept only with events on.
-        self._stored_meta: dict[int, BlockStored] | None = {} if enable_events else None
+        #: Told about every registration, eviction and reset (default: records nothing).
+        self.recorder = recorder if recorder is not None else EventRecorder()
         #: Cumulative number of cached blocks evicted (reused or dropped from the index).
         self.num_evicted_blocks = 0
 
     # ------------------------------------------------------------------ queries
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Free blocks, including free cached blocks (eviction candidates)."""
-        return self.free_queue.num_free
-
-    @property
-    def usage(self) -> float:
-        """Fraction of non-null blocks in use (ref count > 0)."""
-        return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
-
-    def get_cached_block(self, block_hash: bytes, group: int) -> int | None:
-        """The block cached under ``(block_hash, group)``, or None. O(1); no state change."""
-        return self.index[group].get(block_hash)
 
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
@@ -141,9 +91,9 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         """Take ``n`` blocks from the front of the free queue; each gets ref count 1.
 
-        A taken block that was cached is evicted from the index first (a removed event is
-        emitted). Precondition: ``n <= num_free_blocks`` (callers check capacity first, so
-        an allocation is never half done). O(n).
+        A taken block that was cached is evicted from the index first (the recorder is
+        told, once per run of same-group evictions). Precondition: ``n <= num_free`` (callers
+        check capacity first, so an allocation is never half done). O(n).
         """
         if n > self.free_queue.num_free:
             raise AssertionError(f"get_new_blocks({n}) with {self.free_queue.num_free} free")
@@ -154,8 +104,8 @@ class BlockPool:
         index = self.index
         dups = self._dups
         secondary = self._secondary
-        events = self.events
-        removed: list[bytes] | None = None if events is None else []
+        recorder = self.recorder
+        removed: list[bytes] = []  # hashes evicted in group removed_group, told in one call
         removed_group = 0
         num_evicted = 0
         # NOTE: the common eviction (the block is the only block under its key and has no
@@ -171,22 +121,19 @@ class BlockPool:
                     del index[g][h]
                     bh[b] = None
                     num_evicted += 1
-                    if removed is not None:
-                        # One removed event per run of same-group evictions, not per block.
-                        self._stored_meta.pop(b, None)  # type: ignore[union-attr]
-                        if g != removed_group and removed:
-                            events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
-                            removed = []
-                        removed_group = g
-                        removed.append(h)
+                    if g != removed_group and removed:
+                        recorder.removed(removed, removed_group)
+                        removed = []
+                    removed_group = g
+                    removed.append(h)
                 else:
                     if removed:
-                        events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
+                        recorder.removed(removed, removed_group)
                         removed = []
                     self._evict(b)
             ref[b] = 1
         if removed:
-            events.append(BlockRemoved(removed, MEDIUM_GPU, removed_group))  # type: ignore[union-attr]
+            recorder.removed(removed, removed_group)
         self.num_evicted_blocks += num_evicted
         return ids
 
@@ -225,14 +172,14 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
-        request: HashedRequest,
+        request: RequestLike,
         blocks: Sequence[int],
         num_cached_blocks: int,
         num_full_blocks: int,
         group: int,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` of ``request`` in the
-        index under their hashes (null blocks skipped) and emit one stored event for them.
+        index under their hashes (null blocks skipped) and tell the recorder in one call.
 
         The group's block size may be k times the hash block size; a block's hash is then
         the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
@@ -247,14 +194,16 @@ class BlockPool:
         index = self.index[group]
         bh = self.block_hash
         bg = self.block_group
-        stored: list[int] | None = [] if self.events is not None else None
+        skipped: list[int] = []  # positions not newly registered (null or already there)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
             if not b:
+                skipped.append(i)
                 continue
             h = hashes[i]
             if bh[b] is not None:
                 if bh[b] == h and bg[b] == group:
+                    skipped.append(i)
                     continue
                 self._evict(b, count=False)
             bh[b] = h
@@ -262,13 +211,12 @@ class BlockPool:
             primary = index.setdefault(h, b)
             if primary != b:
                 self._dups[group].setdefault(h, []).append(b)
-            if stored is not None:
-                stored.append(i)
-        if stored:
-            self._emit_stored(request, blocks, hashes, stored, group)
+        self.recorder.stored(
+            request, blocks, hashes, num_cached_blocks, num_full_blocks, skipped, group
+        )
 
     def cache_partial_block(
-        self, request: HashedRequest, block: int, num_tokens: int, group: int
+        self, request: RequestLike, block: int, num_tokens: int, group: int
     ) -> bytes | None:
         """Also register ``block`` under the hash of the request's first ``num_tokens``
         tokens, a prefix that ends *inside* the block, so a prompt sharing only part of the
@@ -282,20 +230,17 @@ class BlockPool:
 
         A block without a hash gets the key as its primary hash; a block that has one keeps
         it and gets the key as a secondary entry. Eviction drops every key of the block;
-        ``cache_full_blocks`` promotes it (the partial keys are removed, with removed
-        events, and the full-block hash registered). With events on, a stored event
-        announces the key as one hash block chained to its parent. Registering a key the
-        block already has changes nothing. The null block and a pool with caching off are
-        ignored.
+        ``cache_full_blocks`` promotes it (partial keys removed, full-block hash
+        registered). The recorder hears of the key as one hash block chained to its parent.
+        Registering a key the block already has, the null block, and a pool with caching
+        off change nothing.
 
         Returns:
-            The registered hash, or None when nothing was registered.
+            The registered hash, or None when nothing was registered. O(1).
 
         Raises:
             InvalidArgumentError: ``num_tokens`` or ``block`` break the rules above;
                 nothing changed.
-
-        O(1), plus building the event.
         """
         if not block or not self.enable_caching:
             return None
@@ -333,77 +278,37 @@ class BlockPool:
             primary = False
         if index.setdefault(h, block) != block:
             self._dups[group].setdefault(h, []).append(block)
-        if self.events is not None:
-            self._emit_partial_stored(request, block, i, group, primary)
+        self.recorder.stored_partial(request, block, i, group, primary)
         return h
 
-    def _emit_partial_stored(
-        self, request: HashedRequest, block: int, i: int, group: int, primary: bool
-    ) -> None:
-        """Stored event for a partial key: hash block ``i`` chained to hash ``i - 1``."""
-        assert self.events is not None and self._stored_meta is not None
-        hbs = self.hash_block_size
-        hashes = request.block_hashes
-        parent = hashes[i - 1] if i else None
-        token_ids = request.all_token_ids[i * hbs : (i + 1) * hbs]
-        extra = _extra_keys_of(request, i * hbs, (i + 1) * hbs)
-        lora = request.lora
-        info = self.groups[group]
-        event = BlockStored(
-            block_hashes=[hashes[i]],
-            parent_block_hash=parent,
-            token_ids=token_ids,
-            block_size=hbs,
-            lora_id=lora.adapter_id if lora else None,
-            medium=MEDIUM_GPU,
-            lora_name=lora.name if lora else None,
-            extra_keys=[extra],
-            group_idx=group,
-            kv_cache_spec_kind=info.kind,
-            kv_cache_spec_sliding_window=info.sliding_window,
-        )
-        if primary:
-            self._stored_meta[block] = event
-        self.events.append(event)
-
-    def _unregister(self, group: int, h: bytes, b: int) -> bool:
+    def _unregister(self, group: int, h: bytes, b: int) -> None:
+        """Drop the entry ``(h, group) -> b``; a duplicate becomes primary if ``b`` was."""
         index = self.index[group]
+        dups = self._dups[group].get(h)
         if index.get(h) == b:
-            dups = self._dups[group].get(h)
             if dups:
                 index[h] = dups.pop(0)
-                if not dups:
-                    del self._dups[group][h]
             else:
                 del index[h]
-            return True
-        dups = self._dups[group].get(h)
-        if dups and b in dups:
+        elif dups and b in dups:
             dups.remove(b)
-            if not dups:
-                del self._dups[group][h]
-            return True
-        return False
+        if dups is not None and not dups:
+            del self._dups[group][h]
 
     def _evict(self, b: int, *, count: bool = True) -> None:
-        """Drop every index entry of block ``b`` and clear its hash; emit removed events."""
+        """Drop every index entry of block ``b`` and clear its hash; tell the recorder."""
         h = self.block_hash[b]
         assert h is not None
         g = self.block_group[b]
         self._unregister(g, h, b)
         self.block_hash[b] = None
-        removed = [(g, h)]
+        self.recorder.removed([h], g)
         if self._secondary:
             for g2, h2 in self._secondary.pop(b, ()):
                 self._unregister(g2, h2, b)
-                removed.append((g2, h2))
+                self.recorder.removed([h2], g2)
         if count:
             self.num_evicted_blocks += 1
-        if self.events is not None:
-            assert self._stored_meta is not None
-            self._stored_meta.pop(b, None)
-            for g2, h2 in removed:
-                self.events.append(BlockRemoved([h2], MEDIUM_GPU, g2))
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix index (they stay allocated if in use).
@@ -424,7 +329,7 @@ class BlockPool:
     def reset_prefix_cache(self) -> bool:
         """Clear the whole index and every block's hash, only if no block is in use.
 
-        Returns whether it succeeded; emits an all-cleared event when it does. O(num_blocks).
+        Returns whether it succeeded (then the recorder is told). O(num_blocks).
         """
         if self.free_queue.num_free != self.num_blocks - 1:
             return False
@@ -434,115 +339,8 @@ class BlockPool:
             dups.clear()
         self._secondary.clear()
         self.block_hash = [None] * self.num_blocks
-        if self.events is not None:
-            assert self._stored_meta is not None
-            self._stored_meta.clear()
-            self.events.append(AllBlocksCleared())
+        self.recorder.cleared()
         return True
-
-    # ------------------------------------------------------------------ events
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """Return and clear the buffered events (empty when events are off). O(1)."""
-        events = self.events
-        if not events:
-            return []
-        self.events = []
-        return events
-
-    def _emit_stored(
-        self,
-        request: HashedRequest,
-        blocks: Sequence[int],
-        hashes: list[bytes],
-        stored: list[int],
-        group: int,
-    ) -> None:
-        """One stored event per run of consecutive newly registered block positions
-        (ascending ``stored``): null or already registered blocks split the range, so each
-        event's ``token_ids`` cover exactly its blocks and its parent is the hash just
-        before its first block. Each block remembers its event (for snapshots)."""
-        assert self.events is not None and self._stored_meta is not None
-        if stored[-1] - stored[0] + 1 == len(stored):  # the usual case: one run
-            runs = [(stored[0], stored[-1] + 1)]
-        else:
-            runs = []
-            run_start = 0
-            for k in range(1, len(stored) + 1):
-                if k == len(stored) or stored[k] != stored[k - 1] + 1:
-                    runs.append((stored[run_start], stored[k - 1] + 1))
-                    run_start = k
-        info = self.groups[group]
-        bs = info.block_size
-        lora = request.lora
-        lora_id = lora.adapter_id if lora else None
-        lora_name = lora.name if lora else None
-        tokens = request.all_token_ids
-        plain = (lora is None and not request.mm_items and request.cache_salt is None
-                 and request.prompt_embeds is None)
-        for first, last in runs:
-            extra = [None] * (last - first) if plain else [
-                _extra_keys_of(request, j * bs, (j + 1) * bs) for j in range(first, last)
-            ]
-            event = BlockStored(
-                hashes[first:last], hashes[first - 1] if first else None,
-                tokens[first * bs : last * bs], bs, lora_id, MEDIUM_GPU, lora_name, extra,
-                group, info.kind, info.sliding_window,
-            )
-            self.events.append(event)
-            self._stored_meta.update(dict.fromkeys(blocks[first:last], event))
-
-    def prefix_index_snapshot(self) -> list[BlockStored]:
-        """BlockStored events that recreate the current index, parents before children.
-
-        Needs events on (the pool keeps what each stored event said only then).
-
-        Raises:
-            InvalidArgumentError: events are off.
-        """
-        if self._stored_meta is None:
-            raise InvalidArgumentError(
-                "a prefix-index snapshot needs the pool built with enable_events=True"
-            )
-        meta = self._stored_meta
-        cached = {
-            b: (self.block_hash[b], self.block_group[b]) for b in meta
-            if self.block_hash[b] is not None
-        }
-
-        def position(b: int) -> tuple[BlockStored, int]:
-            event = meta[b]
-            h = self.block_hash[b]
-            return event, (event.block_hashes.index(h) if h in event.block_hashes else 0)
-
-        def parent_of(b: int) -> bytes | None:
-            event, k = position(b)
-            return event.block_hashes[k - 1] if k else event.parent_block_hash
-
-        known = {h for h, _ in cached.values()}
-        children: dict[bytes | None, list[int]] = {}
-        for b in cached:
-            parent = parent_of(b)
-            children.setdefault(parent if parent in known else None, []).append(b)
-        out: list[BlockStored] = []
-        todo = sorted(children.get(None, []))
-        while todo:
-            b = todo.pop()
-            h, g = cached[b]
-            assert h is not None
-            event, k = position(b)
-            bs = event.block_size
-            info = self.groups[g]
-            out.append(
-                BlockStored(
-                    [h], parent_of(b), event.token_ids[k * bs : (k + 1) * bs], bs,
-                    event.lora_id, MEDIUM_GPU, event.lora_name,
-                    [event.extra_keys[k] if event.extra_keys else None], g, info.kind,
-                    info.sliding_window,
-                )
-            )
-            todo.extend(sorted(children.pop(h, []), reverse=True))
-        return out
 
     # ------------------------------------------------------------------ checks
 
@@ -558,7 +356,7 @@ class BlockPool:
             "duplicates": [{h: list(v) for h, v in d.items()} for d in self._dups],
             "secondary": {b: list(v) for b, v in self._secondary.items()},
             "num_evicted_blocks": self.num_evicted_blocks,
-            "events": list(self.events) if self.events is not None else None,
+            "events": self.recorder.pending(),
         }
 
     def check_invariants(self) -> None:
@@ -597,21 +395,5 @@ class BlockPool:
         )
         if not self.enable_caching:
             assert not registered, "caching is off but the index holds entries"
-        if self._stored_meta is not None:
-            for b in self._stored_meta:
-                assert self.block_hash[b] is not None, f"stale stored metadata for block {b}"
-            for b in range(1, self.num_blocks):
-                if self.block_hash[b] is not None and self.enable_caching:
-                    assert b in self._stored_meta, f"cached block {b} was never announced"
+        self.recorder.check_invariants(self.block_hash, self.enable_caching)
 
-
-def _extra_keys_of(request: HashedRequest, start: int, end: int) -> list[Any] | None:
-    lora = request.lora
-    mm = request.mm_items
-    salt = request.cache_salt
-    embeds = request.prompt_embeds
-    if lora is None and not mm and salt is None and embeds is None:
-        return None
-    return block_extra_keys(
-        start, end, lora=lora, mm_items=mm, cache_salt=salt, prompt_embeds=embeds
-    )

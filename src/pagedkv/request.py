@@ -1,19 +1,48 @@
-"""An engine-agnostic request: its tokens, its block hashes (kept up to date incrementally)
-and what makes equal tokens mean different things (LoRA, multimodal items, cache salt,
-prompt embeddings).
+"""The request: what the manager reads from one (:class:`RequestLike`) and an
+engine-agnostic class that has all of it (:class:`Request`).
 
-An engine may use this class directly or adapt its own request type to the same attributes
-(see :class:`pagedkv.manager.RequestLike`).
+A request carries its tokens, its chained block hashes (kept up to date incrementally) and
+its :class:`~pagedkv.hashing.HashExtras` (LoRA, multimodal items, cache salt, prompt
+embeddings). An engine may use :class:`Request` directly or adapt its own request type to
+the :class:`RequestLike` attributes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.hashing import BlockHasher, LoRA, MultiModalItem
+from pagedkv.hashing import BlockHasher, HashExtras
 
-__all__ = ["Request"]
+__all__ = ["Request", "RequestLike"]
+
+
+class RequestLike(Protocol):
+    """What the manager (and the pool, when it registers blocks) reads from a request.
+
+    ``block_hashes[i]`` is the chained hash of tokens ``[0, (i + 1) * hash_block_size)``;
+    ``block_extra_keys[i]`` the extra keys that went into it (an empty list when
+    ``hash_extras`` is ``None``, or when the keys were not recorded: then they are derived
+    from ``hash_extras`` when an event needs them).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...
+    @property
+    def block_hashes(self) -> list[bytes]: ...
+    @property
+    def block_extra_keys(self) -> list[list[Any] | None]: ...
+    @property
+    def hash_extras(self) -> HashExtras | None: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
 
 
 class Request:
@@ -26,19 +55,24 @@ class Request:
     computed at construction and on :meth:`append_output_tokens`, each block once. With
     caller-supplied ``block_hashes`` (e.g. a trace that carries them), those are used as
     given and the hasher, if any, continues the chain past them.
+
+    >>> r = Request("r1", [1, 2, 3, 4, 5], hasher=BlockHasher(4))
+    >>> len(r.block_hashes), r.num_tokens
+    (1, 5)
+    >>> r.append_output_tokens([6, 7, 8])
+    >>> len(r.block_hashes)
+    2
     """
 
     __slots__ = (
         "_hasher",
         "all_token_ids",
+        "block_extra_keys",
         "block_hashes",
-        "cache_salt",
-        "lora",
-        "mm_items",
+        "hash_extras",
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
-        "prompt_embeds",
         "request_id",
     )
 
@@ -49,16 +83,16 @@ class Request:
         *,
         hasher: BlockHasher | None = None,
         block_hashes: Sequence[bytes] | None = None,
-        lora: LoRA | None = None,
-        mm_items: Sequence[MultiModalItem] = (),
-        cache_salt: str | None = None,
-        prompt_embeds: Sequence[bytes] | None = None,
+        hash_extras: HashExtras | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
-        if prompt_embeds is not None and len(prompt_embeds) != len(prompt_token_ids):
+        if hash_extras is not None and hash_extras.is_empty:
+            hash_extras = None
+        embeds = hash_extras.prompt_embeds if hash_extras is not None else None
+        if embeds is not None and len(embeds) != len(prompt_token_ids):
             raise InvalidArgumentError(
-                f"request {request_id!r}: {len(prompt_embeds)} prompt embeddings for "
+                f"request {request_id!r}: {len(embeds)} prompt embeddings for "
                 f"{len(prompt_token_ids)} prompt tokens; give one per token"
             )
         self.request_id = request_id
@@ -66,12 +100,11 @@ class Request:
         self.num_prompt_tokens = len(self.all_token_ids)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
-        self.lora = lora
-        self.mm_items = tuple(mm_items)
-        self.cache_salt = cache_salt
-        self.prompt_embeds = prompt_embeds
+        self.hash_extras = hash_extras
         self._hasher = hasher
         self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else []
+        #: Extra keys of each hashed block, recorded by the hasher (with ``hash_extras``).
+        self.block_extra_keys: list[list[Any] | None] = []
         if hasher is not None:
             self._extend_hashes()
 
@@ -103,14 +136,14 @@ class Request:
 
     def _extend_hashes(self) -> None:
         assert self._hasher is not None
-        self._hasher.extend(
-            self.block_hashes,
-            self.all_token_ids,
-            lora=self.lora,
-            mm_items=self.mm_items,
-            cache_salt=self.cache_salt,
-            prompt_embeds=self.prompt_embeds,
-        )
+        extras = self.hash_extras
+        if extras is None:
+            self._hasher.extend(self.block_hashes, self.all_token_ids)
+            return
+        keys = self.block_extra_keys
+        # Caller-supplied hashes: their keys were never recorded (the events derive them).
+        self._hasher.extend(self.block_hashes, self.all_token_ids, extras=extras,
+                            keys_out=keys if len(keys) == len(self.block_hashes) else None)
 
     def __repr__(self) -> str:
         return (

@@ -20,6 +20,19 @@ Worked cases (bf16, 8 KV heads, head size 128, block size 16):
   tokens -> ceil(383 / 16) + 1 = 25 blocks (the +1: the window need not start on a block
   boundary).
 * chunked local, chunk 256, 256 tokens per step: min(256 + 256, 1000) = 512 -> 32 + 1 = 33.
+
+>>> heads = {"num_kv_heads": 8, "head_size": 128, "dtype_bytes": 2, "block_size": 16}
+>>> full = FullAttentionSpec(**heads)
+>>> full.page_size_bytes, full.max_admission_blocks(1000)
+(65536, 63)
+>>> SlidingWindowSpec(sliding_window=128, **heads).max_admission_blocks(
+...     1000, max_num_batched_tokens=256)
+25
+>>> ChunkedLocalAttentionSpec(attention_chunk_size=256, **heads).max_admission_blocks(
+...     1000, max_num_batched_tokens=256)
+33
+>>> merge_specs([full, FullAttentionSpec(**heads)]) == full
+True
 """
 
 from __future__ import annotations

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedkv import BlockHasher, InvalidArgumentError, LoRA, MissingDependencyError, Request
+from pagedkv import (
+    BlockHasher,
+    HashExtras,
+    InvalidArgumentError,
+    LoRA,
+    MissingDependencyError,
+    Request,
+)
 from pagedkv.hashing import canonical_cbor
 
 SEED = "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
@@ -36,7 +43,8 @@ def test_request_hashes_incrementally_and_matches_vectors() -> None:
     assert len(req.block_hashes) == 1
     req.append_output_tokens([8, 9])
     assert [x.hex() for x in req.block_hashes] == [H1234, H5678]
-    salted = Request("s", [1, 2, 3, 4, 5, 6, 7, 8], hasher=h, cache_salt="s1")
+    salted = Request("s", [1, 2, 3, 4, 5, 6, 7, 8], hasher=h,
+                     hash_extras=HashExtras(cache_salt="s1"))
     assert salted.block_hashes[0].hex() == H1234_SALT
     # The salt applies to the first block only, but the chain carries it on.
     assert salted.block_hashes[1] != req.block_hashes[1]
@@ -76,9 +84,12 @@ def test_extra_keys_separate_otherwise_equal_blocks() -> None:
     h = BlockHasher(4)
     tokens = [0] * 8
     plain = Request("a", tokens, hasher=h).block_hashes
-    lora = Request("b", tokens, hasher=h, lora=LoRA("x", 1)).block_hashes
-    embeds_1 = Request("c", tokens, hasher=h, prompt_embeds=[b"e1"] * 8).block_hashes
-    embeds_2 = Request("d", tokens, hasher=h, prompt_embeds=[b"e2"] * 8).block_hashes
+    lora = Request("b", tokens, hasher=h,
+                   hash_extras=HashExtras(lora=LoRA("x", 1))).block_hashes
+    embeds_1 = Request("c", tokens, hasher=h,
+                       hash_extras=HashExtras(prompt_embeds=[b"e1"] * 8)).block_hashes
+    embeds_2 = Request("d", tokens, hasher=h,
+                       hash_extras=HashExtras(prompt_embeds=[b"e2"] * 8)).block_hashes
     assert len({plain[0], lora[0], embeds_1[0], embeds_2[0]}) == 4
 
 

@@ -15,6 +15,7 @@ from pagedkv import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    HashExtras,
     InvalidArgumentError,
     LoRA,
     MultiModalItem,
@@ -22,6 +23,14 @@ from pagedkv import (
 )
 
 BS = 4
+
+
+def _mm(identifier: str, offset: int, length: int) -> HashExtras:
+    return HashExtras(mm_items=[MultiModalItem(identifier, offset, length)])
+
+
+def _lora(name: str, adapter_id: int) -> HashExtras:
+    return HashExtras(lora=LoRA(name, adapter_id))
 
 
 def prefill(m: Any, rid: str, tokens: list[int], **request_options: Any) -> tuple[Any, Any, Any]:
@@ -132,11 +141,11 @@ def test_salted_and_unsalted_requests_never_share(make_mgr: Any) -> None:
     m = make_mgr(num_blocks=20)
     tokens = list(range(9))
     prefill(m, "plain", tokens)
-    _, hit_s1, new_s1 = prefill(m, "s1", tokens, cache_salt="s1")
+    _, hit_s1, new_s1 = prefill(m, "s1", tokens, hash_extras=HashExtras(cache_salt="s1"))
     assert hit_s1.num_computed_tokens == 0
-    _, hit_s2, _ = prefill(m, "s2", tokens, cache_salt="s2")
+    _, hit_s2, _ = prefill(m, "s2", tokens, hash_extras=HashExtras(cache_salt="s2"))
     assert hit_s2.num_computed_tokens == 0
-    _, hit_s1b, _ = prefill(m, "s1b", tokens, cache_salt="s1")
+    _, hit_s1b, _ = prefill(m, "s1b", tokens, hash_extras=HashExtras(cache_salt="s1"))
     assert hit_s1b.block_ids == (new_s1[0][:2],)
     _, hit_plain, _ = prefill(m, "plain2", tokens)
     assert hit_plain.block_ids == ([1, 2],)
@@ -145,10 +154,10 @@ def test_salted_and_unsalted_requests_never_share(make_mgr: Any) -> None:
 def test_lora_isolation(make_mgr: Any) -> None:
     m = make_mgr(num_blocks=20)
     tokens = list(range(9))
-    _, _, new_a = prefill(m, "a", tokens, lora=LoRA("adapter-a", 1))
-    _, hit_b, _ = prefill(m, "b", tokens, lora=LoRA("adapter-b", 2))
+    _, _, new_a = prefill(m, "a", tokens, hash_extras=_lora("adapter-a", 1))
+    _, hit_b, _ = prefill(m, "b", tokens, hash_extras=_lora("adapter-b", 2))
     _, hit_none, _ = prefill(m, "none", tokens)
-    _, hit_a2, _ = prefill(m, "a2", tokens, lora=LoRA("adapter-a", 1))
+    _, hit_a2, _ = prefill(m, "a2", tokens, hash_extras=_lora("adapter-a", 1))
     assert hit_b.num_computed_tokens == 0
     assert hit_none.num_computed_tokens == 0
     assert hit_a2.block_ids == (new_a[0][:2],)
@@ -157,13 +166,13 @@ def test_lora_isolation(make_mgr: Any) -> None:
 def test_multimodal_isolation(make_mgr: Any) -> None:
     m = make_mgr(num_blocks=20)
     tokens = [0] * 9  # placeholder tokens: only the image identity differs
-    _, _, new_a = prefill(m, "a", tokens, mm_items=[MultiModalItem("img-1", 2, 4)])
-    _, hit_b, _ = prefill(m, "b", tokens, mm_items=[MultiModalItem("img-2", 2, 4)])
-    _, hit_c, _ = prefill(m, "c", tokens, mm_items=[MultiModalItem("img-1", 2, 4)])
+    _, _, new_a = prefill(m, "a", tokens, hash_extras=_mm("img-1", 2, 4))
+    _, hit_b, _ = prefill(m, "b", tokens, hash_extras=_mm("img-2", 2, 4))
+    _, hit_c, _ = prefill(m, "c", tokens, hash_extras=_mm("img-1", 2, 4))
     assert hit_b.num_computed_tokens == 0
     assert hit_c.block_ids == (new_a[0][:2],)
     # Same image at another offset is different content.
-    _, hit_d, _ = prefill(m, "d", tokens, mm_items=[MultiModalItem("img-1", 1, 4)])
+    _, hit_d, _ = prefill(m, "d", tokens, hash_extras=_mm("img-1", 1, 4))
     assert hit_d.num_computed_tokens == 0
 
 
@@ -305,7 +314,8 @@ def test_caching_off_never_hits_and_never_hashes_blocks(make_mgr: Any) -> None:
 
 def test_stored_event_contents(make_mgr: Any) -> None:
     m = make_mgr(enable_events=True)
-    a, _, _ = prefill(m, "a", list(range(9)), lora=LoRA("ad", 7), cache_salt="t")
+    a, _, _ = prefill(m, "a", list(range(9)),
+                      hash_extras=HashExtras(lora=LoRA("ad", 7), cache_salt="t"))
     [ev] = m.take_events()
     assert isinstance(ev, BlockStored)
     assert ev.block_hashes == a.block_hashes[:2]
@@ -370,15 +380,42 @@ def test_stored_events_split_at_blocks_not_newly_registered(make_mgr: Any) -> No
 
 def test_stored_events_split_around_null_blocks() -> None:
     from pagedkv import BlockHasher, Request
+    from pagedkv.events.recorder import EventBuffer, GroupInfo
     from pagedkv.pool import BlockPool
 
-    pool = BlockPool(10, hash_block_size=4, enable_events=True)
+    groups = [GroupInfo(4, None, None)]
+    pool = BlockPool(10, hash_block_size=4, groups=groups, recorder=EventBuffer(groups, 4))
     req = Request("r", list(range(20)), hasher=BlockHasher(4))
     ids = pool.get_new_blocks(4)
     table = [ids[0], 0, ids[1], ids[2], 0]  # block positions 1 and 4 are null
     pool.cache_full_blocks(req, table, 0, 5, 0)
-    events = pool.take_events()
+    events = pool.recorder.take()
     assert [e.block_hashes for e in events] == [req.block_hashes[0:1], req.block_hashes[2:4]]
     assert [e.parent_block_hash for e in events] == [None, req.block_hashes[1]]
     assert [e.token_ids for e in events] == [list(range(0, 4)), list(range(8, 16))]
     pool.check_invariants()
+
+
+def test_stored_events_reuse_the_hashers_extra_keys_and_derive_missing_ones(
+        make_mgr: Any) -> None:
+    """Keys the hasher recorded are the ones the event carries; a request whose hashes
+    were supplied by the caller (no keys recorded) gets the same keys derived."""
+    extras = HashExtras(mm_items=[MultiModalItem("img", 2, 5)], cache_salt="s")
+    m = make_mgr(enable_events=True)
+    a, _, _ = prefill(m, "a", list(range(9)), hash_extras=extras)
+    assert a.block_extra_keys == [extras.block_keys(0, 4), extras.block_keys(4, 8)]
+    [ev] = m.take_events()
+    assert ev.extra_keys == a.block_extra_keys
+    assert ev.extra_keys is not a.block_extra_keys  # a copy: the request keeps growing
+    m2 = make_mgr(enable_events=True)
+    b, _, _ = prefill(m2, "b", list(range(9)), hash_extras=extras,
+                      block_hashes=a.block_hashes)
+    assert b.block_extra_keys == []
+    [ev2] = m2.take_events()
+    assert ev2 == ev
+
+
+def test_null_recorder_has_no_snapshot(make_mgr: Any) -> None:
+    m = make_mgr()
+    with pytest.raises(InvalidArgumentError, match="enable_events=True"):
+        m.prefix_index_snapshot()

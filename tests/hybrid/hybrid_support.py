@@ -3,6 +3,7 @@ statement of what makes a hit valid for each kind (used as the reference model).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,3 +152,73 @@ def hit_is_valid(mgr: KVCacheManager, block_hashes: list[bytes],
             if not blocks[i]:
                 return f"group {g}: block {i} is needed but null"
     return None
+
+
+def skipped_tokens(spec: KVCacheSpec, num_computed_tokens: int) -> int:
+    """Leading tokens no future token reads once ``num_computed_tokens`` are computed, from
+    each kind's definition (the managers are not consulted)."""
+    c = num_computed_tokens
+    if isinstance(spec, SlidingWindowSpec):
+        return max(0, c - spec.sliding_window + 1)  # token c reads c - w + 1 .. c
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return c // spec.attention_chunk_size * spec.attention_chunk_size  # chunk of token c
+    if isinstance(spec, MambaSpec) and spec.cache_checkpoints:
+        return max(0, -(-c // spec.block_size) - 1) * spec.block_size  # finished checkpoints
+    return 0
+
+
+def _needed_blocks(spec: KVCacheSpec, num_hit: int) -> range | None:
+    """Block positions a hit of ``num_hit`` tokens must have cached for the next token
+    (``num_hit``) to be computed; None if the kind can never hit (then only 0 is valid)."""
+    bs = spec.block_size
+    end = num_hit // bs
+    if isinstance(spec, CrossAttentionSpec):
+        return None
+    if isinstance(spec, MambaSpec):
+        if not spec.cache_checkpoints:
+            return None
+        return range(max(0, end - 1), end)  # the state after num_hit tokens only
+    if isinstance(spec, SlidingWindowSpec):
+        return range(max(0, num_hit - spec.sliding_window + 1) // bs, end)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        chunk = spec.attention_chunk_size
+        return range(num_hit // chunk * chunk // bs, end)
+    return range(end)  # full attention, MLA, sinks: the whole prefix
+
+
+def oracle_longest_hit(mgr: KVCacheManager, block_hashes: list[bytes], max_length: int,
+                       drop_last_hit: bool) -> int:
+    """The longest hit (tokens) valid for every group, by brute force over every candidate
+    length from the spec formulas alone: a multiple of the lcm of the block sizes, at most
+    ``max_length``, and for each group every needed block position (``_needed_blocks``) is
+    registered in the prefix index under the hash ending at its boundary. With
+    ``drop_last_hit`` (speculative decoding) the block right after the hit must be
+    registered too and lie within ``max_length``. 0 (a miss) is always valid."""
+    pool = mgr.pool
+    hbs = pool.hash_block_size
+    specs = [m.spec for m in mgr.managers]
+    lcm = math.lcm(*(s.block_size for s in specs))
+
+    def cached(g: int, i: int) -> bool:
+        k = specs[g].block_size // hbs
+        j = (i + 1) * k - 1
+        return j < len(block_hashes) and block_hashes[j] in pool.index[g]
+
+    for length in range(max_length // lcm * lcm, 0, -lcm):
+        ok = True
+        for g, spec in enumerate(specs):
+            needed = _needed_blocks(spec, length)
+            if needed is None:
+                ok = False
+                break
+            if drop_last_hit:
+                after = length // spec.block_size
+                if (after + 1) * spec.block_size > max_length or not cached(g, after):
+                    ok = False
+                    break
+            if not all(cached(g, i) for i in needed):
+                ok = False
+                break
+        if ok:
+            return length
+    return 0

@@ -10,13 +10,15 @@ import pytest
 
 from pagedkv import BlockHasher, BlockRemoved, BlockStored, Request
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.events.recorder import EventBuffer
 from pagedkv.pool import BlockPool, GroupInfo
+
+GROUPS = [GroupInfo(4, "full_attention", None), GroupInfo(8, "full_attention", None)]
 
 
 def _pool(events: bool = True) -> BlockPool:
-    return BlockPool(16, hash_block_size=4, enable_events=events,
-                     groups=[GroupInfo(4, "full_attention", None),
-                             GroupInfo(8, "full_attention", None)])
+    return BlockPool(16, hash_block_size=4, groups=GROUPS,
+                     recorder=EventBuffer(GROUPS, 4) if events else None)
 
 
 def _req(n: int, base: int = 100) -> Request:
@@ -28,13 +30,13 @@ def test_partial_key_becomes_the_primary_hash_of_an_unhashed_block() -> None:
     req = _req(12)  # hashes at 4, 8, 12 tokens
     (b0, b1) = pool.get_new_blocks(2)
     pool.cache_full_blocks(req, [b0, b1], 0, 1, group=1)  # block 0 = tokens 0..7
-    assert pool.take_events()
+    assert pool.recorder.take()
     h = pool.cache_partial_block(req, b1, 12, group=1)  # tokens 8..11 of block 1
     assert h == req.block_hashes[2]
-    assert pool.get_cached_block(h, 1) == b1
+    assert pool.index[1].get(h) == b1
     assert pool.block_hash[b1] == h
     pool.check_invariants()
-    (ev,) = pool.take_events()
+    (ev,) = pool.recorder.take()
     assert isinstance(ev, BlockStored)
     assert ev.block_hashes == [req.block_hashes[2]]
     assert ev.parent_block_hash == req.block_hashes[1]
@@ -52,13 +54,13 @@ def test_promotion_to_the_full_block_hash_replaces_the_partial_key() -> None:
     (b0, b1) = pool.get_new_blocks(2)
     pool.cache_full_blocks(req, [b0, b1], 0, 1, group=1)
     partial = pool.cache_partial_block(req, b1, 12, group=1)
-    pool.take_events()
+    pool.recorder.take()
     pool.cache_full_blocks(req, [b0, b1], 1, 2, group=1)
     full_hash = req.block_hashes[3]
-    assert pool.get_cached_block(full_hash, 1) == b1
-    assert partial is not None and pool.get_cached_block(partial, 1) is None
+    assert pool.index[1].get(full_hash) == b1
+    assert partial is not None and pool.index[1].get(partial) is None
     pool.check_invariants()
-    removed, stored = pool.take_events()
+    removed, stored = pool.recorder.take()
     assert isinstance(removed, BlockRemoved) and removed.block_hashes == [partial]
     assert isinstance(stored, BlockStored) and stored.block_hashes == [full_hash]
     assert pool.num_evicted_blocks == 0  # a promotion is not an eviction
@@ -71,15 +73,15 @@ def test_secondary_key_on_a_full_block_goes_with_it_on_eviction() -> None:
     pool.cache_full_blocks(req, [b0, b1], 0, 2, group=1)
     h = pool.cache_partial_block(req, b1, 12, group=1)
     assert h is not None
-    assert pool.get_cached_block(h, 1) == b1
+    assert pool.index[1].get(h) == b1
     assert pool.block_hash[b1] == req.block_hashes[3]  # the primary stays the full hash
     pool.check_invariants()
-    pool.take_events()
+    pool.recorder.take()
     pool.evict_blocks([b1])
-    assert pool.get_cached_block(h, 1) is None
-    assert pool.get_cached_block(req.block_hashes[3], 1) is None
+    assert pool.index[1].get(h) is None
+    assert pool.index[1].get(req.block_hashes[3]) is None
     pool.check_invariants()
-    assert sorted(e.block_hashes[0] for e in pool.take_events()) == sorted(
+    assert sorted(e.block_hashes[0] for e in pool.recorder.take()) == sorted(
         [h, req.block_hashes[3]])
 
 
@@ -89,10 +91,10 @@ def test_two_blocks_under_one_partial_key() -> None:
     (a, b) = pool.get_new_blocks(2)
     h = pool.cache_partial_block(req, a, 4, group=1)
     assert pool.cache_partial_block(req, b, 4, group=1) == h
-    assert h is not None and pool.get_cached_block(h, 1) == a
+    assert h is not None and pool.index[1].get(h) == a
     pool.check_invariants()
     pool.evict_blocks([a])
-    assert pool.get_cached_block(h, 1) == b
+    assert pool.index[1].get(h) == b
     pool.check_invariants()
 
 
@@ -104,10 +106,10 @@ def test_a_free_partial_block_is_a_cached_eviction_candidate() -> None:
     pool.free_blocks(blocks)
     # unhashed blocks go to the front, the partially cached one to the back
     assert pool.free_queue.to_list()[-1] == blocks[0]
-    pool.take_events()
+    pool.recorder.take()
     pool.get_new_blocks(15)
-    assert h is not None and pool.get_cached_block(h, 1) is None
-    assert [type(e) for e in pool.take_events()] == [BlockRemoved]
+    assert h is not None and pool.index[1].get(h) is None
+    assert [type(e) for e in pool.recorder.take()] == [BlockRemoved]
     assert pool.num_evicted_blocks == 1
     pool.check_invariants()
 
@@ -117,11 +119,11 @@ def test_reset_and_snapshot_know_partial_keys() -> None:
     req = _req(12)
     (b,) = pool.get_new_blocks(1)
     h = pool.cache_partial_block(req, b, 4, group=1)
-    (snap,) = pool.prefix_index_snapshot()
+    (snap,) = pool.recorder.snapshot(pool.block_hash, pool.block_group)
     assert snap.block_hashes == [h] and snap.parent_block_hash is None
     pool.free_blocks([b])
     assert pool.reset_prefix_cache()
-    assert h is not None and pool.get_cached_block(h, 1) is None
+    assert h is not None and pool.index[1].get(h) is None
     pool.check_invariants()
 
 

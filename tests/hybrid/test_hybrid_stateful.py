@@ -6,10 +6,13 @@ a block), and a reference model of what must hold, restated independently of the
 * every hit is valid for every group (``hit_is_valid``: right length per group, real blocks
   registered under the hash ending at their boundary, every position the next token reads
   is real), is a multiple of the lcm of the block sizes and below the prompt length;
+* every hit is the *longest* valid one: a brute-force oracle over all candidate lengths,
+  written from the kinds' definitions (``oracle_longest_hit``), finds no longer one;
 * a refused allocation leaves the whole state dump unchanged;
-* each windowed table has exactly ``num_skipped_tokens(c) // block_size`` leading nulls,
-  ``c`` being the computed tokens at its last allocation (skipped blocks are freed as the
-  request advances, no earlier and no later);
+* each windowed table has exactly ``skipped_tokens(spec, c) // block_size`` leading nulls
+  (the kind's definition, not the manager's method), ``c`` being the computed tokens at its
+  last allocation (skipped blocks are freed as the request advances, no earlier and no
+  later);
 * real blocks held per request and group never exceed the spec's admission cap for the
   largest step the test schedules;
 * once every request is freed, every block is free again.
@@ -17,9 +20,20 @@ a block), and a reference model of what must hold, restated independently of the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from hybrid_support import chunked, full, hit_is_valid, make_mgr, mamba, real_blocks, sliding
+from hybrid_support import (
+    chunked,
+    full,
+    hit_is_valid,
+    make_mgr,
+    mamba,
+    oracle_longest_hit,
+    real_blocks,
+    skipped_tokens,
+    sliding,
+)
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -30,9 +44,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagedkv import KVCacheSpec, Request
-from pagedkv.managers import SkippingManager
-from pagedkv.specs import lcm_block_size
+from pagedkv import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    Request,
+    SlidingWindowSpec,
+)
 
 MAX_MODEL_LEN = 96
 MAX_STEP_TOKENS = 16
@@ -52,7 +70,8 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
             super().__init__()
             self.mgr = make_mgr(groups, num_blocks=num_blocks, max_model_len=MAX_MODEL_LEN,
                                 drop_last_hit=drop)
-            self.lcm = lcm_block_size(groups)
+            self.lcm = math.lcm(*(s.block_size for s in groups))
+            self.drop = drop
             self.live: dict[str, _Live] = {}
             self.next_id = 0
             self.prompts: list[list[int]] = []
@@ -94,6 +113,9 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
             assert n < req.num_tokens and n % self.lcm == 0
             why = hit_is_valid(self.mgr, req.block_hashes, hit.block_ids, n)
             assert why is None, why
+            longest = oracle_longest_hit(self.mgr, req.block_hashes, req.num_tokens - 1,
+                                         self.drop)
+            assert n == longest, f"hit of {n} tokens, but {longest} are valid"
             event("lookup hit" if n else "lookup miss")
             self.live[rid] = _Live(req, hit)
 
@@ -172,8 +194,9 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
                     cap = m.spec.max_admission_blocks(
                         MAX_MODEL_LEN, max_num_batched_tokens=MAX_STEP_TOKENS)
                     assert real_blocks(tables[g]) <= cap, (rid, g, tables[g], cap)
-                    if isinstance(m, SkippingManager):
-                        skipped = min(m.num_skipped_tokens(live.last_computed) // m.block_size,
+                    if isinstance(m.spec, (SlidingWindowSpec, ChunkedLocalAttentionSpec,
+                                           MambaSpec)):
+                        skipped = min(skipped_tokens(m.spec, live.last_computed) // m.block_size,
                                       len(tables[g]))
                         nulls = len(tables[g]) - len(
                             [b for b in tables[g] if b]) if tables[g] else 0
@@ -188,6 +211,10 @@ _SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
 
 TestFullSliding = _machine([full(8), sliding(4, 12)], 28, False).TestCase
 TestFullSliding.settings = _SETTINGS
+# A window of 9 = 2 blocks of 4 + 1 token: the hit needs the 8 tokens before it, 2 blocks;
+# a window one token longer or shorter changes what is needed here.
+TestFullSlidingOdd = _machine([full(4), sliding(4, 9)], 28, False).TestCase
+TestFullSlidingOdd.settings = _SETTINGS
 TestFullChunked = _machine([full(4), chunked(4, 16)], 28, False).TestCase
 TestFullChunked.settings = _SETTINGS
 TestFullMamba = _machine([full(4), mamba(8)], 24, False).TestCase

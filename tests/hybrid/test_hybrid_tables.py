@@ -30,10 +30,8 @@ class _Prompt:
     def __init__(self, num_blocks: int, bs: int) -> None:
         self.block_hashes = HASHES[:num_blocks]
         self.all_token_ids = list(range(num_blocks * bs))
-        self.lora = None
-        self.mm_items = ()
-        self.cache_salt = None
-        self.prompt_embeds = None
+        self.hash_extras = None
+        self.block_extra_keys: list[object] = []
 
 
 def _manager(spec: KVCacheSpec, pattern: str, *, drop: bool = False) -> tuple[

@@ -14,26 +14,42 @@ Worked cases (block size 4):
 * a new request with a 3-block hit whose last block is free (ref count 0) and 14 tokens
   needing a slot: ceil(14 / 4) - 3 = 1 new block, plus 1 for reviving the free hit block
   (it leaves the free queue) = 2 blocks of capacity needed.
+
+>>> from pagedkv.managers import FullAttentionManager
+>>> from pagedkv.pool import BlockPool
+>>> from pagedkv.specs import FullAttentionSpec
+>>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> m = FullAttentionManager(spec, pool, 0)
+>>> m.save_new_computed_blocks("r", [], 0); m.allocate_new_blocks("r", 8)
+[1, 2]
+>>> m.get_num_blocks_to_allocate("r", 10, [])               # first case: 1 new block
+1
+>>> m.free("r")                                             # blocks 1, 2 now free
+>>> m.get_num_blocks_to_allocate("s", 14, [1, 2])          # 2 new + 2 revived hit blocks
+4
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import ClassVar
+from collections.abc import Callable, Iterator
+from typing import ClassVar, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.pool import BlockPool, HashedRequest
+from pagedkv.pool import BlockPool
+from pagedkv.request import RequestLike
 from pagedkv.specs import KVCacheSpec
 
 __all__ = ["SingleTypeManager", "SkippingManager", "manager_class_for", "register_manager"]
 
 _REGISTRY: dict[type[KVCacheSpec], type[SingleTypeManager]] = {}
+_M = TypeVar("_M", bound="type[SingleTypeManager]")
 
 
-def register_manager(*spec_types: type[KVCacheSpec]):  # type: ignore[no-untyped-def]
+def register_manager(*spec_types: type[KVCacheSpec]) -> Callable[[_M], _M]:
     """Class decorator: the decorated manager serves layers of ``spec_types``."""
 
-    def deco(cls: type[SingleTypeManager]) -> type[SingleTypeManager]:
+    def deco(cls: _M) -> _M:
         for t in spec_types:
             _REGISTRY[t] = cls
         return cls
@@ -167,7 +183,7 @@ class SingleTypeManager:
         blocks.extend(new)
         return new
 
-    def cache_blocks(self, request: HashedRequest, request_id: str, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
         tokens and not registered yet."""
         num_full = num_tokens // self.block_size

@@ -15,6 +15,21 @@ Worked cases (chunk 8, block size 4):
   (tokens 12..15) is not full within 15 tokens, so it is never looked up.
 * ``m`` = 16: s = 16, every one of the 4 blocks is before the chunk -> ``[0, 0, 0, 0]``.
 
+Run (chunk 8, block 4; block ids 1..4 cached for tokens 0..15):
+
+>>> from pagedkv import BlockHasher, Request
+>>> from pagedkv.pool import BlockPool
+>>> heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
+>>> req = Request("a", list(range(17)), hasher=BlockHasher(4))   # 4 full blocks of 4
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> ids = pool.get_new_blocks(4); pool.cache_full_blocks(req, ids, 0, 4, 0); ids
+[1, 2, 3, 4]
+>>> from pagedkv.specs import ChunkedLocalAttentionSpec
+>>> spec = ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **heads)
+>>> m = ChunkedLocalManager(spec, pool, 0)
+>>> m.find_longest_cache_hit(req.block_hashes, 15), m.find_longest_cache_hit(req.block_hashes, 16)
+([0, 0, 3], [0, 0, 0, 0])
+
 Speculative decoding (``drop_last_hit``): the hit must end before a block that was looked
 up and matched, so the rule becomes: the longest run of cached blocks starting at a chunk
 start, minus its last block; chunks are tried from the one holding token ``m`` backwards.

@@ -10,6 +10,14 @@ coordinator treats such a group as "never hits".
 
 Worked case (block size 16, Whisper's 1500 encoder tokens): ceil(1500 / 16) = 94 blocks on
 the first allocation; later calls with ``num_encoder_tokens=0`` allocate nothing.
+
+>>> from pagedkv.pool import BlockPool
+>>> from pagedkv.specs import CrossAttentionSpec
+>>> spec = CrossAttentionSpec(block_size=16, max_encoder_len=1500, num_kv_heads=1,
+...                           head_size=8, dtype_bytes=2)
+>>> m = CrossAttentionManager(spec, BlockPool(200, hash_block_size=16), 0)
+>>> m.get_num_blocks_to_allocate("r", m.slots_needed(1, 1500), [])
+94
 """
 
 from __future__ import annotations

@@ -1,5 +1,21 @@
 """Full attention (and MLA, sinks): every block is kept; a hit is the longest run of cached
-blocks from the start, stopping at the first miss."""
+blocks from the start, stopping at the first miss.
+
+>>> from pagedkv import BlockHasher, Request
+>>> from pagedkv.pool import BlockPool
+>>> heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
+>>> req = Request("a", list(range(17)), hasher=BlockHasher(4))   # 4 full blocks of 4
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> ids = pool.get_new_blocks(4); pool.cache_full_blocks(req, ids, 0, 4, 0); ids
+[1, 2, 3, 4]
+>>> from pagedkv.specs import FullAttentionSpec
+>>> m = FullAttentionManager(FullAttentionSpec(block_size=4, **heads), pool, 0)
+>>> pool.evict_blocks([3])                       # cached: b1 b2 _ b4
+>>> m.find_longest_cache_hit(req.block_hashes, 16)
+[1, 2]
+>>> m.find_longest_cache_hit(req.block_hashes, 7)    # at most 7 tokens: one block
+[1]
+"""
 
 from __future__ import annotations
 

@@ -22,6 +22,24 @@ Worked case (interval 64): checkpoints for 64 and 128 tokens cached, a 200-token
 (``m`` = 199): block 2 (state at 192) is not cached, block 1 is -> ``[0, ckpt_1]``, 128
 tokens.
 
+Run (interval 4; checkpoints after 4 and 8 tokens cached, a 13-token prompt, ``m`` = 12):
+
+>>> from pagedkv import BlockHasher, Request
+>>> from pagedkv.pool import BlockPool
+>>> heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
+>>> req = Request("a", list(range(17)), hasher=BlockHasher(4))   # 4 full blocks of 4
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> ids = pool.get_new_blocks(2); pool.cache_full_blocks(req, ids, 0, 2, 0); ids
+[1, 2]
+>>> from pagedkv.specs import MambaSpec
+>>> spec = MambaSpec(block_size=4, state_bytes=64, cache_checkpoints=True)
+>>> m = MambaCheckpointManager(spec, pool, 0)
+>>> m.find_longest_cache_hit(req.block_hashes, 12)
+[0, 2]
+>>> MambaManager(MambaSpec(block_size=4, state_bytes=64), pool, 0).find_longest_cache_hit(
+...     req.block_hashes, 12)
+[]
+
 Skipped prefix (checkpoint mode): with ``c`` computed tokens the live state is in block
 ``ceil(c / block_size) - 1``; every earlier block is a finished checkpoint the request no
 longer reads, so it is freed. A cached checkpoint stays in the prefix index as an eviction

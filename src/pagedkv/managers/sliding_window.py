@@ -19,6 +19,23 @@ Worked cases (window 8, block size 4 -> n = ceil(7 / 4) = 2):
   block dropped, so the block after the hit is known to match too: ``b6 b7 b8`` ->
   ``[0, b6, b7]``, 12 tokens.
 
+The first two cases, run (block ids 1..4 cached for tokens 0..15):
+
+>>> from pagedkv import BlockHasher, Request
+>>> from pagedkv.pool import BlockPool
+>>> heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
+>>> req = Request("a", list(range(17)), hasher=BlockHasher(4))   # 4 full blocks of 4
+>>> pool = BlockPool(16, hash_block_size=4)
+>>> ids = pool.get_new_blocks(4); pool.cache_full_blocks(req, ids, 0, 4, 0); ids
+[1, 2, 3, 4]
+>>> from pagedkv.specs import SlidingWindowSpec
+>>> m = SlidingWindowManager(SlidingWindowSpec(block_size=4, sliding_window=8, **heads), pool, 0)
+>>> m.find_longest_cache_hit(req.block_hashes, 16)
+[0, 0, 3, 4]
+>>> pool.evict_blocks([2, 4])                                     # cached: b1 _ b3 _
+>>> m.find_longest_cache_hit(req.block_hashes, 16)
+[1]
+
 Admission: after skipping, a request holds the window, one scheduling step and one block
 of misalignment: ``SlidingWindowSpec.max_admission_blocks``.
 """

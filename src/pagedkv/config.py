@@ -1,0 +1,127 @@
+"""The manager's configuration: one frozen value, built by hand or from a planner result.
+
+>>> from pagedkv.specs import FullAttentionSpec
+>>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
+>>> config = CacheConfig(groups=(spec,), num_blocks=1024, max_model_len=8192)
+>>> config.enable_caching, config.hash_algo
+(True, 'sha256_cbor')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.events.config import KVEventsConfig
+from pagedkv.hashing import HASH_ALGOS
+from pagedkv.specs import KVCacheSpec
+
+if TYPE_CHECKING:
+    from pagedkv.planner.plan import KVCachePlan
+
+__all__ = ["CacheConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """Everything a :class:`~pagedkv.KVCacheManager` needs.
+
+    ``groups``: one layer spec per KV-cache group (the planner produces them).
+    ``hash_block_size``: block size hashes are computed at; default the smallest group
+    block size (every group block size must be a multiple of it).
+    ``drop_last_hit``: speculative decoding whose draft head needs the last block's hidden
+    states; the last hit block is dropped so it is recomputed.
+    ``hash_memo_blocks``: how many recently hashed blocks the hasher remembers so repeated
+    prefixes are not re-hashed (0: off); see :class:`pagedkv.BlockHasher`.
+    ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
+    ``enable_events``; needs the ``events`` extra); see
+    :meth:`~pagedkv.KVCacheManager.publish_events`.
+
+    Raises:
+        InvalidArgumentError: no groups, a non-positive ``max_model_len`` or an unknown
+            ``hash_algo``.
+    """
+
+    groups: tuple[KVCacheSpec, ...]
+    num_blocks: int
+    max_model_len: int
+    enable_caching: bool = True
+    hash_algo: str = "sha256_cbor"
+    hash_block_size: int | None = None
+    secret_seed: bytes | None = None
+    enable_events: bool = False
+    drop_last_hit: bool = False
+    hit_rate_window_requests: int = 1000
+    kv_events: KVEventsConfig | None = None
+    hash_memo_blocks: int = 16384
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
+            raise InvalidArgumentError(
+                f"max_model_len must be a positive int, got {self.max_model_len!r}"
+            )
+        if self.hash_algo not in HASH_ALGOS:
+            raise InvalidArgumentError(
+                f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
+            )
+
+    @property
+    def events_on(self) -> bool:
+        """Whether the manager records events (``enable_events`` or ``kv_events``)."""
+        return self.enable_events or self.kv_events is not None
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: KVCachePlan,
+        *,
+        max_model_len: int | None = None,
+        enable_caching: bool = True,
+        hash_algo: str = "sha256_cbor",
+        hash_block_size: int | None = None,
+        secret_seed: bytes | None = None,
+        enable_events: bool = False,
+        drop_last_hit: bool = False,
+        hit_rate_window_requests: int = 1000,
+        kv_events: KVEventsConfig | None = None,
+        hash_memo_blocks: int = 16384,
+    ) -> CacheConfig:
+        """The config for a planner result: its groups' specs (in group order), its
+        ``num_blocks`` and, unless given, its ``max_model_len``; the other fields as for
+        the constructor.
+
+        >>> from pagedkv.planner import plan_kv_cache
+        >>> from pagedkv.specs import FullAttentionSpec
+        >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
+        ...                          dtype_bytes=2)
+        >>> plan = plan_kv_cache({"layer.0": spec}, available_bytes=1 << 30,
+        ...                      max_model_len=4096)
+        >>> config = CacheConfig.from_plan(plan)
+        >>> config.num_blocks == plan.num_blocks, config.groups == (spec,)
+        (True, True)
+
+        Raises:
+            InvalidArgumentError: the plan has no groups (nothing to cache).
+        """
+        if not plan.groups:
+            raise InvalidArgumentError(
+                "the plan has no KV-cache groups (a model without attention layers); "
+                "there is nothing for a KV-cache manager to manage"
+            )
+        return cls(
+            groups=tuple(g.spec for g in plan.groups),
+            num_blocks=plan.num_blocks,
+            max_model_len=plan.max_model_len if max_model_len is None else max_model_len,
+            enable_caching=enable_caching,
+            hash_algo=hash_algo,
+            hash_block_size=hash_block_size,
+            secret_seed=secret_seed,
+            enable_events=enable_events,
+            drop_last_hit=drop_last_hit,
+            hit_rate_window_requests=hit_rate_window_requests,
+            kv_events=kv_events,
+            hash_memo_blocks=hash_memo_blocks,
+        )
