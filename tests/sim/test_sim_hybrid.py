@@ -7,7 +7,7 @@ from __future__ import annotations
 from pagedkv import FullAttentionSpec, SlidingWindowSpec
 from pagedkv.planner import plan_kv_cache
 from pagedkv.sim import EngineSimulator, SchedulerConfig, SimConfig, agent_loops, run
-from pagedkv.sim.models import CapacityPlan, plan_capacity
+from pagedkv.sim.models import CapacityPlan, plan_capacity, plan_factory
 from pagedkv.sim.pure_cache import run_pure_cache
 from pagedkv.sim.report import render_text
 
@@ -18,13 +18,11 @@ SWA = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_byte
 
 def _plan() -> tuple[CapacityPlan, int]:
     """A SWA + full plan of 1,201 blocks, and the approximation's block count."""
-    from pagedkv.sim.models import _group_factory
-
     plan = plan_kv_cache({"l0": SWA, "l1": FULL}, available_bytes=1201 * FULL.page_size_bytes,
                          max_model_len=8000)
     groups = tuple(g.spec for g in plan.groups)
     cap = CapacityPlan(num_blocks=plan.num_blocks, block_size=16, groups=groups,
-                       source="test", factory=_group_factory(groups))
+                       source="test", factory=plan_factory(plan))
     return cap, plan.kv_tokens // 16 + 1
 
 

@@ -14,11 +14,12 @@ so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from pagedkv import CacheConfig, KVCacheManager, KVCacheSpec, MissingDependencyError
+from pagedkv import CacheConfig, KVCacheManager, KVCacheSpec, planner
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.planner import KVCachePlan
 from pagedkv.sim.scheduler import ManagerFactory, build_manager, workload_max_len
 from pagedkv.sim.workloads import Workload, check_block_size
 
@@ -26,9 +27,9 @@ __all__ = [
     "DEFAULT_GPU_MEMORY",
     "DEFAULT_MODEL",
     "CapacityPlan",
-    "cache_config_from_plan",
     "fixed_capacity",
     "plan_capacity",
+    "plan_factory",
 ]
 
 DEFAULT_MODEL = "Llama-3.1-8B"
@@ -77,17 +78,10 @@ def _describe(spec: KVCacheSpec) -> str:
     return text + ")"
 
 
-def cache_config_from_plan(
-    groups: tuple[KVCacheSpec, ...], num_blocks: int, *, max_model_len: int,
-    kv_events: KVEventsConfig | None = None,
-) -> CacheConfig:
-    """A :class:`pagedkv.CacheConfig` for a plan's groups and ``num_blocks`` (a local
-    adapter until the core offers ``CacheConfig.from_plan``)."""
-    return CacheConfig(groups=groups, num_blocks=num_blocks, max_model_len=max_model_len,
-                       kv_events=kv_events)
+def plan_factory(plan: KVCachePlan) -> ManagerFactory:
+    """A manager factory for every group of ``plan`` (``CacheConfig.from_plan``), with
+    ``max_model_len`` fitted to the workload and the pool size the simulation asks for."""
 
-
-def _group_factory(groups: tuple[KVCacheSpec, ...]) -> ManagerFactory:
     def factory(
         workload: Workload, *, block_size: int, num_blocks: int,
         kv_events: KVEventsConfig | None = None,
@@ -96,9 +90,11 @@ def _group_factory(groups: tuple[KVCacheSpec, ...]) -> ManagerFactory:
         if num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
-        return KVCacheManager(cache_config_from_plan(
-            groups, num_blocks, max_model_len=workload_max_len(workload, block_size),
-            kv_events=kv_events))
+        config = CacheConfig.from_plan(
+            plan, max_model_len=workload_max_len(workload, block_size), kv_events=kv_events)
+        if num_blocks != config.num_blocks:
+            config = replace(config, num_blocks=num_blocks)
+        return KVCacheManager(config)
 
     return factory
 
@@ -149,13 +145,8 @@ def plan_capacity(
     Every group of the plan is simulated by its own manager.
 
     Raises:
-        MissingDependencyError: the planner is not installed.
         InputFileError, ConfigError, InvalidArgumentError: from the planner.
     """
-    try:
-        from pagedkv import planner
-    except ImportError:  # pragma: no cover - the planner ships with pagedkv
-        raise MissingDependencyError("--model needs pagedkv.planner") from None
     config, source, name = planner.load_config(model)
     spec = planner.model_spec_from_config(config, name=name, source=source, tp_size=tp,
                                           block_size=block_size)
@@ -178,6 +169,6 @@ def plan_capacity(
     src = (f"planner: {spec.name} on {gpu_memory} (utilization {utilization:g}, TP {tp}"
            f"{scale}): {len(groups)} KV-cache group{'s' if len(groups) > 1 else ''}")
     factory = build_manager if len(groups) == 1 and hash_bs == block_size and \
-        type(groups[0]).__name__ == "FullAttentionSpec" else _group_factory(groups)
+        type(groups[0]).__name__ == "FullAttentionSpec" else plan_factory(plan)
     return CapacityPlan(num_blocks=plan.num_blocks, block_size=hash_bs, groups=groups,
                         source=src, plan_kv_tokens=plan.kv_tokens, factory=factory)
