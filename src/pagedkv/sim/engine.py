@@ -62,71 +62,19 @@ import heapq
 import time
 from collections import deque
 
-from pagedkv import FullAttentionSpec, KVCacheManager, Request
+from pagedkv import FullAttentionSpec, KVCacheManager
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.scheduler import (
+    LiveRequest,
     ManagerFactory,
     Progress,
     SchedulerConfig,
     build_manager,
-    decode_block_key,
     make_request,
 )
 from pagedkv.sim.workloads import SimRequest, Workload
 
 __all__ = ["EngineSimulator"]
-
-
-class _Live:
-    """A request inside the engine.
-
-    ``computed`` and ``num_tokens`` are the engine's view; output tokens are pushed to the
-    manager's request (and its block hashes extended) lazily, by :meth:`sync`, before any
-    manager call that reads it — so a decode step that needs no manager call costs a few
-    integer operations.
-    """
-
-    __slots__ = (
-        "blocked_at", "computed", "first_scheduled", "generated", "index", "key_block_size",
-        "num_tokens",
-        "outputs", "pushed", "req", "target",
-    )
-
-    def __init__(self, index: int, req: Request, sim: SimRequest, block_size: int) -> None:
-        self.index = index
-        self.req = req
-        #: placeholder tokens: block keys are appended here, not hashed by a hasher
-        self.key_block_size = block_size if sim.prompt_token_ids is None else 0
-        self.target = max(1, sim.num_output_tokens)
-        self.generated = 0
-        self.pushed = 0
-        self.computed = 0
-        self.num_tokens = req.num_tokens
-        self.outputs = sim.output_token_ids
-        self.first_scheduled = False
-        #: Free blocks when its admission last failed (None: not blocked).
-        self.blocked_at: int | None = None
-
-    def sync(self) -> Request:
-        """Push pending output tokens and the computed count to the manager's request."""
-        req = self.req
-        if self.pushed < self.generated:
-            a, b = self.pushed, self.generated
-            outs = self.outputs
-            if outs is None:
-                req.append_output_tokens([self.index + 1] * (b - a))  # unique per request
-                kbs = self.key_block_size
-                if kbs:
-                    hashes = req.block_hashes
-                    for k in range(len(hashes), req.num_tokens // kbs):
-                        hashes.append(decode_block_key(self.index, k))
-            else:
-                req.append_output_tokens(
-                    [outs[k] if k < len(outs) else self.index + 1 for k in range(a, b)]
-                )
-            self.pushed = b
-        req.num_computed_tokens = self.computed
-        return req
 
 
 class EngineSimulator:
@@ -179,8 +127,8 @@ class EngineSimulator:
             if r.parent is not None:
                 self._children.setdefault(r.parent, []).append(i)
         self._pending: list[tuple[float, int]] = []
-        self.waiting: deque[_Live] = deque()
-        self.running: list[_Live] = []
+        self.waiting: deque[LiveRequest] = deque()
+        self.running: list[LiveRequest] = []
         self.now_s = 0.0
         #: Workload indices finished (or rejected) in the last :meth:`step`.
         self.finished: list[int] = []
@@ -268,8 +216,8 @@ class EngineSimulator:
                 self.now_s = max(self.now_s, self._pending[0][0])
             return
         budget = self.config.token_budget
-        decode: list[_Live] = []
-        prefill: list[tuple[_Live, int]] = []
+        decode: list[LiveRequest] = []
+        prefill: list[tuple[LiveRequest, int]] = []
         budget, preempted = self._schedule_running(budget, decode, prefill)
         if not preempted:
             self._admit_waiting(budget, prefill)
@@ -288,7 +236,7 @@ class EngineSimulator:
                 self._done(i, t)
             else:
                 self.waiting.append(
-                    _Live(i, make_request(self.manager, self.workload, i, self.block_size),
+                    LiveRequest(i, make_request(self.manager, self.workload, i, self.block_size),
                           reqs[i], self.block_size))
 
     def _blocks_needed(self, r: SimRequest) -> int:
@@ -298,7 +246,7 @@ class EngineSimulator:
                    for g in self._groups)
 
     def _schedule_running(
-        self, budget: int, decode: list[_Live], prefill: list[tuple[_Live, int]]
+        self, budget: int, decode: list[LiveRequest], prefill: list[tuple[LiveRequest, int]]
     ) -> tuple[int, bool]:
         """Give running requests, oldest first, their next chunk or decode token;
         preempt the newest on no room. Returns (budget left, whether it preempted)."""
@@ -340,7 +288,7 @@ class EngineSimulator:
                 k += 1
         return budget, preempted
 
-    def _preempt(self, victim: _Live) -> None:
+    def _preempt(self, victim: LiveRequest) -> None:
         victim.sync()
         self.manager.free(victim.req)
         victim.computed = victim.req.num_computed_tokens = 0
@@ -348,7 +296,7 @@ class EngineSimulator:
         self.waiting.appendleft(victim)
         self.res.preemptions += 1
 
-    def _admit_waiting(self, budget: int, prefill: list[tuple[_Live, int]]) -> None:
+    def _admit_waiting(self, budget: int, prefill: list[tuple[LiveRequest, int]]) -> None:
         """Admit from the front of the waiting queue (first come, first served) while
         there is budget, room and fewer than ``max_running`` run."""
         mgr = self.manager
@@ -387,7 +335,9 @@ class EngineSimulator:
             prefill.append((live, num_new))
             budget -= num_new
 
-    def _advance_clock(self, decode: list[_Live], prefill: list[tuple[_Live, int]]) -> None:
+    def _advance_clock(
+        self, decode: list[LiveRequest], prefill: list[tuple[LiveRequest, int]]
+    ) -> None:
         """End the step: advance the clock by its duration, then every scheduled request
         by what it computed; sample tokens and finish requests that have them all."""
         cfg = self.config
@@ -415,7 +365,7 @@ class EngineSimulator:
                 x.sync()
             self.manager.check_invariants()
 
-    def _sample_token(self, live: _Live) -> bool:
+    def _sample_token(self, live: LiveRequest) -> bool:
         """The request samples one token; finishes it when that was its last. Returns
         whether it finished."""
         live.generated += 1

@@ -16,6 +16,7 @@ from pagedkv.sim.workloads import SimRequest, Workload, check_block_size, reques
 
 __all__ = [
     "EngineResult",
+    "LiveRequest",
     "SchedulerConfig",
     "StepTimeModel",
     "build_manager",
@@ -178,3 +179,55 @@ def decode_block_key(index: int, block: int) -> bytes:
     """The block hash of block ``block`` of placeholder request ``index`` past its supplied
     hashes: unique to the request (never shared), and cheaper than hashing its tokens."""
     return b"\x00sim-decode" + index.to_bytes(8, "little") + block.to_bytes(4, "little")
+
+
+class LiveRequest:
+    """A request inside the engine.
+
+    ``computed`` and ``num_tokens`` are the engine's view; output tokens are pushed to the
+    manager's request (and its block hashes extended) lazily, by :meth:`sync`, before any
+    manager call that reads it — so a decode step that needs no manager call costs a few
+    integer operations.
+    """
+
+    __slots__ = (
+        "blocked_at", "computed", "first_scheduled", "generated", "index", "key_block_size",
+        "num_tokens",
+        "outputs", "pushed", "req", "target",
+    )
+
+    def __init__(self, index: int, req: Request, sim: SimRequest, block_size: int) -> None:
+        self.index = index
+        self.req = req
+        #: placeholder tokens: block keys are appended here, not hashed by a hasher
+        self.key_block_size = block_size if sim.prompt_token_ids is None else 0
+        self.target = max(1, sim.num_output_tokens)
+        self.generated = 0
+        self.pushed = 0
+        self.computed = 0
+        self.num_tokens = req.num_tokens
+        self.outputs = sim.output_token_ids
+        self.first_scheduled = False
+        #: Free blocks when its admission last failed (None: not blocked).
+        self.blocked_at: int | None = None
+
+    def sync(self) -> Request:
+        """Push pending output tokens and the computed count to the manager's request."""
+        req = self.req
+        if self.pushed < self.generated:
+            a, b = self.pushed, self.generated
+            outs = self.outputs
+            if outs is None:
+                req.append_output_tokens([self.index + 1] * (b - a))  # unique per request
+                kbs = self.key_block_size
+                if kbs:
+                    hashes = req.block_hashes
+                    for k in range(len(hashes), req.num_tokens // kbs):
+                        hashes.append(decode_block_key(self.index, k))
+            else:
+                req.append_output_tokens(
+                    [outs[k] if k < len(outs) else self.index + 1 for k in range(a, b)]
+                )
+            self.pushed = b
+        req.num_computed_tokens = self.computed
+        return req
