@@ -281,7 +281,11 @@ def main_run(args: argparse.Namespace) -> int:
         report = run(wl, config, description=what, progress=progress, phase=progress.phase)
         search = None
         if ttft_target is not None:
-            search = find_capacity(wl, config, ttft_p99_s=ttft_target, phase=progress.phase)
+            base = None
+            if report.engine is not None and not report.rejected_requests:
+                base = report.engine.ttft.p99
+            search = find_capacity(wl, config, ttft_p99_s=ttft_target,
+                                   baseline_ttft_p99_s=base, phase=progress.phase)
     finally:
         progress.close()
     out = report.to_dict()
