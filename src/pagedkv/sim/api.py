@@ -187,12 +187,20 @@ def run(
             settings["kv_events_endpoint"] = s.kv_events.endpoint
     return build_report(
         result, description=description or workload.description, semantics=cfg.semantics,
-        capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=cap.note),
+        capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
         warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
         infinite=infinite, belady=belady,
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+
+
+def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:
+    notes = [cap.note] if cap.note else []
+    if cap.is_hybrid and cfg.bounds:
+        notes.append("the Belady and infinite bounds treat every group as full attention "
+                     "(what the prefix could give if all groups could serve it)")
+    return "; ".join(notes) or None
 
 
 def _with_checks(cfg: SimConfig) -> SchedulerConfig:

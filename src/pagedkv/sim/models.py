@@ -164,11 +164,16 @@ def plan_capacity(
     )
     groups = tuple(g.spec for g in plan.groups)
     hash_bs = min(g.block_size for g in groups)
-    check_block_size(hash_bs, workload.source_block_size)
+    src = workload.source_block_size
+    if src is not None and src % hash_bs and hash_bs % src:
+        raise InvalidArgumentError(
+            f"{spec.name}'s plan uses {hash_bs}-token blocks (the planner's block size for "
+            f"--block-size {block_size}; hybrid state pages can force it) and cannot replay "
+            f"a trace of {src}-token hash blocks; try another --block-size, or a generator")
     scale = "" if memory_scale == 1.0 else f", KV memory x{memory_scale:g}"
-    src = (f"planner: {spec.name} on {gpu_memory} (utilization {utilization:g}, TP {tp}"
+    where = (f"planner: {spec.name} on {gpu_memory} (utilization {utilization:g}, TP {tp}"
            f"{scale}): {len(groups)} KV-cache group{'s' if len(groups) > 1 else ''}")
     factory = build_manager if len(groups) == 1 and hash_bs == block_size and \
         type(groups[0]).__name__ == "FullAttentionSpec" else plan_factory(plan)
     return CapacityPlan(num_blocks=plan.num_blocks, block_size=hash_bs, groups=groups,
-                        source=src, plan_kv_tokens=plan.kv_tokens, factory=factory)
+                        source=where, plan_kv_tokens=plan.kv_tokens, factory=factory)
