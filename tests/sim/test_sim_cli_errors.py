@@ -38,6 +38,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("unknown model", ["--model", "no-such-model"], 1, "no bundled config"),
     ("bad block size", ["--block-size", "48"], 1, "divisor of 512"),
     ("negative stagger", ["--trace", "{tmp}", "--session-stagger-s", "-1"], 1, "stagger"),
+    ("pool too large", ["--trace", "{hugecsv}", "--num-blocks", str(10**12)], 1, "at most"),
     ("bad sweep", ["--capacity-sweep", "lots", "--mode", "pure-cache"], 1, "token count"),
     ("sweep below a block", ["--capacity-sweep", "3", "--mode", "pure-cache"], 1,
      "less than one block"),
@@ -59,11 +60,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (tmp / "empty.jsonl").write_text("")
     (tmp / "notes.txt2").write_text("hello\n")
     (tmp / "blocker").write_text("a file where a directory should be")
+    (tmp / "huge.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                  "2023-11-16 18:15:46.6805900,400000000,1\n")
     return {
         "binary": str(tmp / "binary.jsonl"), "fakegz": str(tmp / "fake.jsonl.gz"),
         "badgz": str(tmp / "bad.jsonl.gz"), "jsondoc": str(tmp / "doc.json"),
         "jsonarray": str(tmp / "array.json"), "empty": str(tmp / "empty.jsonl"),
         "text": str(tmp / "notes.txt2"), "tmp": str(tmp), "blocker": str(tmp / "blocker"),
+        "hugecsv": str(tmp / "huge.csv"),
     }
 
 

@@ -35,6 +35,8 @@ __all__ = [
 DEFAULT_MODEL = "Llama-3.1-8B"
 #: An "80 GB" H100 has 80 GiB.
 DEFAULT_GPU_MEMORY = "80GiB"
+#: The most blocks a simulated pool may have (about 100 bytes of host memory each).
+MAX_SIM_BLOCKS = 20_000_000
 #: Activation memory the planner's budget keeps free.
 ACTIVATION_RESERVE = "2GiB"
 
@@ -124,6 +126,10 @@ def fixed_capacity(workload: Workload, *, block_size: int, num_blocks: int) -> C
         note = (f"--num-blocks {num_blocks:,} capped to {enough:,}: the whole workload fits "
                 "at once, more blocks change nothing")
         num_blocks = enough
+    if num_blocks > MAX_SIM_BLOCKS:
+        raise InvalidArgumentError(
+            f"--num-blocks {num_blocks:,}: the simulator holds about 100 bytes per block "
+            f"(~{num_blocks * 100 / 1e9:.1f} GB); give at most {MAX_SIM_BLOCKS:,}")
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=8, head_size=128,
                              dtype_bytes=2)
     return CapacityPlan(num_blocks=num_blocks, block_size=block_size, groups=(spec,),
