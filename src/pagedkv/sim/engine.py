@@ -213,7 +213,10 @@ class EngineSimulator:
         self._take_arrivals()
         if not self.waiting and not self.running:
             if self._pending:
-                self.now_s = max(self.now_s, self._pending[0][0])
+                nxt = self._pending[0][0]
+                if nxt > self.now_s:
+                    self._sample(force=True)  # the idle state, before the clock jumps
+                    self.now_s = nxt
             return
         budget = self.config.token_budget
         decode: list[LiveRequest] = []
@@ -386,8 +389,8 @@ class EngineSimulator:
         for c in self._children.get(index, ()):
             heapq.heappush(self._pending, (t + reqs[c].think_s * self._scale, c))
 
-    def _sample(self) -> None:
-        if self.now_s < self._next_sample:
+    def _sample(self, *, force: bool = False) -> None:
+        if self.now_s < self._next_sample and not force:
             return
         res = self.res
         self._next_sample = self.now_s + self._sample_every

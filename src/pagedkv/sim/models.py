@@ -153,6 +153,7 @@ def plan_capacity(
     Raises:
         InputFileError, ConfigError, InvalidArgumentError: from the planner.
     """
+    check_block_size(block_size, workload.source_block_size)
     config, source, name = planner.load_config(model)
     spec = planner.model_spec_from_config(config, name=name, source=source, tp_size=tp,
                                           block_size=block_size)

@@ -108,15 +108,15 @@ def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
         samples = s["usage_over_time"]
         ts = [p["time_s"] for p in samples]
         lines = ax2.plot(ts, [100 * p["usage"] for p in samples], color="tab:purple",
-                         label="KV usage (%)")
+                         drawstyle="steps-post", label="KV usage (%)")
         ax2.set_ylabel("KV usage (%)")
         ax2.set_ylim(0, 105)
         ax2.set_xlabel(xlabel)
         ax3 = ax2.twinx()
         lines += ax3.plot(ts, [p["running"] for p in samples], color="tab:green",
-                          linewidth=0.9, label="running requests")
+                          linewidth=0.9, drawstyle="steps-post", label="running requests")
         lines += ax3.plot(ts, [p["waiting"] for p in samples], color="tab:red",
-                          linewidth=0.9, label="waiting requests")
+                          linewidth=0.9, drawstyle="steps-post", label="waiting requests")
         ax3.set_ylabel("requests")
         ax3.set_ylim(bottom=0)
         ax2.legend(lines, [str(ln.get_label()) for ln in lines], fontsize=8,
