@@ -350,9 +350,16 @@ class EngineSimulator:
         if self._publish:
             self.manager.publish_events()
         finished = False
+        # Sampling a token, inlined (a million times in a long replay): a request whose
+        # known tokens are all computed samples one; with all of them it finishes.
         for live in decode:
             live.computed += 1
-            finished |= self._sample_token(live)
+            live.generated += 1
+            if live.generated < live.target:
+                live.num_tokens += 1
+            else:
+                self._finish(live)
+                finished = True
         first_token = self.res.first_token_s
         for live, num_new in prefill:
             live.computed += num_new
@@ -360,7 +367,12 @@ class EngineSimulator:
                 continue
             if live.generated == 0:
                 first_token[live.index] = self.now_s
-            finished |= self._sample_token(live)
+            live.generated += 1
+            if live.generated < live.target:
+                live.num_tokens += 1
+            else:
+                self._finish(live)
+                finished = True
         if finished:
             self.running = [x for x in self.running if x.generated < x.target]
         if cfg.check_invariants_every_step:
@@ -368,18 +380,12 @@ class EngineSimulator:
                 x.sync()
             self.manager.check_invariants()
 
-    def _sample_token(self, live: LiveRequest) -> bool:
-        """The request samples one token; finishes it when that was its last. Returns
-        whether it finished."""
-        live.generated += 1
-        if live.generated < live.target:
-            live.num_tokens += 1
-            return False
+    def _finish(self, live: LiveRequest) -> None:
+        """The request has all its tokens: free it and record when."""
         self.manager.free(live.req)
         self.res.finish_s[live.index] = self.now_s
         live.outputs = None
         self._done(live.index, self.now_s)
-        return True
 
     def _done(self, index: int, t: float) -> None:
         """``index`` finished or was rejected at ``t``: release its chained children."""
