@@ -137,8 +137,9 @@ def encode_tokens(tokens: Sequence[int]) -> bytes:
     except (IndexError, TypeError):
         pass
     for t in tokens:
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise InvalidArgumentError(f"token ids must be non-negative ints, got {t!r}")
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 1 << 64:
+            raise InvalidArgumentError(
+                f"token ids must be non-negative ints below 2**64, got {t!r}")
     return canonical_cbor(list(tokens))
 
 

@@ -35,6 +35,7 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.sim.cli",
     "pagedkv.planner.cli",
     "pagedkv.bench",
+    "pagedkv.cluster.cli",
 )
 
 

@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.hashing import HASH_ALGOS
 from pagedkv.specs import KVCacheSpec
@@ -20,7 +21,26 @@ from pagedkv.specs import KVCacheSpec
 if TYPE_CHECKING:
     from pagedkv.planner.plan import KVCachePlan
 
-__all__ = ["CacheConfig"]
+__all__ = ["HOST_BYTES_PER_BLOCK", "CacheConfig"]
+
+#: Host memory the pool's bookkeeping takes per block (measured: ~104 bytes,
+#: benchmarks/scaling.py), rounded up.
+HOST_BYTES_PER_BLOCK = 110
+
+
+def _check_host_memory(num_blocks: int) -> None:
+    try:
+        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf: the pool build will tell
+        return
+    need_bytes = num_blocks * HOST_BYTES_PER_BLOCK
+    if need_bytes > total_bytes:
+        raise ConfigError(
+            f"num_blocks={num_blocks:,} needs about {need_bytes / 2**30:,.0f} GiB of host "
+            f"memory for the block pool's bookkeeping ({HOST_BYTES_PER_BLOCK} bytes per "
+            f"block), but this machine has {total_bytes / 2**30:,.0f} GiB; size num_blocks "
+            "from the KV-cache memory (pagedkv plan, or CacheConfig.from_plan)"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,8 +59,11 @@ class CacheConfig:
     :meth:`~pagedkv.KVCacheManager.publish_events`.
 
     Raises:
-        InvalidArgumentError: no groups, a non-positive ``max_model_len`` or an unknown
-            ``hash_algo``.
+        InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
+            ``max_model_len`` or an unknown ``hash_algo``.
+        ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
+            ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
+            machine's memory.
     """
 
     groups: tuple[KVCacheSpec, ...]
@@ -59,6 +82,12 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        if type(self.num_blocks) is not int or self.num_blocks < 2:
+            raise InvalidArgumentError(
+                f"num_blocks must be an int >= 2 (block 0 is the null block), got "
+                f"{self.num_blocks!r}"
+            )
+        _check_host_memory(self.num_blocks)
         if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
             raise InvalidArgumentError(
                 f"max_model_len must be a positive int, got {self.max_model_len!r}"

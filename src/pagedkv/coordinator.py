@@ -63,6 +63,21 @@ class Coordinator:
         ``None`` when this coordinator makes no lookups (caching off). No state change."""
         raise NotImplementedError
 
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        """Why ``hit`` cannot be adopted by a request with ``block_hashes`` (see
+        :meth:`SingleTypeManager.hit_problem`), or None. No state change. O(hit blocks)."""
+        if type(hit) is not tuple or len(hit) != len(self.managers):
+            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
+        for m, blocks in zip(self.managers, hit, strict=True):
+            if type(blocks) is not list:
+                return f"group {m.group}: block ids come as a list, got {blocks!r}"
+            why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
+            if why is not None:
+                return why
+        return None
+
     # ----------------------------------------------------------------- requests
 
     def has_request(self, request_id: str) -> bool:
@@ -137,6 +152,12 @@ class Coordinator:
         """Copies of the request's block tables. Precondition: it holds blocks."""
         return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
 
+    def num_token_slots(self, request_id: str) -> int:
+        """Tokens the request's tables can hold in every caching group (the fewest of
+        them; a large number when no group caches). Precondition: it holds blocks."""
+        return min((len(m.req_to_blocks[request_id]) * m.block_size for m in self._cacheable),
+                   default=1 << 62)
+
     def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> list[int]:
         """Per group, the leading blocks every running request shares (0 where the kind
         has no cascade attention)."""
@@ -175,6 +196,13 @@ class NoPrefixCacheCoordinator(Coordinator):
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
     ) -> tuple[BlockTables, int] | None:
+        return None
+
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        if num_hit_tokens or type(hit) is not tuple or any(hit):
+            return "prefix caching is off: this manager hands out no hits"
         return None
 
     def allocate(

@@ -4,10 +4,14 @@
 
     PagedKVError                  base of everything below
     ├── InvalidArgumentError      a caller passed a value the call cannot accept
-    │                             (also a ValueError)
+    │   │                         (also a ValueError)
+    │   ├── DuplicateRequestError a request id already used by another live request
+    │   └── InvalidHitError       a prefix-cache hit (``ComputedBlocks``) from another
+    │                             manager or request, or no longer valid
     ├── UnknownRequestError       a request id the manager does not track
     │                             (also a KeyError)
-    ├── ConfigError               a configuration that cannot be met (also a ValueError)
+    ├── ConfigError               a configuration that cannot be met (also a ValueError),
+    │                             e.g. a pool too large for this machine's memory
     │   ├── SpecMergeError        two layer specs that cannot share a KV-cache group
     │   ├── InsufficientMemoryError
     │   │                         the memory budget cannot hold one request of
@@ -19,16 +23,19 @@
     └── MissingDependencyError    an optional extra is not installed (also an ImportError)
 
 Running out of free blocks is **not** an exception: ``allocate_slots`` returns ``None``
-and leaves every piece of state as it was.
+and leaves every piece of state as it was. Every exception a manager raises leaves its
+state as it was too (``debug_state()`` is identical before and after).
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "DuplicateRequestError",
     "InputFileError",
     "InsufficientMemoryError",
     "InvalidArgumentError",
+    "InvalidHitError",
     "MissingDependencyError",
     "PagedKVError",
     "SpecMergeError",
@@ -43,6 +50,17 @@ class PagedKVError(Exception):
 
 class InvalidArgumentError(PagedKVError, ValueError):
     """A caller passed an argument the call cannot accept; the message says which and why."""
+
+
+class DuplicateRequestError(InvalidArgumentError):
+    """A request id that another live request (one holding blocks) already uses. Ids must
+    be unique among live requests; a finished request's id is free again once freed."""
+
+
+class InvalidHitError(InvalidArgumentError):
+    """A ``ComputedBlocks`` hit that ``allocate_slots`` cannot adopt: issued by another
+    manager or for another request, altered, or stale (its blocks were evicted or now hold
+    other content). Look the request up again with ``get_computed_blocks``."""
 
 
 class UnknownRequestError(PagedKVError, KeyError):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
 from pagedkv.errors import InvalidArgumentError, require
@@ -61,7 +61,8 @@ class MultiModalItem(NamedTuple):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HashExtras:
     """What makes equal tokens mean different things: a LoRA adapter, multimodal items,
-    a cache salt, prompt embeddings. Part of every block hash (as *extra keys*, module
+    a cache salt, prompt embeddings (each checked at construction: InvalidArgumentError
+    names the field). Part of every block hash (as *extra keys*, module
     docstring) and of every stored event. A request without any has ``None`` instead.
 
     >>> extras = HashExtras(lora=LoRA("sql", 1), cache_salt="tenant-7")
@@ -82,10 +83,30 @@ class HashExtras:
 
     def __post_init__(self) -> None:
         # Sequences given as lists become tuples: the value stays immutable and hashable.
+        if isinstance(self.mm_items, (str, bytes)):
+            _bad("mm_items", self.mm_items, "a sequence of MultiModalItem")
         if not isinstance(self.mm_items, tuple):
             object.__setattr__(self, "mm_items", tuple(self.mm_items))
-        if self.prompt_embeds is not None and not isinstance(self.prompt_embeds, tuple):
-            object.__setattr__(self, "prompt_embeds", tuple(self.prompt_embeds))
+        embeds = self.prompt_embeds
+        if embeds is not None:
+            if isinstance(embeds, (str, bytes)):
+                _bad("prompt_embeds", embeds, "a sequence of bytes, one per prompt token")
+            if not isinstance(embeds, tuple):
+                object.__setattr__(self, "prompt_embeds", tuple(embeds))
+            for e in self.prompt_embeds or ():
+                if type(e) is not bytes:
+                    _bad("prompt_embeds", e, "bytes (one token's embedding)")
+        if self.lora is not None and (
+                not isinstance(self.lora, LoRA) or type(self.lora.name) is not str
+                or type(self.lora.adapter_id) is not int):
+            _bad("lora", self.lora, 'LoRA(name, adapter_id), e.g. LoRA("sql-adapter", 1)')
+        for item in self.mm_items:
+            if not isinstance(item, MultiModalItem) or type(item.identifier) is not str or (
+                    type(item.offset) is not int or type(item.length) is not int
+                    or item.offset < 0 or item.length <= 0):
+                _bad("mm_items", item, "MultiModalItem(identifier: str, offset >= 0, length > 0)")
+        if self.cache_salt is not None and type(self.cache_salt) is not str:
+            _bad("cache_salt", self.cache_salt, "a str (or None)")
 
     @property
     def is_empty(self) -> bool:
@@ -109,6 +130,10 @@ class HashExtras:
             digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
             keys.append(["embeds", digest])
         return keys or None
+
+
+def _bad(field: str, value: object, expected: str) -> NoReturn:
+    raise InvalidArgumentError(f"HashExtras.{field}: expected {expected}, got {value!r}")
 
 
 # ---------------------------------------------------------------- hash functions

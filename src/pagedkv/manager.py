@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pagedkv import validation
 from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
     Coordinator,
@@ -33,7 +34,7 @@ from pagedkv.coordinator import (
     NoPrefixCacheCoordinator,
     UnitaryCoordinator,
 )
-from pagedkv.errors import InvalidArgumentError, UnknownRequestError
+from pagedkv.errors import UnknownRequestError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.recorder import EventBuffer, EventRecorder, GroupInfo
 from pagedkv.events.records import BlockStored, KVCacheEvent
@@ -51,10 +52,18 @@ __all__ = ["ComputedBlocks", "KVCacheManager"]
 
 
 class ComputedBlocks(NamedTuple):
-    """A prefix-cache hit: block ids per group and the number of hit tokens."""
+    """A prefix-cache hit: block ids per group and the number of hit tokens.
+
+    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
+    :meth:`KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
+    it, for the same request, and only while its blocks still hold the request's prefix
+    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
+    """
 
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    issuer: object = None
+    request_id: str | None = None
 
 
 class KVCacheManager:
@@ -91,7 +100,11 @@ class KVCacheManager:
             self.coordinator = UnitaryCoordinator(self.managers, self.pool)
         else:
             self.coordinator = HybridCoordinator(self.managers, self.pool)
-        self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0)
+        #: Stamped into every hit this manager issues (see :class:`ComputedBlocks`).
+        self.issuer_token = object()
+        self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0, self.issuer_token)
+        #: Live requests (holding blocks) by id; read-only for callers.
+        self.live_requests: dict[str, RequestLike] = {}
         #: Lookup counters since the last :meth:`make_prefix_cache_stats`.
         self.lookups = LookupCounters()
         self.hit_rate_window = HitRateWindow(config.hit_rate_window_requests)
@@ -156,7 +169,15 @@ class KVCacheManager:
         block_hashes: Sequence[bytes] | None = None,
         hash_extras: HashExtras | None = None,
     ) -> Request:
-        """A :class:`Request` whose block hashes use this manager's hash settings."""
+        """A :class:`Request` whose block hashes use this manager's hash settings.
+
+        Raises:
+            InvalidArgumentError: a bad id, token ids, hashes or extras, or a prompt
+                longer than ``max_model_len``.
+            DuplicateRequestError: a live request has this id.
+        """
+        validation.check_new_request(self, request_id, prompt_token_ids, block_hashes,
+                                     hash_extras)
         return Request(request_id, prompt_token_ids, hasher=self.hasher,
                        block_hashes=block_hashes, hash_extras=hash_extras)
 
@@ -169,7 +190,11 @@ class KVCacheManager:
         its last token (the engine needs its logits); the hit is block aligned. Records
         lookup statistics (preempted re-lookups apart). Does not change the pool: the hit
         blocks are claimed only by :meth:`allocate_slots`.
+
+        Raises:
+            InvalidArgumentError: not a request, or longer than ``max_model_len``.
         """
+        validation.check_lookup(self, request)
         num_tokens = request.num_tokens
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
         if found is None:  # caching off: no lookup, nothing counted
@@ -185,7 +210,7 @@ class KVCacheManager:
             lookups.queries += num_tokens
             lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
-        return ComputedBlocks(blocks, num_hit)
+        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id)
 
     # ---------------------------------------------------------------- allocation
 
@@ -220,51 +245,59 @@ class KVCacheManager:
             The newly allocated block ids per group, or ``None`` when there are not enough
             free blocks, in which case **no state changed**.
 
+        ``num_lookahead_tokens`` past ``max_model_len`` are capped there (speculative
+        tokens that could never be accepted); every other count is checked exactly.
+
         Raises:
-            InvalidArgumentError: negative counts, nothing to allocate, or hit blocks for a
-                request that already holds blocks. State is unchanged.
+            InvalidArgumentError: the rules in :mod:`pagedkv.validation` (types and ranges
+                of counts, ``num_computed_tokens``, a prompt past ``max_model_len``, hit
+                blocks for a request that already holds blocks).
+            DuplicateRequestError: another live request object has this id.
+            InvalidHitError: a hit from another manager or request, or stale.
+            In every case state is unchanged.
         """
-        rid = request.request_id
-        if num_new_computed_tokens is None:
-            num_new_computed_tokens = (
-                new_computed_blocks.num_computed_tokens if new_computed_blocks else 0
-            )
-        if (
-            num_new_tokens < 0
-            or num_new_computed_tokens < 0
-            or num_lookahead_tokens < 0
-            or num_external_computed_tokens < 0
-            or num_encoder_tokens < 0
-        ):
-            raise InvalidArgumentError(
-                f"request {rid!r}: token counts must be >= 0 (num_new_tokens={num_new_tokens}, "
-                f"num_new_computed_tokens={num_new_computed_tokens}, num_lookahead_tokens="
-                f"{num_lookahead_tokens}, num_external_computed_tokens="
-                f"{num_external_computed_tokens}, num_encoder_tokens={num_encoder_tokens})"
-            )
-        if num_new_tokens == 0 and not num_external_computed_tokens and not num_lookahead_tokens:
-            raise InvalidArgumentError(
-                f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or external or "
-                "lookahead tokens); there is nothing to allocate"
-            )
+        try:
+            rid = request.request_id
+            num_computed = request.num_computed_tokens
+            num_request_tokens = request.num_tokens
+            # The common call (a live request, no hit, no extra counts) passes these few
+            # tests; anything else gets validation.check_allocate's full check.
+            first = (
+                self.live_requests.get(rid) is not request
+                or new_computed_blocks is not None
+                or num_new_computed_tokens is not None
+                or num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
+                or type(num_new_tokens) is not int or type(num_computed) is not int
+                or num_new_tokens <= 0 or num_computed < 0
+                or num_computed + num_new_tokens > num_request_tokens
+                or num_request_tokens > self.max_model_len
+            ) and validation.check_allocate(
+                self, request, num_new_tokens, new_computed_blocks,
+                (num_new_computed_tokens, num_lookahead_tokens,
+                 num_external_computed_tokens, num_encoder_tokens))
+        except (AttributeError, TypeError):
+            validation.check_allocate(self, request, num_new_tokens, new_computed_blocks,
+                                      (num_new_computed_tokens, num_lookahead_tokens,
+                                       num_external_computed_tokens, num_encoder_tokens))
+            raise
+        if new_computed_blocks is not None:
+            hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
+            local_computed = num_computed + new_computed_blocks.num_computed_tokens
+        else:
+            hit = None
+            local_computed = num_computed
         coordinator = self.coordinator
-        hit = new_computed_blocks.block_ids if new_computed_blocks is not None else None
-        if hit is not None and any(hit) and coordinator.has_request(rid):
-            raise InvalidArgumentError(
-                f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
-                "be given to its first allocate_slots call"
-            )
-        num_computed = request.num_computed_tokens
-        local_computed = num_computed + num_new_computed_tokens
         max_len = self.max_model_len
-        total_computed = min(local_computed + num_external_computed_tokens, max_len)
+        total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
         new_blocks = coordinator.allocate(
             rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
         )
-        if new_blocks is not None and not delay_caching:
-            coordinator.cache_blocks(request, min(total_computed + num_new_tokens,
-                                                  request.num_tokens))
+        if new_blocks is not None:
+            if first:
+                self.live_requests[rid] = request
+            if not delay_caching:
+                coordinator.cache_blocks(request, total_computed + num_new_tokens)
         return new_blocks
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
@@ -273,15 +306,23 @@ class KVCacheManager:
 
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
+            InvalidArgumentError: a bad count, or more tokens than the request has slots.
         """
-        self._require_known(request.request_id)
+        validation.check_cache_blocks(self, request, num_computed_tokens)
         self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
     def free(self, request: RequestLike | str) -> None:
-        """Release every block of the request, tail first. Freeing a request the manager
-        does not track (e.g. aborted before its first allocation) does nothing."""
-        rid = request if isinstance(request, str) else request.request_id
-        self.coordinator.free(rid)
+        """Release every block of the request, tail first; its id is free again. Freeing a
+        request the manager does not track (e.g. aborted before its first allocation) does
+        nothing.
+
+        Raises:
+            InvalidArgumentError: neither a request nor a str.
+            DuplicateRequestError: a request object whose id another live request holds.
+        """
+        rid = validation.check_free(self, request)
+        if self.live_requests.pop(rid, None) is not None:
+            self.coordinator.free(rid)
 
     # ---------------------------------------------------------------- queries
 
@@ -291,7 +332,7 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
         """
-        self._require_known(request_id)
+        self.require_live(request_id)
         return self.coordinator.block_ids(request_id)
 
     def get_num_common_prefix_blocks(
@@ -303,12 +344,13 @@ class KVCacheManager:
         Raises:
             UnknownRequestError: the manager holds no blocks for this request.
         """
-        self._require_known(request_id)
+        self.require_live(request_id)
+        validation.check_count("num_running_requests", num_running_requests)
         return self.coordinator.num_common_prefix_blocks(request_id, num_running_requests)
 
     def has_request(self, request_id: str) -> bool:
         """Whether the request holds blocks (allocated and not freed yet). O(1)."""
-        return self.coordinator.has_request(request_id)
+        return request_id in self.live_requests
 
     @property
     def num_free_blocks(self) -> int:
@@ -380,8 +422,9 @@ class KVCacheManager:
 
     # ---------------------------------------------------------------- checks
 
-    def _require_known(self, request_id: str) -> None:
-        if not self.coordinator.has_request(request_id):
+    def require_live(self, request_id: str) -> None:
+        """Raise :class:`UnknownRequestError` unless the request holds blocks. O(1)."""
+        if type(request_id) is not str or request_id not in self.live_requests:
             raise UnknownRequestError(
                 f"unknown request {request_id!r}: it was never allocated or is already freed; "
                 "call allocate_slots for it first"
@@ -396,6 +439,7 @@ class KVCacheManager:
                 {rid: list(b) for rid, b in m.req_to_blocks.items()} for m in self.managers
             ],
             "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
+            "live_requests": list(self.live_requests),
             "stats": self.lookups.snapshot(),
             "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
                                 self.hit_rate_window.num_requests),
@@ -406,3 +450,6 @@ class KVCacheManager:
         the number of block tables holding it. O(num_blocks + held blocks)."""
         self.pool.check_invariants()
         self.coordinator.check_invariants()
+        tracked = self.coordinator.managers[0].req_to_blocks
+        assert len(tracked) == len(self.live_requests) and all(
+            rid in tracked for rid in self.live_requests), "live requests and tables disagree"

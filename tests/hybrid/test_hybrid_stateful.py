@@ -108,6 +108,9 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
             rid = f"r{self.next_id}"
             self.next_id += 1
             req = self.mgr.new_request(rid, prompt)
+            self.live[rid] = _Live(req, self._lookup(req))
+
+        def _lookup(self, req: Request) -> Any:
             hit = self.mgr.get_computed_blocks(req)
             n = hit.num_computed_tokens
             assert n < req.num_tokens and n % self.lcm == 0
@@ -117,7 +120,7 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
                                          self.drop)
             assert n == longest, f"hit of {n} tokens, but {longest} are valid"
             event("lookup hit" if n else "lookup miss")
-            self.live[rid] = _Live(req, hit)
+            return hit
 
         def _allocate(self, live: _Live, num_new: int) -> bool:
             mgr = self.mgr
@@ -144,6 +147,8 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
                        if lv.req.num_computed_tokens + (lv.hit.num_computed_tokens if lv.hit
                                                         else 0) < lv.req.num_tokens]
             live = waiting[pick % len(waiting)]
+            if live.hit is not None:  # look up again right before allocating, as an engine
+                live.hit = self._lookup(live.req)
             done = live.req.num_computed_tokens + (live.hit.num_computed_tokens if live.hit
                                                    else 0)
             if not self._allocate(live, min(step, live.req.num_tokens - done)):

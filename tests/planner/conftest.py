@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 from collections.abc import Callable
 
 import pytest
 
+from pagedkv.cli import OneLineParser
 from pagedkv.planner import cli
 
 RunPlan = Callable[..., tuple[int, str, str]]
@@ -19,7 +19,7 @@ def run_plan() -> RunPlan:
     surface as ``SystemExit`` from argparse."""
 
     def run(*argv: str) -> tuple[int, str, str]:
-        parser = argparse.ArgumentParser(prog="pagedkv")
+        parser = OneLineParser(prog="pagedkv")
         cli.add_parser(parser.add_subparsers())
         args = parser.parse_args(["plan", *argv])
         out, err = io.StringIO(), io.StringIO()

@@ -7,14 +7,16 @@ import pagedkv.planner as planner
 
 def test_all_is_pinned() -> None:
     assert planner.__all__ == [
-        "DEFAULT_KERNEL_BLOCK_ALIGNMENT", "DEFAULT_MAX_NUM_BATCHED_TOKENS", "KV_DTYPE_BYTES",
-        "WEIGHT_DTYPE_BYTES", "KVCacheGroup", "KVCachePlan", "KVCacheTensor",
-        "LayerFileModel", "MemoryBudget", "ModelSpec", "PageUnification", "WeightEstimate",
-        "bundled_model_names", "cost_windows_as_full", "estimate_max_model_len",
-        "estimate_num_parameters", "estimate_weights", "format_bytes", "kv_cache_budget",
-        "load_config", "load_layer_file", "load_model_spec", "model_spec_from_config",
-        "parse_bytes", "parse_layer_file", "plan_kv_cache", "supported_model_types",
-        "unify_page_sizes", "unify_worker_plans",
+        "BACKENDS", "DEFAULT_KERNEL_BLOCK_ALIGNMENT", "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+        "GPU_FAMILIES", "HYBRID_CHOICES", "KV_DTYPE_BYTES", "MAMBA_CACHE_MODES",
+        "WEIGHT_DTYPE_BYTES", "AttentionBackend", "GpuFamily", "KVCacheGroup", "KVCachePlan",
+        "KVCacheTensor", "LayerFileModel", "MemoryBudget", "ModelPlan", "ModelSpec",
+        "PageUnification", "WeightEstimate", "bundled_model_names", "cost_windows_as_full",
+        "estimate_max_model_len", "estimate_num_parameters", "estimate_weights",
+        "format_bytes", "group_blocks_per_request", "kv_cache_budget", "load_config",
+        "load_layer_file", "load_model_spec", "model_spec_from_config", "parse_bytes",
+        "parse_layer_file", "plan_kv_cache", "plan_model", "promote_windows_for_hybrid_off",
+        "supported_model_types", "unify_page_sizes", "unify_worker_plans",
     ]
     assert planner.__all__ == sorted(planner.__all__, key=lambda n: (not n.isupper(), n))
     for name in planner.__all__:

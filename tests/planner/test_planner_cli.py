@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,7 +64,11 @@ def test_compare_hybrid(run_plan: RunPlan) -> None:
     on, off = plans["hybrid_on"], plans["hybrid_off"]
     assert (len(on["groups"]), len(off["groups"])) == (7, 1)
     assert on["num_padding_layers"] == 8
-    assert on["max_concurrency"] > 2 * off["max_concurrency"]
+    assert on["max_concurrency"] > 1.4 * off["max_concurrency"]  # async: 2 steps in flight
+    sync = plan_json(run_plan, "Gemma-3-27B-it", "--kv-cache-memory", "20GiB",
+                     "--max-model-len", "32768", "--compare-hybrid", "--no-async-scheduling")
+    assert sync["plans"]["hybrid_on"]["max_concurrency"] > \
+        2 * sync["plans"]["hybrid_off"]["max_concurrency"]
 
 
 def test_no_hybrid(run_plan: RunPlan) -> None:
@@ -100,7 +105,7 @@ def test_tables(run_plan: RunPlan, monkeypatch: pytest.MonkeyPatch,
                  "grown from 16 to 80"):
         assert text in out
     if not rich_available:
-        assert "  num_blocks               8,192\n" in out
+        assert re.search(r"\n  num_blocks +8,192\n", out)
 
 
 def test_brief_omits_layer_table(run_plan: RunPlan) -> None:
@@ -151,14 +156,19 @@ def test_usage_errors_exit_2(run_plan: RunPlan, argv: list[str],
     with pytest.raises(SystemExit) as info:
         run_plan(*argv)
     assert info.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("pagedkv plan: error: ") and err.count("\n") == 1
+    assert "'pagedkv plan --help'" in err
 
 
 def test_compare_shows_an_unchanged_layout_once(run_plan: RunPlan) -> None:
-    code, out, _ = run_plan("AI21-Jamba-1.5-Mini", "--kv-cache-memory", "10GiB",
+    code, out, _ = run_plan("Mistral-7B-v0.1", "--kv-cache-memory", "10GiB",
                             "--max-model-len", "32768", "--compare-hybrid", "--brief")
     assert code == 0 and out.count("Groups (hybrid on = hybrid off)") == 1
-    assert out.count("grown from 16 to 80") == 1
+    # vLLM refuses a Mamba hybrid with the hybrid allocator off
+    code, out, err = run_plan("AI21-Jamba-1.5-Mini", "--kv-cache-memory", "10GiB",
+                              "--max-model-len", "32768", "--compare-hybrid", "--brief")
+    assert code == 1 and "cannot be promoted to one KV-cache type" in err
     code, out, _ = run_plan("Gemma-3-27B-it", "--kv-cache-memory", "20GiB",
                             "--max-model-len", "32768", "--compare-hybrid", "--brief")
     assert "Groups (hybrid on)" in out and "Groups (hybrid off)" in out

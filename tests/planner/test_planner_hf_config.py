@@ -198,11 +198,19 @@ def test_nemotron_h_pattern() -> None:
     assert model.kind_to_num_layers == {"mamba": 24, "full_attention": 4}
     pattern = NEMOTRON_H_8B["hybrid_override_pattern"]
     assert indices(model, FullAttentionSpec) == [i for i, c in enumerate(pattern) if c == "*"]
-    # conv (8192 + 2 x 8 x 128) x 3 + SSM 128 x 64 x 128, bf16
+    # conv (8192 + 2 x 8 x 128) x 3 in bf16 + SSM 128 x 64 x 128 in float32 (vLLM's
+    # default SSM state dtype for Nemotron-H)
     states = {s.state_bytes for _, s in model.layer_specs if isinstance(s, MambaSpec)}
+    assert states == {(8192 + 2048) * 3 * 2 + 128 * 64 * 128 * 4} == {4_255_744}
+    assert model.mamba_mixer == "mamba2"
+    assert model.state_dtypes == ("bfloat16", "float32")
+    bf16 = model_spec_from_config(NEMOTRON_H_8B, mamba_ssm_cache_dtype="bfloat16")
+    states = {s.state_bytes for _, s in bf16.layer_specs if isinstance(s, MambaSpec)}
     assert states == {((8192 + 2048) * 3 + 128 * 64 * 128) * 2} == {2_158_592}
-    tp2 = model_spec_from_config(NEMOTRON_H_8B, tp_size=2)
+    tp2 = model_spec_from_config(NEMOTRON_H_8B, tp_size=2, mamba_ssm_cache_dtype="bfloat16")
     assert {s.state_bytes for _, s in tp2.layer_specs if isinstance(s, MambaSpec)} == {1_079_296}
+    config_dtype = model_spec_from_config({**NEMOTRON_H_8B, "mamba_ssm_cache_dtype": "bfloat16"})
+    assert config_dtype.state_dtypes == ("bfloat16", "bfloat16")
 
 
 # -- tensor parallelism and dtypes ---------------------------------------------------------
@@ -320,3 +328,68 @@ def test_nested_text_config_error_key() -> None:
     with pytest.raises(InputFileError) as info:
         model_spec_from_config(config)
     assert info.value.key == "text_config.num_key_value_heads"
+
+
+# -- held-back families: documented fields, missing or contradicting ones named ------------
+
+
+def _pattern_as_block_types(pattern: str) -> list[str]:
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    return [names[c] for c in pattern]
+
+
+def test_nemotron_h_layers_block_type_reads_like_the_pattern() -> None:
+    pattern = NEMOTRON_H_8B["hybrid_override_pattern"]
+    listed = {k: v for k, v in NEMOTRON_H_8B.items() if k != "hybrid_override_pattern"}
+    listed["layers_block_type"] = _pattern_as_block_types(pattern)
+    assert model_spec_from_config(listed) == model_spec_from_config(NEMOTRON_H_8B)
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    ({"hybrid_override_pattern": None}, "hybrid_override_pattern", "layer kinds are unknown"),
+    ({"layers_block_type": ["mamba"] * 52}, "hybrid_override_pattern",
+     "disagrees with layers_block_type"),
+    ({"layers_block_type": ["mamba", "conv"] * 26}, "layers_block_type",
+     "unknown layer types"),
+    ({"head_dim": 64}, "head_dim", "disagrees with attention_head_dim"),
+    ({"mamba_n_groups": 4}, "n_groups", "disagrees with mamba_n_groups"),
+    ({"mamba_num_heads": None}, "mamba_num_heads", "missing"),
+    ({"ssm_state_size": None}, "ssm_state_size", "missing"),
+    ({"mamba_ssm_cache_dtype": "int8"}, "mamba_ssm_cache_dtype", "unknown dtype"),
+])
+def test_nemotron_h_missing_or_ambiguous_fields_are_named(
+        change: dict[str, Any], key: str, words: str) -> None:
+    config = {k: v for k, v in {**NEMOTRON_H_8B, **change}.items() if v is not None}
+    with pytest.raises(InputFileError) as info:
+        model_spec_from_config(config)
+    assert info.value.key == key and words in str(info.value)
+
+
+@pytest.mark.parametrize(("change", "key", "words"), [
+    ({"layer_types": ["full_attention"] * 47 + ["mamba"]}, "layer_types", "entry 47"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types", "has 3 entries"),
+    ({"linear_num_value_heads": 24, "linear_num_key_heads": 16}, "linear_num_value_heads",
+     "not a multiple"),
+])
+def test_qwen3_next_bad_fields_are_named(change: dict[str, Any], key: str,
+                                         words: str) -> None:
+    with pytest.raises(InputFileError) as info:
+        model_spec_from_config({**QWEN3_NEXT_80B, **change})
+    assert info.value.key == key and words in str(info.value)
+
+
+def test_gpt_oss_layer_types_and_window() -> None:
+    config: dict[str, Any] = {
+        "model_type": "gpt_oss", "torch_dtype": "bfloat16", "num_hidden_layers": 4,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "hidden_size": 2880, "sliding_window": 128, "max_position_embeddings": 131072,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    }
+    model = model_spec_from_config(config)
+    assert model.kind_to_num_layers == {"sliding_window": 2, "full_attention": 2}
+    with pytest.raises(InputFileError) as info:
+        model_spec_from_config({**config, "layer_types": ["sliding_attention"] * 3})
+    assert info.value.key == "layer_types"
+    with pytest.raises(InputFileError) as info:
+        model_spec_from_config({**config, "layer_types": ["local"] * 4})
+    assert info.value.key == "layer_types" and "entry 0 is 'local'" in str(info.value)

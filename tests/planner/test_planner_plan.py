@@ -17,6 +17,7 @@ from pagedkv.planner import (
     load_model_spec,
     model_spec_from_config,
     plan_kv_cache,
+    promote_windows_for_hybrid_off,
     unify_page_sizes,
     unify_worker_plans,
 )
@@ -62,7 +63,11 @@ def test_uniform_full_attention() -> None:
     assert plan.tensors[0].size_bytes == 5_120 * 65_536
     assert plan.kv_tokens == 5_119 * 16  # block 0 is the null block
     assert plan.blocks_per_request == 512
-    assert plan.max_concurrency == pytest.approx(5_119 / 512)
+    assert plan.max_concurrency == 5_120 / 512  # vLLM 0.33 divides num_blocks
+    assert plan.usable_concurrency == pytest.approx(5_119 / 512)  # null block held back
+    assert plan.kv_cache_size_tokens == 81_920
+    assert plan.vllm_log_line == ("GPU KV cache size: 81,920 tokens, Maximum concurrency "
+                                  "for 8,192 tokens per request: 10.00x")
     assert plan.bytes_per_token == 131_072
     assert plan.num_padding_layers == 0 and plan.padding_waste_fraction == 0.0
 
@@ -79,13 +84,19 @@ def test_all_sliding_is_one_group_and_windows_bound_requests() -> None:
     layers = specs("Mistral-7B-v0.1")
     on = plan_kv_cache(layers, available_bytes=10 * GiB, max_model_len=32_768)
     off = plan_kv_cache(layers, available_bytes=10 * GiB, max_model_len=32_768, hybrid=False)
+    sync = plan_kv_cache(layers, available_bytes=10 * GiB, max_model_len=32_768,
+                         async_scheduling=False)
     assert len(on.groups) == len(off.groups) == 1
     assert isinstance(on.groups[0].spec, SlidingWindowSpec)
-    assert type(off.groups[0].spec) is FullAttentionSpec
-    # window 4096 + 8192 tokens per step: ceil(12,287 / 16) + 1 = 769 blocks, vs 2,048
-    assert on.blocks_per_request == 769 and off.blocks_per_request == 2_048
+    # vLLM keeps a model of one kind as it is with the hybrid allocator off
+    assert isinstance(off.groups[0].spec, SlidingWindowSpec)
+    # window 4096 + 8192 tokens per step: ceil(12,287 / 16) + 1 = 769 blocks; with async
+    # scheduling two steps are in flight: ceil((4,095 + 16,384) / 16) + 1 = 1,281
+    assert sync.blocks_per_request == 769
+    assert on.blocks_per_request == off.blocks_per_request == 1_281
     assert on.num_blocks == off.num_blocks == 5_120
-    assert on.max_concurrency == pytest.approx(5_119 / 769)
+    assert on.max_concurrency == pytest.approx(5_120 / 1_281)
+    assert sync.usable_concurrency == pytest.approx(5_119 / 769)
 
 
 # -- several kinds, equal pages ---------------------------------------------------------------
@@ -97,21 +108,24 @@ def test_gemma_3_groups_of_ten_with_eight_padding_layers() -> None:
     check_layout(plan, layers)
     assert plan.group_size == 10
     assert [g.spec.kind for g in plan.groups] == ["sliding_window"] * 6 + ["full_attention"]
-    assert [len(g.layer_names) for g in plan.groups] == [10, 10, 10, 10, 10, 2, 10]
-    assert plan.groups[5].layer_names == ("layers.60", "layers.61")
-    assert plan.groups[5].num_padding_layers == 8
+    # vLLM deals the 52 sliding layers out in turn: layers[i::6]
+    assert [len(g.layer_names) for g in plan.groups] == [9, 9, 9, 9, 8, 8, 10]
+    sliding = [f"layers.{i}" for i in range(62) if (i + 1) % 6]
+    assert [list(g.layer_names) for g in plan.groups[:6]] == [sliding[i::6] for i in range(6)]
+    assert plan.groups[5].num_padding_layers == 2
     assert plan.groups[6].layer_names == tuple(f"layers.{i}" for i in range(5, 62, 6))
     assert plan.num_padding_layers == 8
     assert plan.padding_waste_fraction == pytest.approx(8 / 70)
     assert len(plan.tensors) == 10
-    assert [len(t.shared_by) for t in plan.tensors] == [7, 7, 6, 6, 6, 6, 6, 6, 6, 6]
-    assert plan.tensors[1].shared_by == (
-        "layers.1", "layers.13", "layers.25", "layers.37", "layers.49", "layers.61",
-        "layers.11")
+    assert [len(t.shared_by) for t in plan.tensors] == [7, 7, 7, 7, 7, 7, 7, 7, 5, 1]
+    assert plan.tensors[1].shared_by == tuple(g.layer_names[1] for g in plan.groups)
     page = 2 * 16 * 16 * 128 * 2
     assert plan.num_blocks == 20 * GiB // (page * 10) == 16_384
-    # full: 2,048 blocks; each sliding group: ceil((1,023 + 8,192) / 16) + 1 = 577
-    assert plan.blocks_per_request == 2_048 + 6 * 577
+    # full: 2,048 blocks; each sliding group: ceil((1,023 + 2 x 8,192) / 16) + 1 = 1,089
+    assert plan.blocks_per_request == 2_048 + 6 * 1_089
+    sync = plan_kv_cache(layers, available_bytes=20 * GiB, max_model_len=32_768,
+                         async_scheduling=False)  # one batch in flight: 577 per group
+    assert sync.blocks_per_request == 2_048 + 6 * 577
     assert any("8 padding layers added to the 52 sliding_window layers" in n
                and "15.38 %" in n for n in plan.notes)
 
@@ -124,10 +138,15 @@ def test_gemma_3_hybrid_off_is_one_group_of_62() -> None:
     assert len(off.groups) == 1 and len(off.tensors) == 62
     assert off.num_blocks == 20 * GiB // (131_072 * 62)
     assert off.blocks_per_request == 2_048
+    sync = plan_kv_cache(layers, available_bytes=20 * GiB, max_model_len=32_768,
+                         async_scheduling=False)
     assert on.max_concurrency is not None and off.max_concurrency is not None
-    assert on.max_concurrency > 2 * off.max_concurrency
-    assert on.tokens_at_max_model_len is not None and off.tokens_at_max_model_len is not None
-    assert on.tokens_at_max_model_len > 2 * off.tokens_at_max_model_len
+    assert sync.max_concurrency is not None
+    assert sync.max_concurrency > 2 * off.max_concurrency
+    assert on.max_concurrency > 1.4 * off.max_concurrency  # async: 2 batches in flight
+    assert sync.tokens_at_max_model_len is not None
+    assert off.tokens_at_max_model_len is not None
+    assert sync.tokens_at_max_model_len > 2 * off.tokens_at_max_model_len
 
 
 def test_llama_4_scout_groups() -> None:
@@ -137,8 +156,12 @@ def test_llama_4_scout_groups() -> None:
     assert [g.spec.kind for g in plan.groups] == ["chunked_local_attention"] * 3 + [
         "full_attention"]
     assert plan.group_size == 12 and plan.num_padding_layers == 0
-    # chunked: ceil(min(8192 + 8192, L) / 16) + 1 = 1,025 per group; full 8,192
-    assert plan.blocks_per_request == 8_192 + 3 * 1_025
+    # chunked (vLLM 0.33, no extra block): ceil(min(8192 + 2 x 8192, L) / 16) = 1,536 per
+    # group; full 8,192
+    assert plan.blocks_per_request == 8_192 + 3 * 1_536
+    sync = plan_kv_cache(layers, available_bytes=30 * GiB, max_model_len=131_072,
+                         async_scheduling=False)
+    assert sync.blocks_per_request == 8_192 + 3 * 1_024
 
 
 def test_cost_windows_as_full_records_window() -> None:
@@ -197,10 +220,15 @@ def test_qwen3_next_block_size_544() -> None:
 
 
 def test_nemotron_h_block_size() -> None:
-    layers = model_spec_from_config(NEMOTRON_H_8B).layer_to_spec
+    layers = model_spec_from_config(NEMOTRON_H_8B,
+                                    mamba_ssm_cache_dtype="bfloat16").layer_to_spec
     plan = plan_kv_cache(layers, available_bytes=10 * GiB, max_model_len=8192)
     assert plan.block_size == 528  # 16 x ceil(2,158,592 / 65,536)
     assert plan.group_size == 4 and len(plan.groups) == 7
+    # vLLM's default keeps the SSM state in float32: 61,440 + 4,194,304 bytes
+    default = plan_kv_cache(model_spec_from_config(NEMOTRON_H_8B).layer_to_spec,
+                            available_bytes=10 * GiB, max_model_len=8192)
+    assert default.block_size == 1040  # 16 x ceil(4,255,744 / 65,536)
 
 
 @settings(max_examples=60, deadline=None)
@@ -347,9 +375,15 @@ def test_unify_workers_with_different_groups_fails() -> None:
 def test_bundled_layouts_are_consistent(name: str, hybrid: bool) -> None:
     model = load_model_spec(name)
     layers = model.layer_to_spec
+    if not hybrid and model.mamba_mixer is not None:
+        with pytest.raises(ConfigError, match="cannot be promoted to one KV-cache type"):
+            plan_kv_cache(layers, available_bytes=40 * GiB, max_model_len=16_384,
+                          hybrid=hybrid)
+        return
     plan = plan_kv_cache(layers, available_bytes=40 * GiB, max_model_len=16_384,
                          hybrid=hybrid)
-    prepared = unify_page_sizes(layers if hybrid else cost_windows_as_full(layers))[0]
+    prepared = unify_page_sizes(layers if hybrid
+                                else promote_windows_for_hybrid_off(layers))[0]
     check_layout(plan, prepared)
     assert plan.bytes_per_token == model.bytes_per_token
     assert plan.as_dict()["num_blocks"] == plan.num_blocks

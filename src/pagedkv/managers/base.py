@@ -44,6 +44,7 @@ __all__ = ["SingleTypeManager", "SkippingManager", "manager_class_for", "registe
 
 _REGISTRY: dict[type[KVCacheSpec], type[SingleTypeManager]] = {}
 _M = TypeVar("_M", bound="type[SingleTypeManager]")
+_INT_ONLY = frozenset({int})
 
 
 def register_manager(*spec_types: type[KVCacheSpec]) -> Callable[[_M], _M]:
@@ -124,6 +125,57 @@ class SingleTypeManager:
         ``max_length`` tokens, as block ids (null blocks where the kind needs none).
         Does not modify any state."""
         raise NotImplementedError
+
+    def max_hit_nulls(self, num_hit_tokens: int) -> int:
+        """How many leading null blocks a hit of ``num_hit_tokens`` tokens may have: the
+        blocks whose KV the next token never reads. Default: none."""
+        return 0
+
+    def hit_problem(
+        self, block_hashes: list[bytes], blocks: list[int], num_hit_tokens: int
+    ) -> str | None:
+        """Why ``blocks`` cannot be adopted as this group's part of a hit of
+        ``num_hit_tokens`` tokens for a request with ``block_hashes``, or None when it can:
+        it covers exactly the hit, its null blocks are a prefix of at most
+        :meth:`max_hit_nulls`, and every other entry is a block of this pool that still
+        carries, in this group, the hash ending at its boundary (so its KV is this
+        request's prefix). Does not modify any state. O(len(blocks)).
+        """
+        g = self.group
+        if not self.cacheable:
+            if blocks or num_hit_tokens:
+                return f"group {g} ({type(self).__name__}) never hits, but the hit has blocks"
+            return None
+        n = len(blocks)
+        if n * self.block_size != num_hit_tokens:
+            return (f"group {g}: {n} blocks of {self.block_size} tokens cannot hold a "
+                    f"{num_hit_tokens}-token hit")
+        if not set(map(type, blocks)) <= _INT_ONLY:
+            return f"group {g}: block ids must be ints, got {blocks!r}"
+        nulls = 0
+        while nulls < n and not blocks[nulls]:
+            nulls += 1
+        if nulls > self.max_hit_nulls(num_hit_tokens):
+            return (f"group {g}: {nulls} leading null blocks, but the next token reads the KV "
+                    f"of block {self.max_hit_nulls(num_hit_tokens)}")
+        real = blocks[nulls:]
+        if not real:
+            return None
+        pool = self.pool
+        if min(real) < 1 or max(real) >= pool.num_blocks:
+            return (f"group {g}: after the leading nulls, block ids must be in "
+                    f"1..{pool.num_blocks - 1}, got {real!r}")
+        k = self.hash_stride
+        bh = pool.block_hash
+        if [bh[b] for b in real] != block_hashes[(nulls + 1) * k - 1 : n * k : k]:
+            return (f"group {g}: the blocks no longer hold this request's prefix (evicted or "
+                    "reused since the lookup, or never cached under its hashes)")
+        if len(pool.index) > 1:
+            bg = pool.block_group
+            for b in real:
+                if bg[b] != g:
+                    return f"group {g}: block {b} is cached for group {bg[b]}"
+        return None
 
     # ----------------------------------------------------------------- allocation
 
@@ -254,6 +306,10 @@ class SkippingManager(SingleTypeManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens no future token reads once ``num_computed_tokens`` are computed."""
         raise NotImplementedError
+
+    def max_hit_nulls(self, num_hit_tokens: int) -> int:
+        """The blocks wholly inside the skipped prefix of ``num_hit_tokens`` tokens."""
+        return self.num_skipped_tokens(num_hit_tokens) // self.block_size
 
     def _num_skipped_blocks(self, num_computed_tokens: int) -> int:
         return self.num_skipped_tokens(num_computed_tokens) // self.block_size

@@ -127,8 +127,9 @@ class ConfigFields:
             raise self.error(key, f"expected a string, got {value!r}")
         return value
 
-    def str_list(self, key: str, *, length: int) -> list[str] | None:
-        """The list of strings at ``key`` (exactly ``length`` long), or ``None`` if absent."""
+    def str_list(self, key: str, *, length: int | None = None) -> list[str] | None:
+        """The list of strings at ``key`` (exactly ``length`` long when given), or ``None``
+        if absent."""
         value = self.raw(key)
         if value is None:
             return None
@@ -136,7 +137,7 @@ class ConfigFields:
             isinstance(item, str) for item in value
         ):
             raise self.error(key, f"expected a list of strings, got {value!r}")
-        if len(value) != length:
+        if length is not None and len(value) != length:
             raise self.error(
                 key, f"has {len(value)} entries but num_hidden_layers is {length}"
             )

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
-from pagedkv.planner.hf_config import ModelSpec
+from pagedkv.planner.model_spec import ModelSpec
 from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
 from pagedkv.specs import (
     ChunkedLocalAttentionSpec,

@@ -1,6 +1,6 @@
 """Estimate a model's weight memory from its ``config.json``, and what is left for KV.
 
-The parameter count adds up the matrices of the families :mod:`.hf_config` reads:
+The parameter count adds up the matrices of the families :mod:`.readers` reads:
 embeddings (and an untied output head), attention (standard, or MLA's low-rank
 projections), Mamba-1 / Mamba-2 / gated-delta-net mixers, dense MLPs and mixture-of-experts
 blocks with **every** expert (all are resident), shared experts and routers. Norms, biases
@@ -20,7 +20,7 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.planner._fields import ConfigFields
-from pagedkv.planner.hf_config import _fields_for, _resolve_dtype_name
+from pagedkv.planner.readers.base import fields_for, resolve_dtype_name
 
 __all__ = [
     "WEIGHT_DTYPE_BYTES",
@@ -199,7 +199,7 @@ def estimate_num_parameters(config: Mapping[str, Any], *, source: str = "config.
         UnsupportedModelError: unknown ``model_type``.
         InputFileError: a needed field is missing or mistyped.
     """
-    f, model_type = _fields_for(config, source)
+    f, model_type = fields_for(config, source)
     hidden = f.get_int("hidden_size")
     layers = f.get_int("num_hidden_layers")
     total = _embedding_params(f, tied_default=model_type in ("gemma", "gemma2", "gemma3_text"))
@@ -297,7 +297,7 @@ def _auto_weight_dtype(config: Mapping[str, Any], f: ConfigFields) -> str:
             return "int4"
         if quant.get("load_in_8bit"):
             return "int8"
-    return _resolve_dtype_name(f)
+    return resolve_dtype_name(f)
 
 
 def estimate_weights(
@@ -322,6 +322,6 @@ def estimate_weights(
         raise InvalidArgumentError(f"tp_size must be positive, got {tp_size}")
     num_parameters = estimate_num_parameters(config, source=source)
     if weight_dtype == "auto":
-        weight_dtype = _auto_weight_dtype(config, _fields_for(config, source)[0])
+        weight_dtype = _auto_weight_dtype(config, fields_for(config, source)[0])
     return WeightEstimate(num_parameters=num_parameters, weight_dtype=weight_dtype,
                           tp_size=tp_size)
