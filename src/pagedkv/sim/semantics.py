@@ -16,8 +16,9 @@ Worked case, ``b`` = 512, a 1200-token prompt whose 3 ids are all cached: vLLM c
 
 In pure-cache mode the reference convention is replayed on the real manager: the request
 is given ``ceil(n/b)*b + 1`` tokens, so the lookup may hit all ``ceil(n/b)`` blocks; only
-those blocks are allocated and stored (the extra token never is); the credit is capped at
-``n``.
+those blocks are stored (the extra token never is; a prompt whose every block hits still
+computes that token, so one block is allocated for it and freed unstored, as an engine
+would); the credit is capped at ``n``.
 """
 
 from __future__ import annotations
@@ -132,11 +133,9 @@ class ReferenceSemantics(Semantics):
         hit = mgr.get_computed_blocks(req)
         num_hit = hit.num_computed_tokens
         stored = min(padded, max_tokens)
-        if num_hit < stored:
-            new = mgr.allocate_slots(req, stored - num_hit, new_computed_blocks=hit)
-        else:  # every block hit: claim them (LRU touch) without computing anything
-            new = mgr.allocate_slots(req, 1, new_computed_blocks=hit,
-                                     num_new_computed_tokens=num_hit - 1)
+        # Every block hit: the request still claims them (an LRU touch) by computing its
+        # one extra placeholder token, whose block is never stored.
+        new = mgr.allocate_slots(req, max(1, stored - num_hit), new_computed_blocks=hit)
         assert new is not None, "an empty cache must hold one prompt's blocks"
         mgr.free(req)
         return min(num_hit, num_tokens)
