@@ -86,8 +86,11 @@ _HOPPER_MLA = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
 _HOPPER_ATTENTION = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
 # FLASH_ATTN_MLA does not import on a CPU build (needs flash_attn_varlen_func); these
 # are its class attributes from v1/attention/backends/mla/flashattn_mla.py.
-_FLASH_ATTN_MLA = {"kv_dtypes": ("auto", "float16", "bfloat16"), "major": (9,),
-                   "kernel_blocks": (MultipleOf(16),)}
+_FLASH_ATTN_MLA = {
+    "kv_dtypes": ("auto", "float16", "bfloat16"),
+    "major": (9,),
+    "kernel_blocks": (MultipleOf(16),),
+}
 
 
 class _Backend:
@@ -109,8 +112,10 @@ class _Backend:
     def preferred_block_size(self, default: int) -> int:
         if self.cls is not None:
             return int(self.cls.get_preferred_block_size(default))
-        if all(default % s.base == 0 if isinstance(s, MultipleOf) else default == s
-               for s in self.kernel_blocks[:1]):
+        if all(
+            default % s.base == 0 if isinstance(s, MultipleOf) else default == s
+            for s in self.kernel_blocks[:1]
+        ):
             return default
         return min(s.base if isinstance(s, MultipleOf) else s for s in self.kernel_blocks)
 
@@ -151,8 +156,10 @@ def _layer_kinds(text: Any, model_type: str) -> list[str]:
         period, offset = text.attn_layer_period, text.attn_layer_offset
         return ["full" if i % period == offset else "mamba" for i in range(n)]
     if model_type == "llama4":
-        return ["full" if text.no_rope_layers[i] == 0 or not text.attention_chunk_size
-                else "chunked" for i in range(n)]
+        return [
+            "full" if text.no_rope_layers[i] == 0 or not text.attention_chunk_size else "chunked"
+            for i in range(n)
+        ]
     if model_type == "nemotron_h":  # models/nemotron_h.py: M mamba, * attention
         return [{"M": "mamba", "*": "full"}.get(c, "none") for c in text.hybrid_override_pattern]
     if model_type == "qwen3_next":  # models/qwen3_next.py: layer_types
@@ -195,21 +202,28 @@ class _ModelConfig:
         return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
-def _stand_in(model_config: Any, cache: CacheConfig, tp: int, mnbt: int,
-              async_scheduling: bool, hybrid: bool) -> Any:
+def _stand_in(
+    model_config: Any, cache: CacheConfig, tp: int, mnbt: int, async_scheduling: bool, hybrid: bool
+) -> Any:
     vc = types.SimpleNamespace(
         model_config=model_config,
         cache_config=cache,
         parallel_config=types.SimpleNamespace(
-            tensor_parallel_size=tp, decode_context_parallel_size=1,
-            pipeline_parallel_size=1),
+            tensor_parallel_size=tp, decode_context_parallel_size=1, pipeline_parallel_size=1
+        ),
         scheduler_config=types.SimpleNamespace(
-            max_num_batched_tokens=mnbt, async_scheduling=async_scheduling,
-            disable_hybrid_kv_cache_manager=not hybrid, enable_chunked_prefill=True),
+            max_num_batched_tokens=mnbt,
+            async_scheduling=async_scheduling,
+            disable_hybrid_kv_cache_manager=not hybrid,
+            enable_chunked_prefill=True,
+        ),
         attention_config=types.SimpleNamespace(hisparse_config=None),
         device_config=types.SimpleNamespace(device_type="cuda"),
-        speculative_config=None, additional_config={}, use_v2_model_runner=False,
-        num_prefill_lookahead_tokens=0, num_speculative_tokens=0,
+        speculative_config=None,
+        additional_config={},
+        use_v2_model_runner=False,
+        num_prefill_lookahead_tokens=0,
+        num_speculative_tokens=0,
     )
     vc.max_concurrent_batches = VllmConfig.max_concurrent_batches.fget(vc)  # type: ignore[attr-defined]
     vc.max_in_flight_tokens = VllmConfig.max_in_flight_tokens.fget(vc)  # type: ignore[attr-defined]
@@ -227,17 +241,24 @@ class _Qwen3NextStateHooks:
 
         text = vllm_config.model_config.hf_text_config
         return MambaStateShapeCalculator.gated_delta_net_state_shape(
-            vllm_config.parallel_config.tensor_parallel_size, text.linear_num_key_heads,
-            text.linear_num_value_heads, text.linear_key_head_dim,
-            text.linear_value_head_dim, text.linear_conv_kernel_dim, 0)
+            vllm_config.parallel_config.tensor_parallel_size,
+            text.linear_num_key_heads,
+            text.linear_num_value_heads,
+            text.linear_key_head_dim,
+            text.linear_value_head_dim,
+            text.linear_conv_kernel_dim,
+            0,
+        )
 
     @classmethod
     def get_mamba_state_dtype_from_config(cls, vllm_config: Any) -> Any:
         from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
 
         return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype,
-            vllm_config.cache_config.mamba_ssm_cache_dtype)
+            vllm_config.model_config.dtype,
+            vllm_config.cache_config.mamba_cache_dtype,
+            vllm_config.cache_config.mamba_ssm_cache_dtype,
+        )
 
 
 def _model_class(model_config: Any) -> Any:
@@ -245,8 +266,7 @@ def _model_class(model_config: Any) -> Any:
 
     if model_config.architecture == "Qwen3NextForCausalLM":
         return _Qwen3NextStateHooks
-    return ModelRegistry.resolve_model_cls(model_config.architecture,
-                                           model_config=model_config)[0]
+    return ModelRegistry.resolve_model_cls(model_config.architecture, model_config=model_config)[0]
 
 
 def _patch_registry() -> None:
@@ -262,21 +282,33 @@ def _patch_registry() -> None:
     ModelRegistry.resolve_model_cls = resolve  # type: ignore[method-assign]
 
 
-_MIXER_CHECKPOINT_ALIGNMENT = {"jamba": None, "nemotron_h": 1,
-                               "qwen3_next": GDN_FLASHINFER_CHECKPOINT_ALIGNMENT}
+_MIXER_CHECKPOINT_ALIGNMENT = {
+    "jamba": None,
+    "nemotron_h": 1,
+    "qwen3_next": GDN_FLASHINFER_CHECKPOINT_ALIGNMENT,
+}
 
 
-def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
-              max_model_len: int = MAX_MODEL_LEN, mnbt: int = MAX_NUM_BATCHED_TOKENS,
-              hybrid: bool = True) -> dict[str, Any]:
+def plan_case(
+    path: Path,
+    *,
+    tp: int,
+    kv_dtype: str,
+    memory_gib: int,
+    mode: str,
+    max_model_len: int = MAX_MODEL_LEN,
+    mnbt: int = MAX_NUM_BATCHED_TOKENS,
+    hybrid: bool = True,
+) -> dict[str, Any]:
     """vLLM's plan for one case, as a JSON-ready dict."""
     hf, text, model_type = _hf_config(path)
     kinds = _layer_kinds(text, model_type)
     options = MODES[mode]
     use_mla = "mla" in kinds
     backend = _pick_backend(use_mla, kv_dtype)
-    cache = CacheConfig(block_size=16, enable_prefix_caching=options["prefix_caching"],
-                        cache_dtype=kv_dtype)
+    cache = CacheConfig(
+        block_size=16, enable_prefix_caching=options["prefix_caching"], cache_dtype=kv_dtype
+    )
     cache.kv_cache_layout = "NHD"
     model_config = _ModelConfig(hf, text, tp, max_model_len)
     model_config.use_mla = use_mla
@@ -289,8 +321,9 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
         if model_type == "nemotron_h":  # the model's config hook: SSM state dtype
             from vllm.model_executor.models.config import NemotronHForCausalLMConfig
 
-            NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache,
-                                                                    hf_config=hf)
+            NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(
+                cache_config=cache, hf_config=hf
+            )
         alignment = _MIXER_CHECKPOINT_ALIGNMENT[model_type]
         mamba_abstract.get_mamba_prefill_checkpoint_alignment = lambda _vc: alignment
 
@@ -309,8 +342,13 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
     kv_torch = torch.bfloat16 if kv_dtype == "auto" else torch.uint8
     heads = model_config.get_num_kv_heads(None)
     head_size = model_config.get_head_size()
-    common = dict(block_size=block_size, num_kv_heads=heads, head_size=head_size,
-                  dtype=kv_torch, kv_quant_mode=quant)
+    common = dict(
+        block_size=block_size,
+        num_kv_heads=heads,
+        head_size=head_size,
+        dtype=kv_torch,
+        kv_quant_mode=quant,
+    )
     specs: dict[str, KVCacheSpec] = {}
     mamba_spec: MambaSpec | None = None
     if has_mamba:
@@ -318,7 +356,8 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
         mamba_spec = MambaSpec(
             shapes=model_cls.get_mamba_state_shape_from_config(vc),
             dtypes=model_cls.get_mamba_state_dtype_from_config(vc),
-            block_size=cache.mamba_block_size, page_size_padded=cache.mamba_page_size_padded,
+            block_size=cache.mamba_block_size,
+            page_size_padded=cache.mamba_page_size_padded,
             mamba_cache_mode=cache.mamba_cache_mode,
             num_prefill_checkpoint_blocks=checkpoint_blocks,
         )
@@ -330,20 +369,31 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
             specs[name] = SlidingWindowSpec(**common, sliding_window=text.sliding_window)
         elif kind == "chunked":
             specs[name] = ChunkedLocalAttentionSpec(
-                **common, attention_chunk_size=text.attention_chunk_size)
+                **common, attention_chunk_size=text.attention_chunk_size
+            )
         elif kind == "mla":
             specs[name] = MLAAttentionSpec(
-                block_size=block_size, num_kv_heads=1,
-                head_size=text.kv_lora_rank + text.qk_rope_head_dim, dtype=kv_torch,
-                kv_quant_mode=quant, cache_dtype_str=kv_dtype)
+                block_size=block_size,
+                num_kv_heads=1,
+                head_size=text.kv_lora_rank + text.qk_rope_head_dim,
+                dtype=kv_torch,
+                kv_quant_mode=quant,
+                cache_dtype_str=kv_dtype,
+            )
         elif kind == "mamba":
             assert mamba_spec is not None
             specs[name] = mamba_spec
     case: dict[str, Any] = {
-        "model": path.stem, "config": str(path), "tp": tp, "kv_dtype": kv_dtype,
+        "model": path.stem,
+        "config": str(path),
+        "tp": tp,
+        "kv_dtype": kv_dtype,
         "memory_gib": memory_gib,
-        "mode": mode, "hybrid": hybrid, "max_model_len": max_model_len,
-        "max_num_batched_tokens": mnbt, "backend": backend.name,
+        "mode": mode,
+        "hybrid": hybrid,
+        "max_model_len": max_model_len,
+        "max_num_batched_tokens": mnbt,
+        "backend": backend.name,
     }
     try:
         groups = get_kv_cache_groups(vc, dict(specs))
@@ -357,19 +407,30 @@ def plan_case(path: Path, *, tp: int, kv_dtype: str, memory_gib: int, mode: str,
     case.update(
         block_size=block_size,
         num_blocks=config.num_blocks,
-        groups=[{"kind": type(g.kv_cache_spec).__name__, "layers": list(g.layer_names)}
-                for g in config.kv_cache_groups],
-        blocks_per_request=sum(cdiv(s.max_memory_usage_bytes(vc), s.page_size_bytes)
-                               for s in group_specs),
+        groups=[
+            {"kind": type(g.kv_cache_spec).__name__, "layers": list(g.layer_names)}
+            for g in config.kv_cache_groups
+        ],
+        blocks_per_request=sum(
+            cdiv(s.max_memory_usage_bytes(vc), s.page_size_bytes) for s in group_specs
+        ),
         max_concurrency=concurrency,
         kv_cache_size_tokens=tokens,
-        log_line=(f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
-                  f"{max_model_len:,} tokens per request: {concurrency:.2f}x"),
+        log_line=(
+            f"GPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
+            f"{max_model_len:,} tokens per request: {concurrency:.2f}x"
+        ),
         page_size_bytes=pages.pop() if len(pages) == 1 else None,
-        mamba_padding_pct=(None if mamba_spec is None or mamba_spec.page_size_padded is None
-                           else round(100 * (mamba_spec.page_size_padded
-                                             - mamba_spec.real_page_size_bytes)
-                                      / mamba_spec.real_page_size_bytes, 4)),
+        mamba_padding_pct=(
+            None
+            if mamba_spec is None or mamba_spec.page_size_padded is None
+            else round(
+                100
+                * (mamba_spec.page_size_padded - mamba_spec.real_page_size_bytes)
+                / mamba_spec.real_page_size_bytes,
+                4,
+            )
+        ),
     )
     return case
 
@@ -383,12 +444,22 @@ def _constructed_cases(config_dir: Path) -> list[dict[str, Any]]:
         for tp in (1, 2):
             for memory in MEMORY_GIB:
                 for mode in MODES:
-                    out.append(plan_case(path, tp=tp, kv_dtype="auto", memory_gib=memory,
-                                         mode=mode))
-        out.append(plan_case(path, tp=2, kv_dtype="auto", memory_gib=48, mode="defaults",
-                             max_model_len=text.max_position_embeddings))
-        out.append(plan_case(path, tp=1, kv_dtype="auto", memory_gib=16, mode="defaults",
-                             hybrid=False))
+                    out.append(
+                        plan_case(path, tp=tp, kv_dtype="auto", memory_gib=memory, mode=mode)
+                    )
+        out.append(
+            plan_case(
+                path,
+                tp=2,
+                kv_dtype="auto",
+                memory_gib=48,
+                mode="defaults",
+                max_model_len=text.max_position_embeddings,
+            )
+        )
+        out.append(
+            plan_case(path, tp=1, kv_dtype="auto", memory_gib=16, mode="defaults", hybrid=False)
+        )
     return out
 
 
@@ -402,27 +473,39 @@ def _cases(config_dir: Path) -> list[dict[str, Any]]:
             for kv_dtype in KV_DTYPES:
                 for memory in MEMORY_GIB:
                     for mode in MODES:
-                        out.append(plan_case(path, tp=tp, kv_dtype=kv_dtype,
-                                             memory_gib=memory, mode=mode))
+                        out.append(
+                            plan_case(path, tp=tp, kv_dtype=kv_dtype, memory_gib=memory, mode=mode)
+                        )
     for name in ("Mistral-7B-v0.1", "Gemma-3-27B-it", "AI21-Jamba-1.5-Mini"):
-        out.append(plan_case(config_dir / f"{name}.json", tp=1, kv_dtype="auto",
-                             memory_gib=16, mode="defaults", hybrid=False))
+        out.append(
+            plan_case(
+                config_dir / f"{name}.json",
+                tp=1,
+                kv_dtype="auto",
+                memory_gib=16,
+                mode="defaults",
+                hybrid=False,
+            )
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", type=Path,
-                        default=Path("src/pagedkv/data/model_configs"))
+    parser.add_argument("--configs", type=Path, default=Path("src/pagedkv/data/model_configs"))
     parser.add_argument("--out", type=Path, default=Path("tests/planner/vllm_expected.json"))
-    parser.add_argument("--constructed", action="store_true",
-                        help="--configs holds constructed configs of held-back families: "
-                        "plan the smaller table of _constructed_cases")
+    parser.add_argument(
+        "--constructed",
+        action="store_true",
+        help="--configs holds constructed configs of held-back families: "
+        "plan the smaller table of _constructed_cases",
+    )
     args = parser.parse_args(argv)
     _patch_registry()
     cases = _constructed_cases(args.configs) if args.constructed else _cases(args.configs)
-    args.out.write_text(json.dumps({"vllm": "0.33.0", "gpu": "hopper",
-                                    "cases": cases}, indent=1) + "\n")
+    args.out.write_text(
+        json.dumps({"vllm": "0.33.0", "gpu": "hopper", "cases": cases}, indent=1) + "\n"
+    )
     print(f"{len(cases)} cases -> {args.out}", file=sys.stderr)
     return 0
 

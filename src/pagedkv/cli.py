@@ -36,6 +36,7 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.planner.cli",
     "pagedkv.bench",
     "pagedkv.cluster.cli",
+    "pagedkv.torch.cli",
 )
 
 

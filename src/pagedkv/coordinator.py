@@ -11,13 +11,14 @@ hit, and the per-group loops of allocating, registering and freeing a request's 
 
 The façade (:class:`pagedkv.KVCacheManager`) validates calls, does the token arithmetic
 and keeps statistics; the coordinator does everything that touches groups and the pool.
-Lookups never change state; :meth:`Coordinator.allocate` changes state only when it
-succeeds.
+Lookups never change state; a refused :meth:`Coordinator.allocate` changes nothing except
+releasing the blocks that fell out of the request's windows (as vLLM 0.33 does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, KeysView, Sequence
+from typing import NamedTuple
 
 from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.full import FullAttentionManager
@@ -25,10 +26,35 @@ from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
 from pagedkv.specs import lcm_block_size
 
-__all__ = ["Coordinator", "HybridCoordinator", "NoPrefixCacheCoordinator", "UnitaryCoordinator"]
+__all__ = [
+    "ComputedBlocks",
+    "Coordinator",
+    "HybridCoordinator",
+    "NoPrefixCacheCoordinator",
+    "UnitaryCoordinator",
+]
 
 #: Per-group block ids, one list per group.
 BlockTables = tuple[list[int], ...]
+
+
+class ComputedBlocks(NamedTuple):
+    """A prefix-cache hit: block ids per group and the number of hit tokens.
+
+    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
+    :meth:`pagedkv.KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
+    it, for the same request, and only while its blocks still hold the request's prefix
+    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
+    """
+
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    issuer: object = None
+    request_id: str | None = None
+    #: The pool's ``index_generation`` at the lookup and a copy of what it returned: while
+    #: both still match, the blocks provably still hold the prefix (no O(n) hash check).
+    generation: int = -1
+    fingerprint: tuple[object, ...] = ()
 
 
 class Coordinator:
@@ -84,6 +110,10 @@ class Coordinator:
         """Whether the request holds a block table (it was allocated and not freed). O(1)."""
         return request_id in self.managers[0].req_to_blocks
 
+    def request_ids(self) -> KeysView[str]:
+        """The ids of the requests holding block tables (a live view). O(1)."""
+        return self.managers[0].req_to_blocks.keys()
+
     def allocate(
         self,
         request_id: str,
@@ -92,38 +122,41 @@ class Coordinator:
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         """Give the request slots for ``num_tokens`` tokens in every group.
 
         ``hit``: the hit blocks a new request adopts (from a lookup), else ``None``;
         ``num_computed_tokens``: computed before this step (decides which blocks fell out
-        of windows); ``total_computed_tokens``: plus the hit and external tokens.
+        of windows); ``total_computed_tokens``: plus the hit and external tokens;
+        ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
+        ignore lookahead, Mamba, are sized by; default ``num_tokens``).
 
-        Order: check capacity for every group at once (counting the blocks that fell out
-        of windows as freed), free those blocks, claim every group's hit blocks, then grow
-        every table. Claiming all hits before any group allocates means one group's
-        allocation can never evict another group's hit.
+        Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
+        are never read again, whatever this call decides), then check capacity for every
+        group at once, then claim every group's hit blocks, then grow every table.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
 
         Returns:
-            The new block ids per group, or ``None`` (no state changed) when the pool is
-            short. O(blocks touched).
+            The new block ids per group, or ``None`` when the pool is short; a refusal
+            changes nothing except releasing the skipped blocks. O(blocks touched).
         """
         managers = self.managers
         table_hit = hit if hit is not None else self._no_hit
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
         num_needed = 0
-        num_freed = 0
-        slots = [m.slots_needed(num_tokens, num_encoder_tokens) for m in managers]
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
+                 for m in managers]
         for g, m in enumerate(managers):
-            if m.drops_blocks:
-                num_freed += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
             num_needed += m.get_num_blocks_to_allocate(
                 request_id, slots[g], table_hit[g], total_computed_tokens
             )
         pool = self.pool
-        if num_needed > pool.free_queue.num_free + num_freed:
+        if num_needed > pool.free_queue.num_free:
             return None
-        for m in self._droppers:
-            m.remove_skipped_blocks(request_id, num_computed_tokens)
         if hit is not None:
             # Claim every group's hit before any group allocates: an allocation takes
             # blocks from the front of the free queue and would evict an unclaimed hit.
@@ -142,6 +175,11 @@ class Coordinator:
         for m in self._cacheable:
             m.cache_blocks(request, rid, num_tokens)
 
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: every group resets its per-step bookkeeping."""
+        for m in self.managers:
+            m.new_step_starts()
+
     def free(self, request_id: str) -> None:
         """Release the request's blocks in every group, tail first; an unknown id is a
         no-op. O(blocks held)."""
@@ -151,6 +189,16 @@ class Coordinator:
     def block_ids(self, request_id: str) -> BlockTables:
         """Copies of the request's block tables. Precondition: it holds blocks."""
         return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
+
+    def block_ids_for_computed_tokens(self, request_id: str, num_tokens: int) -> BlockTables:
+        """Copies of the request's tables, attention groups clipped to the
+        ``ceil(num_tokens / block_size)`` blocks covering ``num_tokens`` tokens (Mamba and
+        cross-attention tables whole). Precondition: it holds blocks."""
+        return tuple(
+            list(m.req_to_blocks[request_id][: -(-num_tokens // m.block_size)])
+            if m.positional else list(m.req_to_blocks[request_id])
+            for m in self.managers
+        )
 
     def num_token_slots(self, request_id: str) -> int:
         """Tokens the request's tables can hold in every caching group (the fewest of
@@ -213,9 +261,10 @@ class NoPrefixCacheCoordinator(Coordinator):
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
-                                num_tokens, num_encoder_tokens)
+                                num_tokens, num_encoder_tokens, num_tokens_main_model)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         return
@@ -244,20 +293,21 @@ class UnitaryCoordinator(Coordinator):
         total_computed_tokens: int,
         num_tokens: int,
         num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, for the one group."""
         m = self._manager
-        slots = m.slots_needed(num_tokens, num_encoder_tokens)
+        if m.ignores_lookahead and num_tokens_main_model is not None:
+            slots = num_tokens_main_model
+        else:
+            slots = m.slots_needed(num_tokens, num_encoder_tokens)
         table_hit = hit[0] if hit is not None else []
-        num_free = self.pool.free_queue.num_free
-        if m.drops_blocks:
-            num_free += m.num_skipped_blocks_to_free(request_id, num_computed_tokens)
-        if m.get_num_blocks_to_allocate(
-            request_id, slots, table_hit, total_computed_tokens
-        ) > num_free:
-            return None
         if m.drops_blocks:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if m.get_num_blocks_to_allocate(
+            request_id, slots, table_hit, total_computed_tokens
+        ) > self.pool.free_queue.num_free:
+            return None
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
         m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
@@ -306,6 +356,14 @@ class HybridCoordinator(Coordinator):
                         if not isinstance(m, FullAttentionManager)]
         self._never_hits = any(not m.cacheable for m in self.managers)
         self._drop = [m.drop_last_hit for m in self.managers]
+        for m in self.managers:
+            m.hit_alignment_tokens = self.lcm_block_size
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Register only up to a multiple of the lcm (no hit can end elsewhere), as vLLM
+        0.33: full attention 32 + sliding window 16 with 48 tokens computed registers 32
+        tokens in each group."""
+        super().cache_blocks(request, num_tokens // self.lcm_block_size * self.lcm_block_size)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

@@ -11,11 +11,13 @@ Seed: ``H(canonical_cbor("vllm-none-hash"))`` by default, or, with a per-deploym
 ``H(canonical_cbor(["pagedkv-secret-seed", secret]))`` so hashes cannot be predicted by
 outsiders.
 
-Extra keys (one list per block, ``None`` when empty), in this order:
-``["lora", lora_name]``; per multimodal item overlapping the block
-``["mm", identifier, item_offset - block_start]``; on the first block only
-``["cache_salt", salt]``; for prompt embeddings ``["embeds", sha256(block's embedding
-bytes)]``.
+Extra keys (one list per block, ``None`` when empty), in this order, as vLLM 0.33 builds
+them: ``["lora", lora_name, lora_path]`` (the path too, so re-pointing a name at another
+adapter cannot reuse stale KV); per multimodal item overlapping the block
+``["mm", identifier, item_offset - block_start]``; on the first block only and only for a
+non-empty salt ``["cache_salt", salt]`` (``""`` is no salt); for prompt embeddings
+``["prompt_embeds", sha256(block's embedding bytes)]``. KV-cache events carry them untagged
+(:func:`event_extra_keys`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "LoRA",
     "MultiModalItem",
     "canonical_cbor",
+    "event_extra_keys",
 ]
 
 HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
@@ -43,10 +46,13 @@ _NONE_HASH_INPUT = "vllm-none-hash"
 
 
 class LoRA(NamedTuple):
-    """A LoRA adapter: ``name`` keys the hash, ``adapter_id`` goes into events."""
+    """A LoRA adapter: ``name`` and ``path`` key the hash, ``adapter_id`` goes into events
+    (with ``name``). ``path`` is where the adapter's weights come from (vLLM's
+    ``lora_path``): two adapters of one name but different paths never share cached KV."""
 
     name: str
     adapter_id: int
+    path: str = ""
 
 
 class MultiModalItem(NamedTuple):
@@ -65,11 +71,13 @@ class HashExtras:
     names the field). Part of every block hash (as *extra keys*, module
     docstring) and of every stored event. A request without any has ``None`` instead.
 
-    >>> extras = HashExtras(lora=LoRA("sql", 1), cache_salt="tenant-7")
+    >>> extras = HashExtras(lora=LoRA("sql", 1, "/adapters/sql"), cache_salt="tenant-7")
     >>> extras.block_keys(0, 4)
-    [['lora', 'sql'], ['cache_salt', 'tenant-7']]
+    [['lora', 'sql', '/adapters/sql'], ['cache_salt', 'tenant-7']]
     >>> extras.block_keys(4, 8)
-    [['lora', 'sql']]
+    [['lora', 'sql', '/adapters/sql']]
+    >>> HashExtras(cache_salt="").block_keys(0, 4) is None   # an empty salt is no salt
+    True
     >>> HashExtras(mm_items=[MultiModalItem("img", 6, 4)]).block_keys(4, 8)
     [['mm', 'img', 2]]
     >>> HashExtras().is_empty
@@ -111,7 +119,7 @@ class HashExtras:
     @property
     def is_empty(self) -> bool:
         """True when nothing is set (such extras change no hash)."""
-        return (self.lora is None and not self.mm_items and self.cache_salt is None
+        return (self.lora is None and not self.mm_items and not self.cache_salt
                 and self.prompt_embeds is None)
 
     def block_keys(self, start: int, end: int) -> list[Any] | None:
@@ -119,16 +127,16 @@ class HashExtras:
         none. O(number of multimodal items + embedding bytes of the block)."""
         keys: list[Any] = []
         if self.lora is not None:
-            keys.append(["lora", self.lora.name])
+            keys.append(["lora", self.lora.name, self.lora.path])
         for item in self.mm_items:
             if item.offset < end and item.offset + item.length > start:
                 keys.append(["mm", item.identifier, item.offset - start])
-        if self.cache_salt is not None and start == 0:
+        if self.cache_salt and start == 0:
             keys.append(["cache_salt", self.cache_salt])
         embeds = self.prompt_embeds
         if embeds is not None and start < len(embeds):
             digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
-            keys.append(["embeds", digest])
+            keys.append(["prompt_embeds", digest])
         return keys or None
 
 
@@ -137,6 +145,19 @@ def _bad(field: str, value: object, expected: str) -> NoReturn:
 
 
 # ---------------------------------------------------------------- hash functions
+
+
+def event_extra_keys(keys: list[Any] | None) -> list[Any] | None:
+    """One block's extra keys as KV-cache events carry them (vLLM's ``to_event_extra_keys``):
+    untagged, a multimodal key as ``[identifier, offset]`` and every other key as its bare
+    value (LoRA name, salt, embeddings digest); ``None`` stays ``None``.
+
+    >>> event_extra_keys([["lora", "sql", "/a"], ["mm", "img", 2], ["cache_salt", "t"]])
+    ['sql', ['img', 2], 't']
+    """
+    if keys is None:
+        return None
+    return [key[1:] if key[0] == "mm" else key[1] for key in keys]
 
 
 def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
@@ -273,10 +294,19 @@ class BlockHasher:
             except (IndexError, TypeError):
                 # An id outside the table: the checked path below encodes it or raises.
                 start = len(hashes) * bs
+        # Consecutive blocks often carry equal keys (a LoRA adapter on every block):
+        # their CBOR encoding is reused instead of re-encoded.
+        last_keys: list[Any] | None = None
+        last_encoded = b"\xf6"
+        ctor = self._ctor
         for s in range(start, end + 1, bs):
             tokens = token_ids[s : s + bs]
             keys = None if extras is None else extras.block_keys(s, s + bs)
-            parent = self.hash_block(parent, tokens, keys)
+            if keys != last_keys:
+                last_keys = keys
+                last_encoded = b"\xf6" if keys is None else canonical_cbor(keys)
+            parent = ctor(b"\x83" + cbor_head(2, len(parent)) + parent + encode_tokens(tokens)
+                          + last_encoded).digest()
             hashes.append(parent)
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)

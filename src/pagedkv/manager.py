@@ -24,11 +24,12 @@ in the prefix index (the first two already were).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pagedkv import validation
 from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
+    ComputedBlocks,
     Coordinator,
     HybridCoordinator,
     NoPrefixCacheCoordinator,
@@ -51,21 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["ComputedBlocks", "KVCacheManager"]
 
 
-class ComputedBlocks(NamedTuple):
-    """A prefix-cache hit: block ids per group and the number of hit tokens.
-
-    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
-    :meth:`KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
-    it, for the same request, and only while its blocks still hold the request's prefix
-    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
-    """
-
-    block_ids: tuple[list[int], ...]
-    num_computed_tokens: int
-    issuer: object = None
-    request_id: str | None = None
-
-
 class KVCacheManager:
     """Block tables, prefix caching and events for every KV-cache group of one model.
 
@@ -83,14 +69,15 @@ class KVCacheManager:
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]
+        recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
+        self.pool = self._make_pool(config, groups, hash_bs, recorder)
         #: Where the pool's events go: a buffer with events on, else the null recorder.
-        self.recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
-        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
-                              hash_block_size=hash_bs, groups=groups, recorder=self.recorder)
+        self.recorder = self.pool.recorder
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
         self.managers: list[SingleTypeManager] = [
-            manager_class_for(s)(s, self.pool, g, drop_last_hit=config.drop_last_hit)
+            manager_class_for(s, enable_caching=config.enable_caching)(
+                s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, s in enumerate(specs)
         ]
         self.coordinator: Coordinator
@@ -115,6 +102,15 @@ class KVCacheManager:
             self.publisher = ZmqEventPublisher(
                 config.kv_events, snapshot_fn=self.prefix_index_snapshot
             )
+
+    def _make_pool(
+        self, config: CacheConfig, groups: list[GroupInfo], hash_block_size: int,
+        recorder: EventRecorder,
+    ) -> BlockPool:
+        """The block pool, telling ``recorder``. A subclass may build an observed pool
+        (``pagedkv.observe``) here; called once, before the managers exist."""
+        return BlockPool(config.num_blocks, enable_caching=config.enable_caching,
+                         hash_block_size=hash_block_size, groups=groups, recorder=recorder)
 
     @classmethod
     def from_spec(
@@ -194,8 +190,13 @@ class KVCacheManager:
         Raises:
             InvalidArgumentError: not a request, or longer than ``max_model_len``.
         """
-        validation.check_lookup(self, request)
-        num_tokens = request.num_tokens
+        try:
+            num_tokens = request.num_tokens
+        except AttributeError:
+            validation.check_lookup(self, request)
+            raise
+        if num_tokens > self.max_model_len:
+            validation.check_lookup(self, request)
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
         if found is None:  # caching off: no lookup, nothing counted
             return self._empty_hit
@@ -210,7 +211,8 @@ class KVCacheManager:
             lookups.queries += num_tokens
             lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
-        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id)
+        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
+                              self.pool.index_generation, (num_hit, *map(tuple, blocks)))
 
     # ---------------------------------------------------------------- allocation
 
@@ -236,14 +238,17 @@ class KVCacheManager:
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
         yet); call :meth:`cache_blocks` when it is.
 
-        Order: check capacity for every group at once (counting the blocks that fell out
-        of windows as freed), free those blocks, claim every group's hit blocks, then
-        allocate and register blocks that became full. Claiming all hits before any group
-        allocates means one group's allocation can never evict another group's hit.
+        Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
+        chunked local: never read again), check capacity for every group at once, claim
+        every group's hit blocks, then allocate and register blocks that became full.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
 
         Returns:
             The newly allocated block ids per group, or ``None`` when there are not enough
-            free blocks, in which case **no state changed**.
+            free blocks. A refused allocation **changes nothing except releasing blocks the
+            request no longer needs** (those outside its windows; they are freed as on
+            any other call, exactly as vLLM does); with full attention only, nothing.
 
         ``num_lookahead_tokens`` past ``max_model_len`` are capped there (speculative
         tokens that could never be accepted); every other count is checked exactly.
@@ -291,7 +296,8 @@ class KVCacheManager:
         total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
+            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
+            total_computed + num_new_tokens,
         )
         if new_blocks is not None:
             if first:
@@ -311,6 +317,12 @@ class KVCacheManager:
         validation.check_cache_blocks(self, request, num_computed_tokens)
         self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
+    def new_step_starts(self) -> None:
+        """Tell the manager a scheduler step begins (call once per step, before scheduling;
+        vLLM's ``new_step_starts``). A Mamba state registered in this step cannot be hit
+        again before the next one (its KV is written by the step that registered it)."""
+        self.coordinator.new_step_starts()
+
     def free(self, request: RequestLike | str) -> None:
         """Release every block of the request, tail first; its id is free again. Freeing a
         request the manager does not track (e.g. aborted before its first allocation) does
@@ -320,9 +332,18 @@ class KVCacheManager:
             InvalidArgumentError: neither a request nor a str.
             DuplicateRequestError: a request object whose id another live request holds.
         """
-        rid = validation.check_free(self, request)
-        if self.live_requests.pop(rid, None) is not None:
-            self.coordinator.free(rid)
+        try:
+            rid = request if isinstance(request, str) else request.request_id
+            live = self.live_requests.get(rid)
+        except (AttributeError, TypeError):
+            validation.check_free(self, request)
+            raise
+        if live is None:
+            return
+        if live is not request and type(request) is not str:
+            validation.check_free(self, request)
+        del self.live_requests[rid]
+        self.coordinator.free(rid)
 
     # ---------------------------------------------------------------- queries
 
@@ -334,6 +355,20 @@ class KVCacheManager:
         """
         self.require_live(request_id)
         return self.coordinator.block_ids(request_id)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The request's tables clipped to the blocks covering its first
+        ``num_computed_tokens`` tokens (attention groups; Mamba and cross-attention tables
+        whole), as vLLM's method of this name. Block 4, table ``[1, 2, 3]``, 5 tokens ->
+        ``[1, 2]``.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
 
     def get_num_common_prefix_blocks(
         self, request_id: str, num_running_requests: int
@@ -450,6 +485,5 @@ class KVCacheManager:
         the number of block tables holding it. O(num_blocks + held blocks)."""
         self.pool.check_invariants()
         self.coordinator.check_invariants()
-        tracked = self.coordinator.managers[0].req_to_blocks
-        assert len(tracked) == len(self.live_requests) and all(
-            rid in tracked for rid in self.live_requests), "live requests and tables disagree"
+        assert self.coordinator.request_ids() == self.live_requests.keys(), (
+            "the live requests and the requests holding block tables differ")

@@ -77,8 +77,16 @@ class BlockPool:
         self.recorder = recorder if recorder is not None else EventRecorder()
         #: Cumulative number of cached blocks evicted (reused or dropped from the index).
         self.num_evicted_blocks = 0
+        # Blocks that lost their hash otherwise (re-registered under another hash; resets).
+        self._num_rehashed = 0
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def index_generation(self) -> int:
+        """Changes whenever a block loses or changes its hash; while it stays the same, every
+        block keeps the hash it had. O(1)."""
+        return self.num_evicted_blocks + self._num_rehashed
 
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
@@ -177,9 +185,11 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
         group: int,
+        mask: Sequence[bool] | None = None,
     ) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` of ``request`` in the
-        index under their hashes (null blocks skipped) and tell the recorder in one call.
+        index under their hashes (null blocks, and positions whose ``mask`` entry is false,
+        skipped) and tell the recorder in one call.
 
         The group's block size may be k times the hash block size; a block's hash is then
         the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
@@ -197,7 +207,7 @@ class BlockPool:
         skipped: list[int] = []  # positions not newly registered (null or already there)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
-            if not b:
+            if not b or (mask is not None and not mask[i - num_cached_blocks]):
                 skipped.append(i)
                 continue
             h = hashes[i]
@@ -309,6 +319,8 @@ class BlockPool:
                 self.recorder.removed([h2], g2)
         if count:
             self.num_evicted_blocks += 1
+        else:
+            self._num_rehashed += 1
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix index (they stay allocated if in use).
@@ -339,6 +351,7 @@ class BlockPool:
             dups.clear()
         self._secondary.clear()
         self.block_hash = [None] * self.num_blocks
+        self._num_rehashed += 1
         self.recorder.cleared()
         return True
 

@@ -266,11 +266,13 @@ class MambaSpec(KVCacheSpec):
     state, or the delta-net state); ``page_size_padded_bytes`` pads it to match the page of
     other groups when the planner unifies page sizes.
 
-    ``block_size`` is the token interval between state checkpoints. Without checkpoints
-    (``cache_checkpoints=False``) a request holds one state block whatever its length.
-    With checkpoints, the state is kept at every ``block_size`` boundary of the prompt so a
-    prefix hit can resume from it; the request then holds its state blocks until it
-    finishes, and only the newest is live.
+    ``block_size`` is the token span a state block stands for. With prefix caching on and
+    ``cache_checkpoints=False`` (the default) the group behaves as vLLM 0.33's
+    ``mamba_cache_mode="align"``: one live state block at position ``ceil(tokens /
+    block_size) - 1``, registered once that block is full (see
+    :mod:`pagedkv.managers.mamba`); with caching off, one state block whatever the length.
+    ``cache_checkpoints=True`` is an older pagedkv option (not vLLM's behaviour): the state
+    is kept at every ``block_size`` boundary of the prompt, each registered as it is passed.
     """
 
     kind: ClassVar[str] = "mamba"

@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+from pagedkv.coordinator import ComputedBlocks
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
 from pagedkv.hashing import HashExtras
 
 if TYPE_CHECKING:
-    from pagedkv.manager import ComputedBlocks, KVCacheManager
+    from pagedkv.manager import KVCacheManager
     from pagedkv.request import RequestLike
 
 __all__ = [
@@ -162,12 +163,21 @@ def check_allocate(
         InvalidArgumentError, DuplicateRequestError, InvalidHitError: the rules of the
             module docstring.
     """
-    req = _request_of(request)
-    rid = check_request_id(req.request_id)
-    num_new = check_count("num_new_tokens", num_new_tokens)
+    # Each test is a cheap guard; the diagnosing helpers run only when one fails.
+    req = cast("RequestLike", request)
+    try:
+        rid = req.request_id
+        computed = req.num_computed_tokens
+        num_tokens = req.num_tokens
+    except AttributeError:
+        _request_of(request)
+        raise
+    if type(rid) is not str or not rid:
+        check_request_id(rid)
+    if type(num_new_tokens) is not int or num_new_tokens < 0:
+        check_count("num_new_tokens", num_new_tokens)
+    num_new = cast(int, num_new_tokens)
     new_computed, lookahead, external, encoder = counts
-    from pagedkv.manager import ComputedBlocks  # at call time: manager imports this module
-
     if hit is not None and not isinstance(hit, ComputedBlocks):
         raise InvalidHitError(
             f"request {rid!r}: new_computed_blocks must be the ComputedBlocks that "
@@ -176,10 +186,11 @@ def check_allocate(
     num_hit = hit.num_computed_tokens if hit is not None else 0
     if new_computed is None:
         new_computed = num_hit
-    check_count("num_new_computed_tokens", new_computed)
-    lookahead = check_count("num_lookahead_tokens", lookahead)
-    external = check_count("num_external_computed_tokens", external)
-    check_count("num_encoder_tokens", encoder)
+    if lookahead or external or encoder or new_computed != num_hit:
+        check_count("num_new_computed_tokens", new_computed)
+        lookahead = check_count("num_lookahead_tokens", lookahead)
+        external = check_count("num_external_computed_tokens", external)
+        check_count("num_encoder_tokens", encoder)
     live = mgr.live_requests.get(rid)
     if live is not None and live is not request:
         raise DuplicateRequestError(
@@ -192,8 +203,8 @@ def check_allocate(
             f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
             "be given to its first allocate_slots call"
         )
-    computed = check_count(f"request {rid!r}: num_computed_tokens", req.num_computed_tokens)
-    num_tokens = req.num_tokens
+    if type(computed) is not int or computed < 0:
+        check_count(f"request {rid!r}: num_computed_tokens", computed)
     if num_tokens > mgr.max_model_len:
         raise InvalidArgumentError(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
@@ -217,7 +228,7 @@ def check_allocate(
     if has_hit:
         assert hit is not None
         _check_hit(mgr, req, rid, hit)
-    if computed + num_hit + external + num_new > num_tokens:
+    if computed + num_hit + cast(int, external) + num_new > num_tokens:
         raise InvalidArgumentError(
             f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
             f"{num_new} new tokens is more than its {num_tokens} tokens; append the tokens "
@@ -240,6 +251,9 @@ def _check_hit(mgr: KVCacheManager, req: RequestLike, rid: str, hit: ComputedBlo
             f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
             f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
         )
+    if hit.generation == mgr.pool.index_generation and hit.fingerprint == (
+            hit.num_computed_tokens, *map(tuple, hit.block_ids)):
+        return  # unchanged since the lookup, and no block lost or changed its hash since
     why = mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
     if why is not None:
         raise InvalidHitError(

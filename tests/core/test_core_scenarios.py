@@ -21,6 +21,7 @@ from pagedkv import (
     MultiModalItem,
     UnknownRequestError,
 )
+from pagedkv.hashing import event_extra_keys
 
 BS = 4
 
@@ -113,8 +114,8 @@ def test_eviction_from_the_front_removes_cached_block_and_emits_event(make_mgr: 
     assert new_d == ([3, 2],)
     events = m.take_events()
     removed = [e for e in events if isinstance(e, BlockRemoved)]
-    # One removed event for the allocation's evictions, in eviction order.
-    assert [e.block_hashes for e in removed] == [[hashes[2], hashes[1]]]
+    # One removed event per evicted hash (as vLLM 0.33), in eviction order.
+    assert [e.block_hashes for e in removed] == [[hashes[2]], [hashes[1]]]
     assert m.num_evicted_blocks == 2
     # Block 1 is still cached: A's prompt now hits one block.
     e = m.new_request("e", list(range(12)))
@@ -323,7 +324,8 @@ def test_stored_event_contents(make_mgr: Any) -> None:
     assert ev.token_ids == list(range(8))
     assert ev.block_size == BS
     assert (ev.lora_id, ev.lora_name, ev.group_idx, ev.medium) == (7, "ad", 0, "GPU")
-    assert ev.extra_keys == [[["lora", "ad"], ["cache_salt", "t"]], [["lora", "ad"]]]
+    # Untagged, as vLLM's to_event_extra_keys sends them: bare LoRA name and salt.
+    assert ev.extra_keys == [["ad", "t"], ["ad"]]
     assert ev.kv_cache_spec_kind == "full_attention"
     # Decoding fills block 3: a second event whose parent is block 2's hash.
     a.append_output_tokens([9, 10, 11])
@@ -378,7 +380,9 @@ def test_stored_events_split_at_blocks_not_newly_registered(make_mgr: Any) -> No
         assert len(e.extra_keys) == len(e.block_hashes)
 
 
-def test_stored_events_split_around_null_blocks() -> None:
+def test_stored_event_around_null_blocks_has_vllm_shape() -> None:
+    """One stored record per registering call, as vLLM 0.33: hashes (and extra keys) of
+    the registered positions only, token ids over the whole range, parent before it."""
     from pagedkv import BlockHasher, Request
     from pagedkv.events.recorder import EventBuffer, GroupInfo
     from pagedkv.pool import BlockPool
@@ -389,10 +393,20 @@ def test_stored_events_split_around_null_blocks() -> None:
     ids = pool.get_new_blocks(4)
     table = [ids[0], 0, ids[1], ids[2], 0]  # block positions 1 and 4 are null
     pool.cache_full_blocks(req, table, 0, 5, 0)
-    events = pool.recorder.take()
-    assert [e.block_hashes for e in events] == [req.block_hashes[0:1], req.block_hashes[2:4]]
-    assert [e.parent_block_hash for e in events] == [None, req.block_hashes[1]]
-    assert [e.token_ids for e in events] == [list(range(0, 4)), list(range(8, 16))]
+    [event] = pool.recorder.take()
+    h = req.block_hashes
+    assert event.block_hashes == [h[0], h[2], h[3]]
+    assert event.parent_block_hash is None
+    assert event.token_ids == list(range(20))
+    assert event.extra_keys == [None, None, None]
+    # A snapshot still gives every block its own tokens and its true parent.
+    snap = pool.recorder.snapshot(pool.block_hash, pool.block_group)
+    assert sorted(((e.block_hashes, e.parent_block_hash, e.token_ids) for e in snap),
+                  key=lambda t: t[2]) == [
+        ([h[0]], None, [0, 1, 2, 3]),
+        ([h[2]], None, [8, 9, 10, 11]),  # its parent h[1] is not cached
+        ([h[3]], h[2], [12, 13, 14, 15]),
+    ]
     pool.check_invariants()
 
 
@@ -405,8 +419,8 @@ def test_stored_events_reuse_the_hashers_extra_keys_and_derive_missing_ones(
     a, _, _ = prefill(m, "a", list(range(9)), hash_extras=extras)
     assert a.block_extra_keys == [extras.block_keys(0, 4), extras.block_keys(4, 8)]
     [ev] = m.take_events()
-    assert ev.extra_keys == a.block_extra_keys
-    assert ev.extra_keys is not a.block_extra_keys  # a copy: the request keeps growing
+    assert ev.extra_keys == [event_extra_keys(k) for k in a.block_extra_keys]
+    assert ev.extra_keys == [[["img", 2], "s"], [["img", -2]]]
     m2 = make_mgr(enable_events=True)
     b, _, _ = prefill(m2, "b", list(range(9)), hash_extras=extras,
                       block_hashes=a.block_hashes)
@@ -419,3 +433,14 @@ def test_null_recorder_has_no_snapshot(make_mgr: Any) -> None:
     m = make_mgr()
     with pytest.raises(InvalidArgumentError, match="enable_events=True"):
         m.prefix_index_snapshot()
+
+
+def test_block_ids_for_computed_tokens_clip_attention_tables(make_mgr: Any) -> None:
+    m = make_mgr()
+    a, _, new = prefill(m, "a", list(range(11)))  # 3 blocks of 4
+    assert new == ([1, 2, 3],)
+    assert m.get_block_ids_for_computed_tokens("a", 5) == ([1, 2],)
+    assert m.get_block_ids_for_computed_tokens("a", 0) == ([],)
+    assert m.get_block_ids_for_computed_tokens("a", 100) == ([1, 2, 3],)
+    with pytest.raises(UnknownRequestError):
+        m.get_block_ids_for_computed_tokens("nope", 4)

@@ -204,14 +204,31 @@ def test_mamba_hybrid_needs_one_interval_plus_one_token(prompt_len: int,
     assert mgr.get_computed_blocks(b).num_computed_tokens == expected_hit
 
 
-def test_mamba_hybrid_without_checkpoints_never_hits() -> None:
-    """The silent 0 % hit rate: full attention holds the prefix, but no state after it
-    exists. One state block per request."""
+def test_mamba_align_is_the_default_with_caching() -> None:
+    """vLLM 0.33's align mode (the default with prefix caching on): one live state block
+    at position ceil(t / 64) - 1, nulls before it; a state is registered once its block is
+    full. A 200-token prompt leaves nothing to hit (its state is inside block 3); a
+    128-token prompt does, from the next scheduler step on."""
     mgr = make_mgr([full(16), mamba(64, checkpoints=False)], num_blocks=64)
     admit(mgr, "A", tokens(200))
-    assert len(mgr.get_block_ids("A")[1]) == 1
+    table = mgr.get_block_ids("A")[1]
+    assert table[:3] == [0, 0, 0] and len(table) == 4 and table[3]
     b = mgr.new_request("B", tokens(200))
     assert mgr.get_computed_blocks(b).num_computed_tokens == 0
+    admit(mgr, "C", tokens(128))
+    assert mgr.get_block_ids("C")[1][0] == 0
+    full_c, mamba_c = mgr.get_block_ids("C")
+    # Clipped to computed tokens: attention tables only; the Mamba table stays whole.
+    assert mgr.get_block_ids_for_computed_tokens("C", 40) == (full_c[:3], mamba_c)
+    d = mgr.new_request("D", tokens(130))
+    hit = mgr.get_computed_blocks(d)
+    assert hit.num_computed_tokens == 128
+    assert hit.block_ids[1] == [0, mgr.get_block_ids("C")[1][1]]
+    # The state was registered in this step: adopting it now is refused (as vLLM).
+    assert mgr.allocate_slots(d, 2, new_computed_blocks=hit) is None
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(d, 2, new_computed_blocks=hit) is not None
+    mgr.check_invariants()
 
 
 def test_finished_checkpoints_still_hit_after_the_owner_moves_on() -> None:

@@ -8,7 +8,10 @@ a block), and a reference model of what must hold, restated independently of the
   is real), is a multiple of the lcm of the block sizes and below the prompt length;
 * every hit is the *longest* valid one: a brute-force oracle over all candidate lengths,
   written from the kinds' definitions (``oracle_longest_hit``), finds no longer one;
-* a refused allocation leaves the whole state dump unchanged;
+* a refused allocation changes nothing except releasing the request's skipped blocks (as
+  vLLM 0.33): those table positions become null, their ref counts drop by one, the blocks
+  reaching 0 join the free queue (per group: uncached at the front, cached at the back,
+  deepest first), and every other part of the state dump is unchanged;
 * each windowed table has exactly ``skipped_tokens(spec, c) // block_size`` leading nulls
   (the kind's definition, not the manager's method), ``c`` being the computed tokens at its
   last allocation (skipped blocks are freed as the request advances, no earlier and no
@@ -20,6 +23,7 @@ a block), and a reference model of what must hold, restated independently of the
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -62,6 +66,34 @@ class _Live:
         self.req = req
         self.hit = hit  # ComputedBlocks until the first allocation succeeds, then None
         self.last_computed = 0
+
+
+def _expected_after_refusal(before: Any, after: Any, rid: str) -> Any:
+    """``before`` with only what a refusal may change applied: table positions of ``rid``
+    that went from a block to null (checked to be a leading run) are released as
+    ``free_blocks`` would release them, group by group."""
+    expected = copy.deepcopy(before)
+    pool = expected["pool"]
+    for g, tables in enumerate(expected["block_tables"]):
+        old = tables.get(rid)
+        new = after["block_tables"][g].get(rid)
+        if old is None:
+            continue
+        assert new is not None and len(new) == len(old), "a refusal resized a table"
+        released = [i for i, (x, y) in enumerate(zip(old, new, strict=True)) if x != y]
+        assert all(new[i] == 0 for i in released), "a refusal replaced a block"
+        assert all(new[i] == 0 for i in range(max(released, default=-1) + 1)), (
+            "released blocks are not a leading run")
+        front: list[int] = []
+        back: list[int] = []
+        for i in reversed(released):
+            b = old[i]
+            pool["ref_cnt"][b] -= 1
+            if pool["ref_cnt"][b] == 0:
+                (back if pool["block_hash"][b] is not None else front).append(b)
+            old[i] = 0
+        pool["free_queue"] = front + pool["free_queue"] + back
+    return expected
 
 
 def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
@@ -129,7 +161,9 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
             before = self._state()
             out = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
             if out is None:
-                assert self._state() == before, "a refused allocation changed state"
+                after = self._state()
+                assert after == _expected_after_refusal(before, after, req.request_id), (
+                    "a refused allocation changed more than its skipped blocks")
                 event("allocation refused")
                 return False
             computed = req.num_computed_tokens + (hit.num_computed_tokens if hit else 0)

@@ -12,6 +12,7 @@ from pagedkv.managers import (
     ChunkedLocalManager,
     CrossAttentionManager,
     FullAttentionManager,
+    MambaAlignManager,
     MambaCheckpointManager,
     MambaManager,
     SlidingWindowManager,
@@ -150,12 +151,23 @@ def test_full_attention_lookup(pattern: str, max_length: int, drop: bool,
 
 
 def test_kinds_that_never_hit() -> None:
-    m, _ = _manager(mamba(4, checkpoints=False), "XXXX")
-    assert type(m) is MambaManager
+    spec = mamba(4, checkpoints=False)
+    assert manager_class_for(spec, enable_caching=False) is MambaManager
+    m = MambaManager(spec, BlockPool(8, hash_block_size=4), 0)
     assert m.find_longest_cache_hit(HASHES, 16) == []
     m, _ = _manager(cross(4, 100), "XXXX")
     assert isinstance(m, CrossAttentionManager)
     assert m.find_longest_cache_hit(HASHES, 16) == []
+
+
+def test_mamba_align_lookup_takes_the_rightmost_state() -> None:
+    """Align mode (caching on): the deepest cached state within the bound, nulls before
+    it; no run is needed (a state summarises its whole prefix)."""
+    m, pos = _manager(mamba(4, checkpoints=False), "X_X_")
+    assert type(m) is MambaAlignManager
+    assert _shape(m.find_longest_cache_hit(HASHES, 16), pos) == ["0", "0", "b2"]
+    assert _shape(m.find_longest_cache_hit(HASHES, 11), pos) == ["b0"]
+    assert m.find_longest_cache_hit(HASHES, 3) == []
 
 
 # (kind, computed tokens) -> skipped tokens

@@ -28,6 +28,7 @@ from pagedkv.events.records import (
     BlockStored,
     KVCacheEvent,
 )
+from pagedkv.hashing import event_extra_keys
 
 if TYPE_CHECKING:
     from pagedkv.request import RequestLike
@@ -107,24 +108,29 @@ class EventRecorder:
 class EventBuffer(EventRecorder):
     """Buffers KV-cache events in vLLM's shapes and can snapshot the index.
 
-    ``groups`` and ``hash_block_size`` must be the pool's. Stored records are one per run
-    of consecutive newly registered block positions, so each record's ``token_ids`` cover
-    exactly its blocks and its parent is the hash just before its first block; removed
-    records are one per run of same-group evictions of one pool call.
+    ``groups`` and ``hash_block_size`` must be the pool's. Stored records are one per
+    registering call, as vLLM 0.33 builds them: ``token_ids`` cover every position of the
+    call's range, ``block_hashes`` and ``extra_keys`` only the positions newly registered
+    (null and unreachable positions left out), the parent is the hash just before the
+    range; removed
+    records are one per dropped hash (vLLM 0.33 emits them so).
 
-    Extra keys: for a group whose block is one hash block, the keys the hasher recorded on
-    the request (``block_extra_keys``) are reused; otherwise (larger blocks, or hashes the
-    caller supplied) they are derived from ``request.hash_extras`` over the block's span.
+    Extra keys go out untagged (:func:`pagedkv.hashing.event_extra_keys`, vLLM's
+    ``to_event_extra_keys``). For a group whose block is one hash block, the keys the hasher
+    recorded on the request (``block_extra_keys``) are reused; otherwise (larger blocks, or
+    hashes the caller supplied) they are derived from ``request.hash_extras`` over the
+    block's span.
     """
 
     def __init__(self, groups: Sequence[GroupInfo], hash_block_size: int) -> None:
         self.groups = list(groups)
         self.hash_block_size = hash_block_size
         self._events: list[KVCacheEvent] = []
-        # Block id -> the stored record that announced it (the record lists the block's
-        # hash). Entries of evicted blocks may linger: they are replaced when the block is
-        # stored again and ignored while it has no hash.
-        self._announced: dict[int, BlockStored] = {}
+        # Block id -> (the stored record that announced it, the block's index in its
+        # hashes, its block offset in its token_ids, its parent hash). Entries of evicted
+        # blocks may linger: they are replaced when the block is stored again and ignored
+        # while it has no hash.
+        self._announced: dict[int, tuple[BlockStored, int, int, bytes | None]] = {}
 
     def stored(
         self,
@@ -136,39 +142,34 @@ class EventBuffer(EventRecorder):
         skipped: Sequence[int],
         group: int,
     ) -> None:
-        if not skipped:  # the usual case: one run
-            runs = [(start, end)]
-        else:
-            runs = []
-            first = start
-            for i in (*skipped, end):
-                if i > first:
-                    runs.append((first, i))
-                first = i + 1
         info = self.groups[group]
         bs = info.block_size
         extras = request.hash_extras
         lora = extras.lora if extras is not None else None
-        lora_id = lora.adapter_id if lora else None
-        lora_name = lora.name if lora else None
-        tokens = request.all_token_ids
-        recorded = request.block_extra_keys
-        reuse = bs == self.hash_block_size and len(recorded) >= end
+        if skipped:
+            left_out = set(skipped)
+            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+        else:
+            positions = range(start, end)
+        if extras is None:
+            extra: list[Any] = [None] * len(positions)
+        elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
+            recorded = request.block_extra_keys
+            extra = [event_extra_keys(recorded[i]) for i in positions]
+        else:
+            extra = [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs))
+                     for i in positions]
+        event = BlockStored(
+            [hashes[i] for i in positions] if skipped else hashes[start:end],
+            hashes[start - 1] if start else None,
+            request.all_token_ids[start * bs : end * bs], bs,
+            lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
+            extra or None, group, info.kind, info.sliding_window,
+        )
+        self._events.append(event)
         announced = self._announced
-        for first, last in runs:
-            if extras is None:
-                extra: list[Any] = [None] * (last - first)
-            elif reuse:
-                extra = recorded[first:last]
-            else:
-                extra = [extras.block_keys(j * bs, (j + 1) * bs) for j in range(first, last)]
-            event = BlockStored(
-                hashes[first:last], hashes[first - 1] if first else None,
-                tokens[first * bs : last * bs], bs, lora_id, MEDIUM_GPU, lora_name, extra,
-                group, info.kind, info.sliding_window,
-            )
-            self._events.append(event)
-            announced.update(dict.fromkeys(blocks[first:last], event))
+        for k, i in enumerate(positions):
+            announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
 
     def stored_partial(
         self, request: RequestLike, block: int, i: int, group: int, primary: bool
@@ -180,9 +181,9 @@ class EventBuffer(EventRecorder):
         if extras is None:
             extra = None
         elif len(request.block_extra_keys) > i:
-            extra = request.block_extra_keys[i]
+            extra = event_extra_keys(request.block_extra_keys[i])
         else:
-            extra = extras.block_keys(i * hbs, (i + 1) * hbs)
+            extra = event_extra_keys(extras.block_keys(i * hbs, (i + 1) * hbs))
         info = self.groups[group]
         event = BlockStored(
             block_hashes=[hashes[i]],
@@ -198,11 +199,12 @@ class EventBuffer(EventRecorder):
             kv_cache_spec_sliding_window=info.sliding_window,
         )
         if primary:
-            self._announced[block] = event
+            self._announced[block] = (event, 0, 0, hashes[i - 1] if i else None)
         self._events.append(event)
 
     def removed(self, hashes: list[bytes], group: int) -> None:
-        self._events.append(BlockRemoved(hashes, MEDIUM_GPU, group))
+        # One record per hash, as vLLM's pool emits them.
+        self._events.extend(BlockRemoved([h], MEDIUM_GPU, group) for h in hashes)
 
     def cleared(self) -> None:
         self._announced.clear()
@@ -226,32 +228,23 @@ class EventBuffer(EventRecorder):
         announced = self._announced
         cached = {b: (h, block_group[b]) for b in announced
                   if (h := block_hash[b]) is not None}
-
-        def position(b: int) -> tuple[BlockStored, int]:
-            event = announced[b]
-            h = block_hash[b]
-            return event, (event.block_hashes.index(h) if h in event.block_hashes else 0)
-
-        def parent_of(b: int) -> bytes | None:
-            event, k = position(b)
-            return event.block_hashes[k - 1] if k else event.parent_block_hash
-
         known = {h for h, _ in cached.values()}
         children: dict[bytes | None, list[int]] = {}
         for b in cached:
-            parent = parent_of(b)
+            parent = announced[b][3]
             children.setdefault(parent if parent in known else None, []).append(b)
         out: list[BlockStored] = []
         todo = sorted(children.get(None, []))
         while todo:
             b = todo.pop()
             h, g = cached[b]
-            event, k = position(b)
+            event, k, j, parent = announced[b]
             bs = event.block_size
             info = self.groups[g]
             out.append(
                 BlockStored(
-                    [h], parent_of(b), event.token_ids[k * bs : (k + 1) * bs], bs,
+                    [h], parent if parent in known else None,
+                    event.token_ids[j * bs : (j + 1) * bs], bs,
                     event.lora_id, MEDIUM_GPU, event.lora_name,
                     [event.extra_keys[k] if event.extra_keys else None], g, info.kind,
                     info.sliding_window,
@@ -267,6 +260,7 @@ class EventBuffer(EventRecorder):
         for b in range(1, len(block_hash)):
             h = block_hash[b]
             if h is not None:
-                event = self._announced.get(b)
-                assert event is not None, f"cached block {b} was never announced"
-                assert h in event.block_hashes, f"block {b}'s record lists other hashes"
+                entry = self._announced.get(b)
+                assert entry is not None, f"cached block {b} was never announced"
+                assert entry[0].block_hashes[entry[1]] == h, (
+                    f"block {b}'s record lists another hash at its position")

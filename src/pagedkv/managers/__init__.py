@@ -11,7 +11,8 @@ full, MLA              FullAttentionManager        left-to-right prefix / none
 full with sinks        SinkFullAttentionManager    as full; plus per-request sink blocks
 sliding window         SlidingWindowManager        right-to-left window run / before window
 chunked local          ChunkedLocalManager         nulls + current chunk / earlier chunks
-Mamba                  MambaManager                never hits / one state block
+Mamba, caching on      MambaAlignManager           deepest state (vLLM align) / passed states
+Mamba, caching off     MambaManager                never hits / one state block
 Mamba + checkpoints    MambaCheckpointManager      deepest checkpoint / finished checkpoints
 cross attention        CrossAttentionManager       never hits / encoder blocks held once
 =====================  ==========================  ==========================================
@@ -26,7 +27,7 @@ from pagedkv.managers.base import (
 from pagedkv.managers.chunked_local import ChunkedLocalManager
 from pagedkv.managers.cross_attention import CrossAttentionManager
 from pagedkv.managers.full import FullAttentionManager
-from pagedkv.managers.mamba import MambaCheckpointManager, MambaManager
+from pagedkv.managers.mamba import MambaAlignManager, MambaCheckpointManager, MambaManager
 from pagedkv.managers.sinks import SinkFullAttentionManager
 from pagedkv.managers.sliding_window import SlidingWindowManager
 
@@ -34,6 +35,7 @@ __all__ = [
     "ChunkedLocalManager",
     "CrossAttentionManager",
     "FullAttentionManager",
+    "MambaAlignManager",
     "MambaCheckpointManager",
     "MambaManager",
     "SingleTypeManager",

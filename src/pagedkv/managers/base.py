@@ -33,6 +33,7 @@ Worked cases (block size 4):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import ClassVar, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
@@ -58,8 +59,11 @@ def register_manager(*spec_types: type[KVCacheSpec]) -> Callable[[_M], _M]:
     return deco
 
 
-def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
-    """The manager class registered for ``spec``'s class or its nearest base.
+def manager_class_for(
+    spec: KVCacheSpec, *, enable_caching: bool = True
+) -> type[SingleTypeManager]:
+    """The manager class registered for ``spec``'s class or its nearest base (which may
+    hand the spec to a variant, e.g. Mamba with prefix caching on).
 
     Raises:
         InvalidArgumentError: no manager serves this kind of spec.
@@ -67,7 +71,7 @@ def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeManager]:
     for t in type(spec).__mro__:
         cls = _REGISTRY.get(t)
         if cls is not None:
-            return cls.variant_for(spec)
+            return cls.variant_for(spec, enable_caching=enable_caching)
     raise InvalidArgumentError(f"no KV-cache manager is registered for {type(spec).__name__}")
 
 
@@ -83,6 +87,11 @@ class SingleTypeManager:
     drops_blocks: ClassVar[bool] = False
     #: Whether blocks of this kind are registered in the prefix index.
     cacheable: ClassVar[bool] = True
+    #: Whether the table is sized by the main model's tokens only (no lookahead slots).
+    ignores_lookahead: ClassVar[bool] = False
+    #: Whether table position i stands for tokens ``i*bs .. i*bs + bs - 1`` (attention
+    #: kinds), so a table can be clipped to the blocks covering computed tokens.
+    positional: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -104,13 +113,18 @@ class SingleTypeManager:
                 f"block size {pool.hash_block_size}"
             )
         self.drop_last_hit = drop_last_hit
+        #: Token multiple every prefix-cache hit lands on: the block size alone, the lcm of
+        #: all block sizes in a hybrid model (set by the coordinator).
+        self.hit_alignment_tokens = spec.block_size
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_blocks: dict[str, int] = {}
 
     @classmethod
-    def variant_for(cls, spec: KVCacheSpec) -> type[SingleTypeManager]:
-        """The class that serves ``spec`` (a registered class may hand a spec option to a
-        subclass, e.g. Mamba with state checkpoints). Default: ``cls`` itself."""
+    def variant_for(
+        cls, spec: KVCacheSpec, *, enable_caching: bool = True
+    ) -> type[SingleTypeManager]:
+        """The class that serves ``spec`` (a registered class may hand a spec option or
+        the caching mode to a subclass, e.g. Mamba). Default: ``cls`` itself."""
         return cls
 
     # ----------------------------------------------------------------- lookup
@@ -167,7 +181,9 @@ class SingleTypeManager:
                     f"1..{pool.num_blocks - 1}, got {real!r}")
         k = self.hash_stride
         bh = pool.block_hash
-        if [bh[b] for b in real] != block_hashes[(nulls + 1) * k - 1 : n * k : k]:
+        want = block_hashes[(nulls + 1) * k - 1 : n * k : k]
+        got = itemgetter(*real)(bh) if len(real) > 1 else (bh[real[0]],)
+        if list(got) != want:
             return (f"group {g}: the blocks no longer hold this request's prefix (evicted or "
                     "reused since the lookup, or never cached under its hashes)")
         if len(pool.index) > 1:
@@ -237,14 +253,23 @@ class SingleTypeManager:
 
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
-        tokens and not registered yet."""
+        tokens and not registered yet (those :meth:`reachable_mask` allows)."""
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_blocks[request_id]
         if num_full > num_cached:
             self.pool.cache_full_blocks(
-                request, self.req_to_blocks[request_id], num_cached, num_full, self.group
+                request, self.req_to_blocks[request_id], num_cached, num_full, self.group,
+                self.reachable_mask(num_cached, num_full),
             )
             self.num_cached_blocks[request_id] = num_full
+
+    def reachable_mask(self, start: int, end: int) -> list[bool] | None:
+        """Which of the table positions ``[start, end)`` a later hit could ever use (only
+        those are registered); ``None``: all of them (the default). No state change."""
+        return None
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (per-step bookkeeping resets). Default: nothing."""
 
     def free(self, request_id: str) -> None:
         """Release the request's blocks, tail first (deepest prefix blocks evicted first)."""
@@ -256,10 +281,6 @@ class SingleTypeManager:
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace blocks the request no longer needs by the null block and free them."""
-
-    def num_skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> int:
-        """How many blocks :meth:`remove_skipped_blocks` would return to the free queue."""
-        return 0
 
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         """Leading blocks shared by every running request (for cascade attention)."""
@@ -330,23 +351,6 @@ class SkippingManager(SingleTypeManager):
             blocks[i] = 0
         if freed:
             self.pool.free_blocks(freed)
-
-    def num_skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> int:
-        """Blocks :meth:`remove_skipped_blocks` would return to the free queue (those only
-        this request holds). Does not modify any state. O(blocks newly skipped)."""
-        blocks = self.req_to_blocks.get(request_id)
-        if not blocks:
-            return 0
-        end = min(self._num_skipped_blocks(num_computed_tokens), len(blocks))
-        ref = self.pool.ref_cnt
-        n = 0
-        for i in range(end - 1, -1, -1):
-            b = blocks[i]
-            if not b:
-                break
-            if ref[b] == 1:
-                n += 1
-        return n
 
     def claimed_hit_blocks(self, new_computed: list[int], total_computed_tokens: int) -> list[int]:
         """The hit blocks still inside the window once ``total_computed_tokens`` (hit plus

@@ -34,6 +34,7 @@ __all__ = ["CrossAttentionManager"]
 class CrossAttentionManager(SingleTypeManager):
     """Encoder-output blocks: allocated once, never cached."""
 
+    positional = False
     cacheable = False
 
     def __init__(

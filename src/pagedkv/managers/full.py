@@ -1,6 +1,15 @@
 """Full attention (and MLA, sinks): every block is kept; a hit is the longest run of cached
 blocks from the start, stopping at the first miss.
 
+When the group's block is k > 1 hash blocks long (a hybrid model hashing at a finer unit),
+the prompt's last hash boundary inside a block is also registered, as a partial entry on
+the block holding it (vLLM 0.33's ``_cache_partial_tail_block``): boundary
+``min((num_prompt_tokens - 1) // hbs, len(block_hashes)) * hbs`` (``num_prompt_tokens``
+with ``drop_last_hit``), once it is within the registered tokens and not block aligned.
+Worked case (block 32, hash block 8, 100-token prompt, 96 tokens registered): boundary 96
+is aligned, nothing; a 90-token prompt: boundary 88 -> block 2 gets the hash of tokens
+0..87.
+
 >>> from pagedkv import BlockHasher, Request
 >>> from pagedkv.pool import BlockPool
 >>> heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
@@ -20,6 +29,7 @@ blocks from the start, stopping at the first miss.
 from __future__ import annotations
 
 from pagedkv.managers.base import SingleTypeManager, register_manager
+from pagedkv.request import RequestLike
 from pagedkv.specs import FullAttentionSpec
 
 __all__ = ["FullAttentionManager"]
@@ -42,6 +52,22 @@ class FullAttentionManager(SingleTypeManager):
         if self.drop_last_hit and out:
             out.pop()
         return out
+
+    def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
+        """Full blocks as usual, then the prompt's tail boundary as a partial entry when
+        this group's block spans several hash blocks (module docstring)."""
+        super().cache_blocks(request, request_id, num_tokens)
+        if self.hash_stride == 1:
+            return
+        hbs = self.pool.hash_block_size
+        limit = request.num_prompt_tokens - (0 if self.drop_last_hit else 1)
+        boundary = min(limit // hbs, len(request.block_hashes)) * hbs
+        if not boundary or boundary > num_tokens or not boundary % self.block_size:
+            return
+        blocks = self.req_to_blocks[request_id]
+        i = boundary // self.block_size
+        if i < len(blocks):
+            self.pool.cache_partial_block(request, blocks[i], boundary, self.group)
 
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         ref = self.pool.ref_cnt

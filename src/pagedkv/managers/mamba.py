@@ -1,28 +1,50 @@
 """Mamba / linear-attention state: a fixed-size recurrent state per request.
 
-Two classes, chosen by ``MambaSpec.cache_checkpoints`` (see ``variant_for``):
+Three classes, chosen by caching and ``MambaSpec.cache_checkpoints`` (see ``variant_for``):
 
-* :class:`MambaManager` (default): one state block per request, whatever its length; never
-  registered in the prefix index, so every lookup misses. In a hybrid model this makes the
-  *whole model* miss: the attention groups may hold the prefix, but the recurrent state
-  after it exists nowhere.
-* :class:`MambaCheckpointManager`: the state is kept at every ``block_size`` boundary
-  ("checkpoint interval"). Table position ``j`` holds the state after
-  ``min((j + 1) * block_size, computed)`` tokens; once the request computes past
-  ``(j + 1) * block_size`` that block is final, registered under the hash of the prefix it
-  summarises, and never written again (the engine writes the state at each boundary it
-  crosses into that boundary's block and continues in the next one).
+* :class:`MambaAlignManager` (prefix caching on, the default): vLLM 0.33's
+  ``mamba_cache_mode="align"``, block for block (below).
+* :class:`MambaManager` (prefix caching off): one state block per request, whatever its
+  length; never registered (vLLM's mode ``"none"``).
+* :class:`MambaCheckpointManager` (``cache_checkpoints=True``, an option kept from earlier
+  pagedkv versions, not vLLM's behaviour): a state checkpoint at every ``block_size``
+  boundary, all held until they are passed (module notes below).
 
-Checkpoint lookup within ``m`` tokens: the rightmost cached checkpoint ``i`` with
-``(i + 1) * block_size <= m``; the hit is ``[0] * i + [ckpt_i]``, ``(i + 1) * block_size``
-tokens (a state summarises its whole prefix, so nothing before it is needed). A prompt
-shorter than one interval plus one token can never hit.
+**Align mode** (``bs`` = the group's block size). A table holds one live state block at
+position ``ceil(t / bs) - 1`` (``t`` = tokens the main model has after this step; lookahead
+slots are ignored), nulls before it:
 
-Worked case (interval 64): checkpoints for 64 and 128 tokens cached, a 200-token prompt
-(``m`` = 199): block 2 (state at 192) is not cached, block 1 is -> ``[0, ckpt_1]``, 128
-tokens.
+* allocation: when ``ceil(t / bs)`` exceeds the table length, the table is padded with
+  nulls and gets one new block at the end (the returned new blocks include the nulls); the
+  previous live block is remembered as the *last state*;
+* release (before the capacity check, like any skipped block): with ``c`` tokens computed,
+  real blocks at positions below ``(c - 1) // bs`` are freed (each position once), and the
+  last state once it sits below position ``ceil(c / bs) - 1``;
+* registration: the live block at position ``k`` is registered under the hash of block
+  ``k`` (it holds the state after ``(k + 1) * bs`` tokens) once that block is full;
+* lookup within ``m`` tokens: the rightmost cached block ``i < m // bs`` whose end is a
+  multiple of the hit alignment; hit ``[0] * i + [b]``, ``(i + 1) * bs`` tokens;
+* a hit whose state was registered in the current scheduler step is refused (the state is
+  written by that step): ``allocate_slots`` returns ``None`` until
+  :meth:`pagedkv.KVCacheManager.new_step_starts`.
 
-Run (interval 4; checkpoints after 4 and 8 tokens cached, a 13-token prompt, ``m`` = 12):
+Worked case (full attention 16 + Mamba 16): a 128-token prompt scheduled at once gets
+``([1..8], [0, 0, 0, 0, 0, 0, 0, 9])``; block 9 is registered with block 8's hash. A decode
+step with 3 lookahead slots: full attention gets block 10 (132 slots), Mamba block 11 (129
+tokens): ``[0] * 7 + [9, 11]``; the next step frees block 9 (the last state). A second
+request with the same prompt plus 3 tokens hits 128 tokens with Mamba ``[0] * 7 + [9]``;
+allocating it in the same step is refused, in the next one it gets ``([12], [13])``.
+
+**Checkpoint option.** Table position ``j`` holds the state after ``min((j + 1) *
+block_size, computed)`` tokens; once the request computes past ``(j + 1) * block_size``
+that block is final, registered under the hash of the prefix it summarises. Lookup within
+``m`` tokens: the rightmost cached checkpoint ``i`` with ``(i + 1) * block_size <= m``.
+With ``c`` computed tokens the live state is in block ``ceil(c / block_size) - 1``; earlier
+blocks are freed. Speculative decoding (``drop_last_hit``): the checkpoint after the hit
+must be cached too.
+
+Checkpoint option, run (interval 4; checkpoints after 4 and 8 tokens cached, a 13-token
+prompt, ``m`` = 12):
 
 >>> from pagedkv import BlockHasher, Request
 >>> from pagedkv.pool import BlockPool
@@ -39,37 +61,32 @@ Run (interval 4; checkpoints after 4 and 8 tokens cached, a 13-token prompt, ``m
 >>> MambaManager(MambaSpec(block_size=4, state_bytes=64), pool, 0).find_longest_cache_hit(
 ...     req.block_hashes, 12)
 []
-
-Skipped prefix (checkpoint mode): with ``c`` computed tokens the live state is in block
-``ceil(c / block_size) - 1``; every earlier block is a finished checkpoint the request no
-longer reads, so it is freed. A cached checkpoint stays in the prefix index as an eviction
-candidate. A request therefore holds its live state plus the blocks of the current step:
-at most ``ceil(step / block_size) + 1`` <= ``MambaSpec.max_admission_blocks``.
-
-Speculative decoding (``drop_last_hit``, checkpoint mode): the checkpoint after the hit
-must be cached too (the interval after the hit matched), so the hit is checkpoint ``i``
-where ``i`` and ``i + 1`` are both cached and ``(i + 2) * block_size <= m``.
 """
 
 from __future__ import annotations
 
 from pagedkv.managers.base import SingleTypeManager, SkippingManager, register_manager
-from pagedkv.specs import KVCacheSpec, MambaSpec
+from pagedkv.pool import BlockPool
+from pagedkv.request import RequestLike
+from pagedkv.specs import KVCacheSpec, MambaSpec, cdiv
 
-__all__ = ["MambaCheckpointManager", "MambaManager"]
+__all__ = ["MambaAlignManager", "MambaCheckpointManager", "MambaManager"]
 
 
 @register_manager(MambaSpec)
 class MambaManager(SingleTypeManager):
     """One state block per request; no prefix caching."""
 
+    positional = False
     cacheable = False
 
     @classmethod
-    def variant_for(cls, spec: KVCacheSpec) -> type[SingleTypeManager]:
+    def variant_for(
+        cls, spec: KVCacheSpec, *, enable_caching: bool = True
+    ) -> type[SingleTypeManager]:
         if isinstance(spec, MambaSpec) and spec.cache_checkpoints:
             return MambaCheckpointManager
-        return cls
+        return MambaAlignManager if enable_caching else cls
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """Always a miss: no state is ever cached. Does not modify any state. O(1)."""
@@ -103,6 +120,8 @@ class MambaManager(SingleTypeManager):
 class MambaCheckpointManager(SkippingManager):
     """State checkpoints at every ``block_size`` boundary (module docstring)."""
 
+    positional = False
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens of finished checkpoints: interval 64, 130 computed -> live block 2, so
         128 tokens (blocks 0 and 1); 128 computed -> live block 1, so 64; 0 -> 0."""
@@ -129,3 +148,125 @@ class MambaCheckpointManager(SkippingManager):
             out.append(b)
             return out
         return []
+
+
+class MambaAlignManager(SkippingManager):
+    """vLLM 0.33's ``mamba_cache_mode="align"`` (module docstring). Per request it keeps the
+    position of its last state and how far its leading positions were released; per step,
+    the hashes it registered."""
+
+    ignores_lookahead = True
+    positional = False
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
+                 drop_last_hit: bool = False) -> None:
+        super().__init__(spec, pool, group, drop_last_hit=drop_last_hit)
+        self._last_state: dict[str, int] = {}
+        self._released: dict[str, int] = {}
+        self._registered_this_step: set[bytes] = set()
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Every token but the last: a state summarises its whole prefix."""
+        return max(0, num_computed_tokens - 1)
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """The rightmost cached state within ``max_length`` tokens ending on the hit
+        alignment, nulls before it. No state change. O(blocks scanned) lookups."""
+        hashes = self.group_hashes(block_hashes)
+        bs = self.block_size
+        align = self.hit_alignment_tokens
+        get = self.pool.index[self.group].get
+        for i in range(min(max_length // bs, len(hashes)) - 1, -1, -1):
+            b = get(hashes[i])
+            if b is not None and not (i + 1) * bs % align:
+                out = [0] * i
+                out.append(b)
+                return out
+        return []
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed: list[int],
+        total_computed_tokens: int = 0,
+    ) -> int:
+        """At most one new block per call, plus hit blocks leaving the free queue; more
+        than the pool when the hit's state was registered in this step. No state change."""
+        pool = self.pool
+        if new_computed and pool.block_hash[new_computed[-1]] in self._registered_this_step:
+            return pool.num_blocks + 1
+        held = self.req_to_blocks.get(request_id)
+        n = cdiv(num_tokens, self.block_size) - len(new_computed) - (len(held) if held else 0)
+        n = min(n, 1) if n > 0 else 0
+        ref = pool.ref_cnt
+        return n + sum(1 for b in new_computed if b and ref[b] == 0)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """Pad with nulls up to the live position and take its block; returns the padding
+        and the block (module docstring)."""
+        table = self.req_to_blocks[request_id]
+        required = cdiv(num_tokens, self.block_size)
+        prev = len(table)
+        if required <= prev:
+            return []
+        if prev:
+            self._last_state[request_id] = prev - 1
+        if prev < required - 1:
+            table.extend([0] * (required - 1 - prev))
+        new = self.pool.get_new_blocks(required - len(table))
+        table.extend(new)
+        return table[prev:]
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Free real blocks below position ``(c - 1) // bs`` not released yet (deepest
+        first), then the last state once it is behind the live position."""
+        table = self.req_to_blocks.get(request_id)
+        if table is None:
+            return
+        bs = self.block_size
+        c = num_computed_tokens
+        first = self._released.get(request_id, 0)
+        last = min(max(0, c - 1) // bs, len(table))
+        if first < last:
+            freed = []
+            for i in range(last - 1, first - 1, -1):
+                if table[i]:
+                    freed.append(table[i])
+                    table[i] = 0
+            if freed:
+                self.pool.free_blocks(freed)
+            self._released[request_id] = last
+        k = self._last_state.get(request_id)
+        if k is not None and k < cdiv(c, bs) - 1 and table[k]:
+            self.pool.free_blocks([table[k]])
+            table[k] = 0
+
+    def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
+        """Register full positions as usual and remember their hashes for this step."""
+        before = self.num_cached_blocks[request_id]
+        num_full = min(num_tokens, len(request.block_hashes) * self.pool.hash_block_size)
+        super().cache_blocks(request, request_id, num_full)
+        after = self.num_cached_blocks[request_id]
+        if after > before:
+            bh = self.pool.block_hash
+            for b in self.req_to_blocks[request_id][before:after]:
+                h = bh[b] if b else None
+                if h is not None:
+                    self._registered_this_step.add(h)
+
+    def new_step_starts(self) -> None:
+        self._registered_this_step.clear()
+
+    def free(self, request_id: str) -> None:
+        self._last_state.pop(request_id, None)
+        self._released.pop(request_id, None)
+        super().free(request_id)
+
+    def check_invariants(self) -> None:
+        """The base checks (a table may hold the last state and the live block, with
+        nulls between them, so the sliding-window null-prefix rule does not apply)."""
+        SingleTypeManager.check_invariants(self)
+        for rid, table in self.req_to_blocks.items():
+            real = [b for b in table if b]
+            assert len(real) <= 2, f"group {self.group}: {rid} holds {len(real)} states"

@@ -61,6 +61,25 @@ class SlidingWindowManager(SkippingManager):
         #: Consecutive cached blocks a hit must end with (one more with drop_last_hit).
         self.num_run_blocks = cdiv(spec.sliding_window - 1, spec.block_size) + int(drop_last_hit)
 
+    def reachable_mask(self, start: int, end: int) -> list[bool] | None:
+        """Only the blocks a hit can end with. Hits land on multiples of
+        ``hit_alignment_tokens`` (the lcm of a hybrid model's block sizes), and a hit uses
+        just the ``num_run_blocks`` blocks before its end; when a segment of ``a = lcm /
+        block_size`` blocks is longer than that run, the first ``a - run`` blocks of every
+        segment can never be used and are not registered (as vLLM 0.33).
+
+        Worked case (full attention 32 + window 8 at block 8): a = 4, run = 1, so only
+        positions 3, 7, 11, ... are registered. Window 40 at block 16 with lcm 32: a = 2,
+        run = 3 >= 2: every block. No state change.
+        """
+        per_segment = self.hit_alignment_tokens // self.block_size
+        need = self.num_run_blocks
+        if need >= per_segment:
+            return None
+        shift = int(self.drop_last_hit)
+        first = per_segment - need
+        return [i >= shift and (i - shift) % per_segment >= first for i in range(start, end)]
+
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``max(0, c - w + 1)``: window 8, 13 computed -> 6 (tokens 0..5)."""
         return max(0, num_computed_tokens - self.sliding_window + 1)

@@ -1,0 +1,81 @@
+"""KV-cache layouts the suite drives, described once and built on both sides.
+
+A layout is a tuple of groups; each group is one attention kind with its block size and
+window / chunk. ``lcm`` and ``gcd`` of the block sizes give the scheduler block size and the
+hash block size, as vLLM's ``resolve_kv_cache_block_sizes`` derives them with prefix
+caching on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["LAYOUTS", "GroupDesc", "Layout", "layout_by_name"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupDesc:
+    """One KV-cache group: ``kind`` is full / mla / swa / chunked / mamba."""
+
+    kind: str
+    block_size: int
+    window_tokens: int = 0  # sliding window (swa) or attention chunk (chunked)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """A named model layout and the pool it runs on."""
+
+    name: str
+    groups: tuple[GroupDesc, ...]
+    num_blocks: int
+    max_model_len: int = 512
+    prefix_match_unit: int | None = None  # vLLM's cache_config.prefix_match_unit
+
+    @property
+    def scheduler_block_size(self) -> int:
+        return math.lcm(*(g.block_size for g in self.groups))
+
+    @property
+    def hash_block_size(self) -> int:
+        if self.prefix_match_unit is not None:
+            return self.prefix_match_unit
+        return math.gcd(*(g.block_size for g in self.groups))
+
+
+def _g(kind: str, block_size: int, window_tokens: int = 0) -> GroupDesc:
+    return GroupDesc(kind=kind, block_size=block_size, window_tokens=window_tokens)
+
+
+LAYOUTS: tuple[Layout, ...] = (
+    Layout(name="full-4", groups=(_g("full", 4),), num_blocks=64),
+    Layout(name="full-16", groups=(_g("full", 16),), num_blocks=40),
+    Layout(name="mla-16", groups=(_g("mla", 16),), num_blocks=40),
+    Layout(name="swa", groups=(_g("swa", 8, 24),), num_blocks=48),
+    Layout(name="chunked", groups=(_g("chunked", 8, 32),), num_blocks=48),
+    Layout(name="full+swa", groups=(_g("full", 8), _g("swa", 8, 24)), num_blocks=96),
+    Layout(name="full+chunked", groups=(_g("full", 8), _g("chunked", 8, 32)), num_blocks=96),
+    Layout(name="full+mamba", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64),
+    Layout(
+        name="full+swa+mamba",
+        groups=(_g("full", 16), _g("swa", 16, 32), _g("mamba", 16)),
+        num_blocks=96,
+    ),
+    Layout(name="full32+swa16", groups=(_g("full", 32), _g("swa", 16, 40)), num_blocks=80),
+    Layout(name="full32+swa8", groups=(_g("full", 32), _g("swa", 8, 8)), num_blocks=120),
+    Layout(
+        name="full+mamba/unit4",
+        groups=(_g("full", 16), _g("mamba", 16)),
+        num_blocks=64,
+        prefix_match_unit=4,
+    ),
+)
+
+
+def layout_by_name(name: str) -> Layout:
+    """The layout called ``name``; ``KeyError`` lists the known names."""
+    for layout in LAYOUTS:
+        if layout.name == name:
+            return layout
+    raise KeyError(f"unknown layout {name!r}; known: {', '.join(x.name for x in LAYOUTS)}")

@@ -1,0 +1,140 @@
+"""The pagedkv side: :class:`pagedkv.KVCacheManager` for the same layout, driven like the
+vLLM side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pagedkv
+from conformance.layouts import GroupDesc, Layout
+from conformance.model import ReqDesc, Snapshot
+from pagedkv.events.wire import encode_batch
+from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
+
+__all__ = ["PagedSide"]
+
+
+def _lora(name: str, adapter_id: int, path: str) -> LoRA:
+    return LoRA(name=name, adapter_id=adapter_id, path=path)
+
+
+class PagedSide:
+    """One pagedkv manager for ``layout`` with caching and events on."""
+
+    name = "pagedkv"
+
+    def __init__(self, layout: Layout) -> None:
+        specs = [self._spec(g) for g in layout.groups]
+        self.mgr = pagedkv.KVCacheManager(
+            pagedkv.CacheConfig(
+                groups=tuple(specs),
+                num_blocks=layout.num_blocks,
+                max_model_len=layout.max_model_len,
+                hash_block_size=layout.hash_block_size,
+                enable_events=True,
+            )
+        )
+        self.reqs: dict[str, Any] = {}
+        self._hits: dict[str, Any] = {}
+
+    @staticmethod
+    def _spec(g: GroupDesc) -> Any:
+        common: dict[str, Any] = dict(
+            block_size=g.block_size, num_kv_heads=2, head_size=16, dtype_bytes=2
+        )
+        if g.kind == "full":
+            return pagedkv.FullAttentionSpec(**common)
+        if g.kind == "mla":
+            return pagedkv.MLAAttentionSpec(
+                block_size=g.block_size, num_kv_heads=1, head_size=32, dtype_bytes=2
+            )
+        if g.kind == "swa":
+            return pagedkv.SlidingWindowSpec(**common, sliding_window=g.window_tokens)
+        if g.kind == "chunked":
+            return pagedkv.ChunkedLocalAttentionSpec(**common, attention_chunk_size=g.window_tokens)
+        if g.kind == "mamba":
+            return pagedkv.MambaSpec(block_size=g.block_size, state_bytes=128)
+        raise ValueError(f"unknown group kind {g.kind!r}")
+
+    def new_request(self, d: ReqDesc) -> None:
+        extras = HashExtras(
+            lora=None if d.lora is None else _lora(*d.lora),
+            mm_items=tuple(MultiModalItem(i, o, n) for i, o, n in d.mm),
+            cache_salt=d.salt,
+        )
+        self.reqs[d.request_id] = self.mgr.new_request(
+            d.request_id, list(d.prompt), hash_extras=None if extras.is_empty else extras
+        )
+
+    def append_token(self, rid: str, token: int) -> None:
+        self.reqs[rid].append_output_tokens(token)
+
+    def lookup(self, rid: str) -> tuple[int, tuple[list[int], ...]]:
+        hit = self.mgr.get_computed_blocks(self.reqs[rid])
+        self._hits[rid] = hit
+        return hit.num_computed_tokens, hit.block_ids
+
+    def allocate(
+        self, rid: str, num_new: int, lookahead: int, use_hit: bool
+    ) -> tuple[list[int], ...] | None:
+        hit = self._hits.pop(rid) if use_hit else None
+        out = self.mgr.allocate_slots(
+            self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead
+        )
+        return out
+
+    def commit(self, rid: str, num_tokens: int) -> None:
+        self.reqs[rid].num_computed_tokens = num_tokens
+
+    def free(self, rid: str) -> None:
+        self.mgr.free(self.reqs.pop(rid))
+
+    def preempt(self, rid: str) -> None:
+        req = self.reqs[rid]
+        self.mgr.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+
+    def new_step(self) -> None:
+        self.mgr.new_step_starts()
+
+    def reset(self) -> bool:
+        return bool(self.mgr.reset_prefix_cache())
+
+    def block_hashes(self, rid: str) -> list[bytes]:
+        return list(self.reqs[rid].block_hashes)
+
+    def snapshot(self, with_tables: bool = True) -> Snapshot:
+        state = self.mgr.pool.debug_state()
+        cached = {
+            b: (g, h)
+            for b, (g, h) in enumerate(zip(state["block_group"], state["block_hash"], strict=True))
+            if h is not None
+        }
+        st = self.mgr.make_prefix_cache_stats()
+        stats = (
+            st.requests,
+            st.queries,
+            st.hits,
+            st.preempted_requests,
+            st.preempted_queries,
+            st.preempted_hits,
+        )
+        tables = {
+            rid: t
+            for rid in self.reqs
+            if self.mgr.has_request(rid)
+            for t in [self.mgr.get_block_ids(rid)]
+            if any(t)
+        }
+        events = self.mgr.take_events()
+        payload = encode_batch(events, timestamp_s=0.0, data_parallel_rank=0) if events else b""
+        return Snapshot(
+            num_free=self.mgr.num_free_blocks,
+            usage=round(self.mgr.usage, 9),
+            stats=stats,
+            free_order=tuple(state["free_queue"]),
+            cached=cached,
+            tables={k: tuple(list(g) for g in v) for k, v in tables.items()},
+            events=payload,
+        )
