@@ -21,6 +21,7 @@ from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
+from pagedkv.sim.replicas_cli import add_replica_flags, check_replica_args, run_replicas_cli
 from pagedkv.sim.report import ProgressReporter, print_report
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.search import find_capacity, parse_seconds
@@ -174,6 +175,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
+    add_replica_flags(p)
     p.set_defaults(func=main_run)
     return p
 
@@ -267,6 +269,7 @@ def main_run(args: argparse.Namespace) -> int:
             "--kv-events-endpoint publishes the events of the simulated engine: use it with "
             "--mode engine"
         )
+    check_replica_args(args)
     ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
     if args.find_capacity and args.mode != "engine":
         raise InvalidArgumentError("--find-capacity needs --mode engine (TTFT is an engine "
@@ -275,6 +278,9 @@ def main_run(args: argparse.Namespace) -> int:
     plots_wanted = not args.no_plots
     if plots_wanted:
         check_plot_dir(args.plot_dir)  # before the replay, not after it
+    if args.replicas is not None:
+        wl, what = _workload(args)
+        return run_replicas_cli(wl, config, args, what=what)
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
     try:

@@ -218,6 +218,7 @@ class EngineSimulator:
                     self._sample(force=True)  # the idle state, before the clock jumps
                     self.now_s = nxt
             return
+        self.manager.new_step_starts()  # states registered last step may now be hit
         budget = self.config.token_budget
         decode: list[LiveRequest] = []
         prefill: list[tuple[LiveRequest, int]] = []
