@@ -83,6 +83,9 @@ class PagedSide:
         )
         return out
 
+    def estimate(self, rid: str) -> int:
+        return self.mgr.estimate_cached_tokens(self.reqs[rid])
+
     def commit(self, rid: str, num_tokens: int) -> None:
         self.reqs[rid].num_computed_tokens = num_tokens
 

@@ -161,6 +161,9 @@ class VllmSide:
             return None
         return out.get_block_ids()
 
+    def estimate(self, rid: str) -> int:
+        return int(self.mgr.estimate_cached_tokens(self.reqs[rid]))
+
     def commit(self, rid: str, num_tokens: int) -> None:
         req = self.reqs[rid]
         req.num_computed_tokens = num_tokens

@@ -46,6 +46,7 @@ class Side(Protocol):
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool
     ) -> tuple[list[int], ...] | None: ...
+    def estimate(self, rid: str) -> int: ...
     def commit(self, rid: str, num_tokens: int) -> None: ...
     def free(self, rid: str) -> None: ...
     def preempt(self, rid: str) -> None: ...
@@ -88,7 +89,7 @@ class _Mismatch(Exception):
     pass
 
 
-_UNTIMED = frozenset({"block_hashes", "commit"})
+_UNTIMED = frozenset({"block_hashes", "commit", "estimate"})
 
 
 class _Pair:
@@ -312,6 +313,8 @@ def run_seed(
             else:
                 op = "idle"
             counts[op] = counts.get(op, 0) + 1
+            for rid in reqs:  # a read-only query: compared for every request, every op
+                pair.call(f"estimate cached tokens of {rid}", "estimate", rid)
             _compare(a.snapshot(), b.snapshot(), ignore)
     except _Mismatch as exc:
         return SeedResult(

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagedkv import validation
+from pagedkv.cached_tokens import estimate_cached_tokens
 from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
     ComputedBlocks,
@@ -213,6 +214,19 @@ class KVCacheManager:
             self.hit_rate_window.observe(num_tokens, num_hit)
         return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
                               self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+
+    def estimate_cached_tokens(self, request: RequestLike) -> int:
+        """Tokens of ``request`` already in registered blocks: per prefix-cached group the
+        tokens up to its last registered block, the minimum over groups (vLLM's method of
+        this name; see :mod:`pagedkv.cached_tokens`). 0 for a request holding no blocks.
+
+        Reads only: no statistics, no LRU touch, no events (``debug_state()`` unchanged).
+
+        Raises:
+            InvalidArgumentError: not a request.
+        """
+        validation.check_estimate(request)
+        return estimate_cached_tokens(self.managers, self.pool, request)
 
     # ---------------------------------------------------------------- allocation
 

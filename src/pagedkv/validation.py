@@ -39,6 +39,7 @@ __all__ = [
     "check_allocate",
     "check_cache_blocks",
     "check_count",
+    "check_estimate",
     "check_free",
     "check_lookup",
     "check_new_request",
@@ -143,6 +144,15 @@ def check_lookup(mgr: KVCacheManager, request: object) -> None:
             f"request {req.request_id!r} has {req.num_tokens} tokens, more than "
             f"max_model_len={mgr.max_model_len}; finish it at max_model_len"
         )
+
+
+def check_estimate(request: object) -> None:
+    """Checks of :meth:`KVCacheManager.estimate_cached_tokens`.
+
+    Raises:
+        InvalidArgumentError: not a request, or its id is not a str.
+    """
+    check_request_id(_request_of(request).request_id)
 
 
 def check_allocate(
