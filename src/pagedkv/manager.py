@@ -65,6 +65,8 @@ class KVCacheManager:
         specs = list(config.groups)
         hash_bs = config.hash_block_size or min(s.block_size for s in specs)
         self.max_model_len = config.max_model_len
+        #: Blocks kept free when admitting a request (see ``CacheConfig.watermark``).
+        self.watermark_blocks = int(config.watermark * config.num_blocks)
         groups = [
             GroupInfo(s.block_size, s.kind,
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
@@ -129,6 +131,7 @@ class KVCacheManager:
         hit_rate_window_requests: int = 1000,
         kv_events: KVEventsConfig | None = None,
         hash_memo_blocks: int = 16384,
+        watermark: float = 0.0,
     ) -> KVCacheManager:
         """A manager for a model with one KV-cache group; the keywords are the
         :class:`CacheConfig` fields of the same names.
@@ -153,6 +156,7 @@ class KVCacheManager:
                 hit_rate_window_requests=hit_rate_window_requests,
                 kv_events=kv_events,
                 hash_memo_blocks=hash_memo_blocks,
+                watermark=watermark,
             )
         )
 
@@ -241,6 +245,8 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         num_encoder_tokens: int = 0,
         delay_caching: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> tuple[list[int], ...] | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens.
 
@@ -250,7 +256,11 @@ class KVCacheManager:
         tokens. ``num_external_computed_tokens``: tokens whose KV arrives from elsewhere
         (a remote prefill). ``num_encoder_tokens``: encoder length for cross-attention
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
-        yet); call :meth:`cache_blocks` when it is.
+        yet); call :meth:`cache_blocks` when it is. ``reserved_blocks``: free blocks this
+        allocation must leave for requests already in flight. ``has_scheduled_reqs``: other
+        requests are scheduled this step; then a request's first allocation (it holds no
+        blocks: new or preempted) must also leave ``watermark_blocks`` free. Both as vLLM
+        0.33: the pool must have ``needed + reserved + watermark`` free blocks.
 
         Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
         chunked local: never read again), check capacity for every group at once, claim
@@ -286,6 +296,7 @@ class KVCacheManager:
                 or new_computed_blocks is not None
                 or num_new_computed_tokens is not None
                 or num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
+                or reserved_blocks or has_scheduled_reqs is not True
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
                 or num_computed + num_new_tokens > num_request_tokens
@@ -293,11 +304,13 @@ class KVCacheManager:
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,
-                 num_external_computed_tokens, num_encoder_tokens))
+                 num_external_computed_tokens, num_encoder_tokens),
+                (reserved_blocks, has_scheduled_reqs))
         except (AttributeError, TypeError):
             validation.check_allocate(self, request, num_new_tokens, new_computed_blocks,
                                       (num_new_computed_tokens, num_lookahead_tokens,
-                                       num_external_computed_tokens, num_encoder_tokens))
+                                       num_external_computed_tokens, num_encoder_tokens),
+                                      (reserved_blocks, has_scheduled_reqs))
             raise
         if new_computed_blocks is not None:
             hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
@@ -309,9 +322,12 @@ class KVCacheManager:
         max_len = self.max_model_len
         total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
+        headroom = reserved_blocks
+        if first and has_scheduled_reqs:  # an admission: keep the watermark free
+            headroom += self.watermark_blocks
         new_blocks = coordinator.allocate(
             rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens,
+            total_computed + num_new_tokens, headroom,
         )
         if new_blocks is not None:
             if first:
