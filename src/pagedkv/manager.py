@@ -68,7 +68,7 @@ class KVCacheManager:
         #: Blocks kept free when admitting a request (see ``CacheConfig.watermark``).
         self.watermark_blocks = int(config.watermark * config.num_blocks)
         groups = [
-            GroupInfo(s.block_size, s.kind,
+            GroupInfo(s.block_size, s.event_kind,
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]

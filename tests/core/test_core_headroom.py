@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pagedkv import CacheConfig, InvalidArgumentError
+from pagedkv import CacheConfig, FullAttentionSpec, InvalidArgumentError
 
 # 10 blocks: block 0 is the null block, 9 usable. Block size 4.
 
@@ -91,8 +91,20 @@ def test_bad_headroom_arguments_raise_state_unchanged(
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.1", None])
 def test_bad_watermark_is_refused(bad: object) -> None:
-    from conftest import full_spec
-
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
     with pytest.raises(InvalidArgumentError, match="watermark"):
-        CacheConfig(groups=(full_spec(),), num_blocks=10, max_model_len=64,
+        CacheConfig(groups=(spec,), num_blocks=10, max_model_len=64,
                     watermark=bad)  # type: ignore[arg-type]
+
+
+def test_leftover_lookahead_slots_do_not_count_as_free(make_mgr: Callable[..., Any]) -> None:
+    """A step needing no block (lookahead slots from an earlier step cover it) needs 0
+    blocks, not a negative number that would eat into the reserve (vLLM clamps at 0)."""
+    mgr = make_mgr(num_blocks=10)
+    a = mgr.new_request("a", list(range(4)))
+    assert mgr.allocate_slots(a, 4, num_lookahead_tokens=8) is not None  # 3 blocks
+    a.num_computed_tokens = 4
+    a.append_output_tokens(7)
+    assert mgr.num_free_blocks == 6
+    assert mgr.allocate_slots(a, 1, reserved_blocks=7) is None  # 0 + 7 > 6
+    assert mgr.allocate_slots(a, 1, reserved_blocks=6) == ([],)
