@@ -20,6 +20,7 @@ from pagedkv.specs import KVCacheSpec
 
 if TYPE_CHECKING:
     from pagedkv.planner.plan import KVCachePlan
+    from pagedkv.retention.policy import RetentionConfig
 
 __all__ = ["HOST_BYTES_PER_BLOCK", "CacheConfig"]
 
@@ -61,6 +62,8 @@ class CacheConfig:
     ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
     ``enable_events``; needs the ``events`` extra); see
     :meth:`~pagedkv.KVCacheManager.publish_events`.
+    ``retention``: priorities, pins and tenant quotas (``None``: vLLM's LRU, unchanged);
+    see :mod:`pagedkv.retention`.
 
     Raises:
         InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
@@ -83,6 +86,7 @@ class CacheConfig:
     kv_events: KVEventsConfig | None = None
     hash_memo_blocks: int = 16384
     watermark: float = 0.0
+    retention: RetentionConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -127,6 +131,7 @@ class CacheConfig:
         hit_rate_window_requests: int = 1000,
         kv_events: KVEventsConfig | None = None,
         hash_memo_blocks: int = 16384,
+        retention: RetentionConfig | None = None,
     ) -> CacheConfig:
         """The config for a planner result: its groups' specs (in group order), its
         ``num_blocks`` and, unless given, its ``max_model_len``; the other fields as for
@@ -163,4 +168,5 @@ class CacheConfig:
             hit_rate_window_requests=hit_rate_window_requests,
             kv_events=kv_events,
             hash_memo_blocks=hash_memo_blocks,
+            retention=retention,
         )

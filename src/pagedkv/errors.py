@@ -18,6 +18,8 @@
     │   │                         ``max_model_len``; says what is needed, what is there,
     │   │                         and the largest length that fits
     │   └── UnsupportedModelError a model config whose family or fields are not understood
+    ├── PinBudgetError            a pin that would pass the pin budget (retention);
+    │                             nothing was pinned (also a ValueError)
     ├── InputFileError            a malformed input file; names file, line and key
     │                             (also a ValueError)
     └── MissingDependencyError    an optional extra is not installed (also an ImportError)
@@ -38,6 +40,7 @@ __all__ = [
     "InvalidHitError",
     "MissingDependencyError",
     "PagedKVError",
+    "PinBudgetError",
     "SpecMergeError",
     "UnknownRequestError",
     "UnsupportedModelError",
@@ -100,6 +103,11 @@ class InsufficientMemoryError(ConfigError):
 
 class UnsupportedModelError(ConfigError):
     """A model config whose ``model_type`` or required fields pagedkv does not understand."""
+
+
+class PinBudgetError(PagedKVError, ValueError):
+    """A pin refused because the pinned prefix blocks would pass the pin budget
+    (``RetentionConfig.pin_budget_fraction`` of the pool); nothing was pinned."""
 
 
 class InputFileError(PagedKVError, ValueError):

@@ -45,6 +45,9 @@ from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
 from pagedkv.pool import BlockPool
 from pagedkv.request import Request, RequestLike
+from pagedkv.retention.control import RetentionControl
+from pagedkv.retention.policy import RequestRetention, RetentionConfig
+from pagedkv.retention.pool import RetentionPool
 from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
 
 if TYPE_CHECKING:
@@ -90,6 +93,11 @@ class KVCacheManager:
             self.coordinator = UnitaryCoordinator(self.managers, self.pool)
         else:
             self.coordinator = HybridCoordinator(self.managers, self.pool)
+        #: Pins and per-request retention (``None`` without ``CacheConfig.retention``).
+        self.retention: RetentionControl | None = (
+            RetentionControl(self.pool, self.managers)
+            if isinstance(self.pool, RetentionPool) else None
+        )
         #: Stamped into every hit this manager issues (see :class:`ComputedBlocks`).
         self.issuer_token = object()
         self._empty_hit = ComputedBlocks(tuple([] for _ in specs), 0, self.issuer_token)
@@ -110,8 +118,14 @@ class KVCacheManager:
         self, config: CacheConfig, groups: list[GroupInfo], hash_block_size: int,
         recorder: EventRecorder,
     ) -> BlockPool:
-        """The block pool, telling ``recorder``. A subclass may build an observed pool
+        """The block pool, telling ``recorder``: a :class:`RetentionPool` when
+        ``config.retention`` is set. A subclass may build an observed pool
         (``pagedkv.observe``) here; called once, before the managers exist."""
+        if config.retention is not None:
+            return RetentionPool(config.num_blocks, retention=config.retention,
+                                 enable_caching=config.enable_caching,
+                                 hash_block_size=hash_block_size, groups=groups,
+                                 recorder=recorder)
         return BlockPool(config.num_blocks, enable_caching=config.enable_caching,
                          hash_block_size=hash_block_size, groups=groups, recorder=recorder)
 
@@ -132,6 +146,7 @@ class KVCacheManager:
         kv_events: KVEventsConfig | None = None,
         hash_memo_blocks: int = 16384,
         watermark: float = 0.0,
+        retention: RetentionConfig | None = None,
     ) -> KVCacheManager:
         """A manager for a model with one KV-cache group; the keywords are the
         :class:`CacheConfig` fields of the same names.
@@ -157,6 +172,7 @@ class KVCacheManager:
                 kv_events=kv_events,
                 hash_memo_blocks=hash_memo_blocks,
                 watermark=watermark,
+                retention=retention,
             )
         )
 
@@ -169,18 +185,23 @@ class KVCacheManager:
         *,
         block_hashes: Sequence[bytes] | None = None,
         hash_extras: HashExtras | None = None,
+        retention: RequestRetention | None = None,
     ) -> Request:
-        """A :class:`Request` whose block hashes use this manager's hash settings.
+        """A :class:`Request` whose block hashes use this manager's hash settings;
+        ``retention`` applies to its blocks when freed (managers with retention only).
 
         Raises:
-            InvalidArgumentError: a bad id, token ids, hashes or extras, or a prompt
-                longer than ``max_model_len``.
+            InvalidArgumentError: a bad id, token ids, hashes, extras or retention, or a
+                prompt longer than ``max_model_len``.
             DuplicateRequestError: a live request has this id.
         """
         validation.check_new_request(self, request_id, prompt_token_ids, block_hashes,
                                      hash_extras)
+        if retention is not None:
+            RetentionControl.check_retention(request_id, retention)
         return Request(request_id, prompt_token_ids, hasher=self.hasher,
-                       block_hashes=block_hashes, hash_extras=hash_extras)
+                       block_hashes=block_hashes, hash_extras=hash_extras,
+                       retention=retention)
 
     # ---------------------------------------------------------------- lookup
 
@@ -356,10 +377,11 @@ class KVCacheManager:
     def free(self, request: RequestLike | str) -> None:
         """Release every block of the request, tail first; its id is free again. Freeing a
         request the manager does not track (e.g. aborted before its first allocation) does
-        nothing.
+        nothing. With retention, the request's ``retention`` is applied to its blocks.
 
         Raises:
-            InvalidArgumentError: neither a request nor a str.
+            InvalidArgumentError: neither a request nor a str, or a retention that is not
+                a RequestRetention (nothing freed).
             DuplicateRequestError: a request object whose id another live request holds.
         """
         try:
@@ -372,6 +394,8 @@ class KVCacheManager:
             return
         if live is not request and type(request) is not str:
             validation.check_free(self, request)
+        if self.retention is not None:
+            self.retention.before_free(live)
         del self.live_requests[rid]
         self.coordinator.free(rid)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.hashing import BlockHasher, HashExtras
+
+if TYPE_CHECKING:
+    from pagedkv.retention.policy import RequestRetention
 
 __all__ = ["Request", "RequestLike", "token_ids_problem"]
 
@@ -77,6 +80,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "request_id",
+        "retention",
     )
 
     def __init__(
@@ -87,6 +91,7 @@ class Request:
         hasher: BlockHasher | None = None,
         block_hashes: Sequence[bytes] | None = None,
         hash_extras: HashExtras | None = None,
+        retention: RequestRetention | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
@@ -107,6 +112,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.hash_extras = hash_extras
+        #: Retention asked for this request's blocks once freed (managers with retention).
+        self.retention = retention
         self._hasher = hasher
         self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else []
         #: Extra keys of each hashed block, recorded by the hasher (with ``hash_extras``).

@@ -130,9 +130,10 @@ def test_hybrid_clamped_by_a_sliding_window_group_and_lcm_alignment() -> None:
 def test_hybrid_lcm_alignment_makes_a_short_prompt_miss() -> None:
     mgr = observed([full(16), MambaSpec(block_size=64, state_bytes=4096,
                                         cache_checkpoints=True)])
-    prompt = list(range(60))
-    compute(mgr, mgr.new_request("a", prompt))
-    e = mgr.explain_lookup(mgr.new_request("b", prompt))
+    # "a" registers full-attention blocks up to the lcm (64 tokens); "b", 60 tokens long,
+    # finds 3 of them but no boundary both groups share.
+    compute(mgr, mgr.new_request("a", list(range(100))))
+    e = mgr.explain_lookup(mgr.new_request("b", list(range(60))))
     check_partition(e)
     assert e.num_hit_tokens == 0
     assert spans(e) == [(0, 48, "clamped_lcm_alignment"), (48, 60, "partial_block")]
@@ -147,15 +148,19 @@ def test_hybrid_without_mamba_state_is_clamped_by_the_mamba_group() -> None:
     check_partition(e)
     assert spans(e) == [(0, 64, "clamped_no_mamba_state"), (64, 70, "partial_block")]
     assert e.segments[0].group == 1
-    assert {b.reason for b in e.groups[1].blocks()} == {Reason.CLAMPED}
+    # Per group: the Mamba group (align mode) never registered a state of this prefix.
+    assert {b.reason for b in e.groups[1].blocks()} == {Reason.NEVER_SEEN}
     assert {b.cause for b in e.groups[0].blocks()} == {ClampCause.NO_MAMBA_STATE}
 
 
-def test_a_pure_mamba_model_without_checkpoints_never_hits() -> None:
+def test_a_pure_mamba_model_whose_step_ended_mid_block_has_no_state_to_serve() -> None:
+    # Align mode caches a state only where a step ends on a block boundary; "a" ran its
+    # 40 tokens in one step (ending mid-block), so no state of its prefix was registered.
     mgr = observed([MambaSpec(block_size=16, state_bytes=4096)])
     compute(mgr, mgr.new_request("a", list(range(40))))
+    mgr.new_step_starts()
     e = mgr.explain_lookup(mgr.new_request("b", list(range(40))))
-    assert spans(e) == [(0, 32, "clamped_no_mamba_state"), (32, 40, "partial_block")]
+    assert spans(e) == [(0, 32, "never_seen"), (32, 40, "partial_block")]
 
 
 def test_caching_off() -> None:
@@ -261,3 +266,24 @@ def test_explain_lookup_refuses_what_a_lookup_refuses() -> None:
         mgr.explain_lookup("not a request")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         mgr.explain_lookup(mgr.new_request("long", list(range(100))))
+
+
+def test_attribution_keeps_the_retention_pool() -> None:
+    from pagedkv.retention import RetentionConfig
+    from pagedkv.retention.pool import RetentionPool
+
+    mgr = observed([full(16)], retention=RetentionConfig(),
+                   observe=ObserveConfig(residency_sample_every=None))
+    assert isinstance(mgr.pool, RetentionPool) and mgr.retention is not None
+    compute(mgr, mgr.new_request("a", list(range(40))))
+    assert spans(mgr.explain_lookup(mgr.new_request("b", list(range(40))))) == [
+        (0, 32, "hit"), (32, 40, "partial_block")]
+
+
+def test_residency_sampling_with_retention_is_refused() -> None:
+    from pagedkv.errors import InvalidArgumentError
+    from pagedkv.retention import RetentionConfig
+
+    with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
+        observed([full(16)], retention=RetentionConfig(),
+                 observe=ObserveConfig(residency_sample_every=1))

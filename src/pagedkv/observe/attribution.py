@@ -36,7 +36,7 @@ from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.chunked_local import ChunkedLocalManager
 from pagedkv.managers.cross_attention import CrossAttentionManager
 from pagedkv.managers.full import FullAttentionManager
-from pagedkv.managers.mamba import MambaCheckpointManager, MambaManager
+from pagedkv.managers.mamba import MambaAlignManager, MambaCheckpointManager, MambaManager
 from pagedkv.managers.sliding_window import SlidingWindowManager
 from pagedkv.observe.ghost import GhostRecorder
 from pagedkv.observe.reasons import (
@@ -71,7 +71,7 @@ def clamp_cause_for(manager: SingleTypeManager) -> ClampCause:
         return ClampCause.WINDOW_RUN_NOT_FOUND
     if isinstance(manager, ChunkedLocalManager):
         return ClampCause.CHUNK_RUN_NOT_FOUND
-    if isinstance(manager, (MambaManager, MambaCheckpointManager)):
+    if isinstance(manager, (MambaManager, MambaCheckpointManager, MambaAlignManager)):
         return ClampCause.NO_MAMBA_STATE
     if isinstance(manager, CrossAttentionManager):
         return ClampCause.NOT_CACHEABLE

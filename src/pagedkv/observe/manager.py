@@ -132,9 +132,14 @@ class ObservedKVCacheManager(KVCacheManager):
                                    shadow_hasher=shadow, clock=oc.clock)
         pool: BlockPool
         if oc.residency_sample_every is None:
-            pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
-                             hash_block_size=hash_block_size, groups=groups,
-                             recorder=self.ghost)
+            # The plain façade's choice (a retention pool when retention is configured),
+            # telling the ghost recorder.
+            pool = super()._make_pool(config, groups, hash_block_size, self.ghost)
+        elif config.retention is not None:
+            raise InvalidArgumentError(
+                "residency sampling and retention cannot be combined yet; set "
+                "ObserveConfig(residency_sample_every=None) or leave CacheConfig.retention "
+                "unset")
         else:
             self.residency = ResidencySampler(oc.residency_sample_every, clock=oc.clock)
             pool = ResidencyBlockPool(config.num_blocks, sampler=self.residency,

@@ -68,8 +68,9 @@ class ClampCause(str, enum.Enum):
     * ``chunk_run_not_found`` — a chunked-local group misses a block of the current chunk;
     * ``lcm_alignment`` — the hit must end on every group's block boundary (the least
       common multiple of the block sizes); ``group`` is one whose boundary was not met;
-    * ``no_mamba_state`` — no Mamba state checkpoint is cached at that boundary (or the
-      group keeps no checkpoints at all);
+    * ``no_mamba_state`` — no Mamba state is cached at that boundary (align mode caches the
+      state at the last block boundary each step reaches, and a state cached in the current
+      step is served only after ``new_step_starts()``), or the group keeps no states;
     * ``not_cacheable`` — the group never caches (cross attention);
     * ``group_miss`` — any other group kind missed there.
     """

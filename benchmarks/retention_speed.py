@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Speed of retention control, same run, alternating, median of N.
+
+``harness``: the side-by-side harness workload (``../shared/bench/vllm_compare``) through
+pagedkv without retention (``off``), with retention configured but nothing asked (``on``:
+its digests must equal ``off``'s, i.e. vLLM's), and with every request asking for
+retention plus a pinned system prompt (``active``); with ``--base-src DIR`` also the
+same adapter on another checkout's ``src`` (``base``, e.g. the commit before retention),
+which measures what the hooks cost the default path. Prints core ops/s per variant (best
+of ``--rounds`` alternating runs: on a shared machine other processes only ever slow a run
+down, as in compare_vllm.py) and the ratios to ``off``.
+
+``pool-size``: per-operation cost with retention active at two pool sizes (default 10,000
+and 1,000,000 blocks), each pool first filled with cached blocks spread over four priority
+levels (some with durations): allocate 64 blocks (evicting 64 cached ones), free them,
+look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
+
+    python benchmarks/retention_speed.py harness --rounds 3 --base-src /tmp/pk_base/src
+    python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
+        ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
+    python benchmarks/retention_speed.py pool-size
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BS = 16
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def harness(a: argparse.Namespace) -> None:
+    flags = [f for f in a.workload if f != "--"]
+    plain = [sys.executable, os.path.join(HERE, "vllm_compare_adapter.py"), *flags]
+    ret = [sys.executable, os.path.join(HERE, "retention_adapter.py"), *flags]
+    variants: dict[str, tuple[list[str], dict[str, str] | None]] = {
+        "off": (plain, None),
+        "on": ([*ret, "--retention", "on"], None),
+        "active": ([*ret, "--retention", "active"], None),
+    }
+    if a.base_src:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(a.base_src))
+        variants["base"] = (plain, env)
+    runs: dict[str, list[dict]] = {k: [] for k in variants}  # type: ignore[type-arg]
+    for _ in range(a.rounds):
+        for name, (cmd, env) in variants.items():
+            runs[name].append(_run(cmd, env))
+    print(f"workload: {' '.join(flags) or '(harness default)'}; best of {a.rounds} "
+          "alternating runs")
+    off = max(r["core_ops_per_s"] for r in runs["off"])
+    print(f"{'variant':<8} {'core ops/s':>12} {'vs off':>8} {'digest_lookup':>18} "
+          f"{'digest_alloc':>18}")
+    for name, rs in runs.items():
+        v = max(r["core_ops_per_s"] for r in rs)
+        print(f"{name:<8} {v:>12,.0f} {v / off:>8.3f} {rs[0]['digest_lookup']:>18} "
+              f"{rs[0]['digest_alloc']:>18}")
+
+
+def _fill(mgr, rng, priorities, retention_cls, range_cls) -> None:  # type: ignore[no-untyped-def]
+    """Cache the whole pool: 64-block requests with supplied hashes, spread over levels."""
+    n = 0
+    target = mgr.pool.num_blocks - 1 - 2 * 64
+    while mgr.pool.num_cached_blocks() < target:
+        p, d = priorities[n % len(priorities)]
+        r = retention_cls(ranges=(range_cls(priority=p, duration_s=d),)) if retention_cls else None
+        hashes = [b"f%d-%d" % (n, i) for i in range(64)]
+        req = mgr.new_request(f"fill{n}", [0] * (64 * BS), block_hashes=hashes, retention=r)
+        if mgr.allocate_slots(req, req.num_tokens) is None:
+            break
+        mgr.free(req)
+        n += 1
+
+
+def pool_size_row(num_blocks: int, variant: str, rounds: int) -> dict[str, float]:
+    import random
+
+    from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager
+    from pagedkv.retention import RequestRetention, RetentionConfig, TokenRangeRetention
+
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=8, head_size=128, dtype_bytes=2)
+    clock = [0.0]
+    active = variant == "active"
+    retention = RetentionConfig(clock=lambda: clock[0]) if variant != "off" else None
+    mgr = KVCacheManager(CacheConfig(groups=(spec,), num_blocks=num_blocks,
+                                     max_model_len=1 << 20, retention=retention))
+    levels = [(10, None), (35, None), (60, 5.0), (90, None)]
+    rng = random.Random(0)
+    _fill(mgr, rng, levels, RequestRetention if active else None, TokenRangeRetention)
+    hot = mgr.new_request("hot", [0] * (64 * BS + 1),
+                          block_hashes=[b"hot%d" % i for i in range(64)])
+    mgr.allocate_slots(hot, hot.num_tokens)  # kept in use: never evicted
+    probe = mgr.new_request("probe", [0] * (64 * BS + 1),
+                            block_hashes=[b"hot%d" % i for i in range(64)])
+    ask = RequestRetention(ranges=(TokenRangeRetention(priority=20),)) if active else None
+    best = {"allocate_64": 1e9, "free_64": 1e9, "lookup_64": 1e9}
+    for i in range(rounds):
+        clock[0] += 0.01
+        req = mgr.new_request(f"m{i}", [0] * (64 * BS),
+                              block_hashes=[b"m%d-%d" % (i, j) for j in range(64)],
+                              retention=ask)
+        t = time.perf_counter()
+        mgr.allocate_slots(req, req.num_tokens)
+        best["allocate_64"] = min(best["allocate_64"], time.perf_counter() - t)
+        t = time.perf_counter()
+        mgr.free(req)
+        best["free_64"] = min(best["free_64"], time.perf_counter() - t)
+        t = time.perf_counter()
+        hit = mgr.get_computed_blocks(probe)
+        best["lookup_64"] = min(best["lookup_64"], time.perf_counter() - t)
+        assert hit.num_computed_tokens == 64 * BS
+    return {k: v * 1e6 for k, v in best.items()}
+
+
+def pool_size(a: argparse.Namespace) -> None:
+    rows = {}
+    variants = ("off", "on", "active")
+    for n in a.sizes:
+        for v in variants:
+            rows[(n, v)] = pool_size_row(n, v, a.rounds_ops)
+    print(f"best of {a.rounds_ops}, microseconds per call")
+    print(f"{'blocks':>10} {'retention':>9} {'allocate_64':>12} {'free_64':>9} "
+          f"{'lookup_64':>10}")
+    for (n, v), r in rows.items():
+        print(f"{n:>10,} {v:>9} {r['allocate_64']:>12.1f} {r['free_64']:>9.1f} "
+              f"{r['lookup_64']:>10.1f}")
+    small, big = a.sizes[0], a.sizes[-1]
+    for v in variants:
+        s, b = rows[(small, v)], rows[(big, v)]
+        ratios = " ".join(f"{k}={b[k] / s[k]:.2f}" for k in s)
+        print(f"{v}: {big:,} / {small:,} blocks: {ratios}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    h = sub.add_parser("harness")
+    h.add_argument("--rounds", type=int, default=3)
+    h.add_argument("--base-src", default=None,
+                   help="a checkout's src directory to measure as 'base' (PYTHONPATH)")
+    h.add_argument("workload", nargs=argparse.REMAINDER)
+    p = sub.add_parser("pool-size")
+    p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
+    p.add_argument("--rounds-ops", type=int, default=200)
+    a = ap.parse_args()
+    harness(a) if a.cmd == "harness" else pool_size(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,535 @@
+"""The retention free queue: one LRU list per priority level, unhashed blocks first.
+
+Eviction order, front first (what :meth:`PriorityFreeQueue.popleft_n` takes)::
+
+    unhashed | over quota | level 0 | level 1 | ... | level 100 | pinned (preempt_pins only)
+
+Every list is LRU (least recently freed first); unhashed blocks keep vLLM's rule (a freed
+unhashed block goes to the front). Free pinned blocks are *parked* outside the order and
+not counted in ``num_free`` unless ``preempt_pins`` (then they form the last list).
+
+Per block the queue keeps what decides where it goes when it is freed: its priority and
+duration (set by the request that released it, see
+:class:`~pagedkv.retention.policy.RequestRetention`), its tenant (for quotas) and whether
+its content is pinned. A block taken from the queue (a new allocation) forgets them.
+
+Costs: ``remove``, ``append_n``/``prepend_n`` per block and ``popleft_n`` per block are
+O(1) plus O(log levels) to find the lowest non-empty level (a bit mask); processing
+expiries costs O(1) per expired block plus O(distinct (priority, duration) pairs in use)
+to find the next one. Nothing scans the pool.
+
+With no retention asked for (every block at the default level, no pins, no quotas), the
+order is exactly the base queue's (vLLM's), except that a free block whose hash is
+dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from pagedkv.free_queue import FreeBlockQueue
+from pagedkv.retention.linked import LinkedLists
+from pagedkv.retention.policy import DEFAULT_PRIORITY, MAX_PRIORITY
+
+__all__ = ["PriorityFreeQueue"]
+
+_UNHASHED, _OVER, _PARKED, _PINNED, _LEVEL0 = 0, 1, 2, 3, 4
+_INF = float("inf")
+
+
+class PriorityFreeQueue(FreeBlockQueue):
+    """Free block ids of ``[1, num_blocks)`` in retention order (module docstring).
+
+    ``num_free`` counts evictable blocks (parked pinned blocks excluded). Reading it, and
+    every operation that depends on the order, first lets expired durations and pin leases
+    take effect (``on_deadline``, called with the clock's time once it passes
+    ``deadline``).
+    """
+
+    __slots__ = (
+        "_clock", "_count", "_mask", "_n", "_num_free", "_quota", "_tcount",
+        "_tenant_lists", "_tkey", "_tmask", "_where", "_xkey", "_xlists", "deadline",
+        "default_priority", "duration_s", "expires_at", "now_s", "num_parked", "on_deadline",
+        "pinned", "plain", "preempt_pins", "priority", "tenant",
+    )
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        clock: Callable[[], float],
+        default_priority: int = DEFAULT_PRIORITY,
+        preempt_pins: bool = False,
+        tenant_quotas: list[int | None] | None = None,
+    ) -> None:
+        super().__init__(num_blocks, first_id=1)
+        n = num_blocks
+        self._n = n
+        # Sentinel pairs after the base's unhashed (head n, tail n + 1): list L has head
+        # n + 2 L. Lists: unhashed, over quota, parked, pinned, then one per level.
+        num_lists = _LEVEL0 + MAX_PRIORITY + 1
+        for lst in range(1, num_lists):
+            h = n + 2 * lst
+            self._next += [h + 1, -1]
+            self._prev += [-1, h]
+        self._count = [0] * num_lists
+        self._count[_UNHASHED] = max(0, n - 1)
+        self._where = [_UNHASHED] * n
+        self._where[0] = -1
+        self._mask = 0  # bit p set iff level p is non-empty
+        self.num_parked = 0
+        self.default_priority = default_priority
+        self.preempt_pins = preempt_pins
+        self.priority = [default_priority] * n
+        self.duration_s: list[float | None] = [None] * n
+        self.tenant = [-1] * n
+        self.pinned = [False] * n
+        #: True while no block has been pinned, given a duration or a tenant quota (set
+        #: False by the pool, for good): freeing then only sorts blocks by priority.
+        self.plain = not tenant_quotas
+        self._clock = clock
+        #: The time timers start from: the clock at the last tick (or the time of the
+        #: expiry being processed).
+        self.now_s = 0.0
+        self.deadline = _INF
+        self.on_deadline: Callable[[float], None] = self._expire_durations
+        # Timed lists: one per (level, duration), FIFO = expiry order.
+        self.expires_at = [0.0] * n
+        self._xlists = LinkedLists(n)
+        self._xkey: dict[tuple[int, float], int] = {}
+        # Tenant lists: one per (tenant, level) for tenants with a quota.
+        self._quota: list[int | None] = list(tenant_quotas or [])
+        self._tenant_lists = LinkedLists(n)
+        self._tkey: dict[tuple[int, int], int] = {}
+        self._tmask: list[int] = [0] * len(self._quota)
+        self._tcount: list[int] = [0] * len(self._quota)
+
+    # ------------------------------------------------------------------ counts
+
+    @property
+    def num_free(self) -> int:
+        """Evictable free blocks, after letting due expiries take effect."""
+        if self.deadline != _INF and self._clock() >= self.deadline:
+            self.tick()
+        return self._num_free
+
+    @num_free.setter
+    def num_free(self, value: int) -> None:
+        self._num_free = value
+
+    def tick(self) -> float:
+        """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
+        now = self._clock()
+        if now < self.now_s:
+            raise AssertionError(f"retention clock went backwards: {self.now_s} -> {now}")
+        self.now_s = now
+        if now >= self.deadline:
+            self.on_deadline(now)
+        return now
+
+    def add_tenant(self, quota: int | None) -> int:
+        """Register a tenant with ``quota`` blocks (None: unlimited); returns its id."""
+        self._quota.append(quota)
+        self._tmask.append(0)
+        self._tcount.append(0)
+        return len(self._quota) - 1
+
+    def level_counts(self) -> dict[int, int]:
+        """Evictable blocks per priority level (non-empty levels only). O(levels)."""
+        return {p: self._count[_LEVEL0 + p] for p in range(MAX_PRIORITY + 1)
+                if self._count[_LEVEL0 + p]}
+
+    # ------------------------------------------------------------------ links (list A)
+
+    def _link_back(self, lst: int, b: int) -> None:
+        tail = self._n + 2 * lst + 1
+        prv = self._prev
+        last = prv[tail]
+        self._next[last] = b
+        prv[b] = last
+        self._next[b] = tail
+        prv[tail] = b
+        self._where[b] = lst
+        self._count[lst] += 1
+
+    def _detach(self, b: int) -> int:
+        """Take queued ``b`` out of every list; returns the list it was in."""
+        nxt, prv = self._next, self._prev
+        p, q = prv[b], nxt[b]
+        nxt[p] = q
+        prv[q] = p
+        lst = self._where[b]
+        self._where[b] = -1
+        c = self._count[lst] - 1
+        self._count[lst] = c
+        if lst >= _LEVEL0 and not c:
+            self._mask &= ~(1 << (lst - _LEVEL0))
+        if self._xlists.where[b] != -1:
+            self._xlists.remove(b)
+        if self._tenant_lists.where[b] != -1:
+            self._untenant(b)
+        return lst
+
+    def _untenant(self, b: int) -> None:
+        tl = self._tenant_lists
+        head = tl.where[b]
+        tl.remove(b)
+        t = self.tenant[b]
+        self._tcount[t] -= 1
+        if not tl.length(head):
+            self._tmask[t] &= ~(1 << self.priority[b])
+
+    def _place(self, b: int) -> None:
+        """Queue a hashed block that just became free (or unpinned)."""
+        if self.pinned[b]:
+            if self.preempt_pins:
+                self._link_back(_PINNED, b)
+                self._num_free += 1
+            else:
+                self._link_back(_PARKED, b)
+                self.num_parked += 1
+            return
+        p = self.priority[b]
+        self._link_back(_LEVEL0 + p, b)
+        self._mask |= 1 << p
+        self._num_free += 1
+        d = self.duration_s[b]
+        if d is not None and p != self.default_priority:
+            key = (p, d)
+            head = self._xkey.get(key)
+            if head is None:
+                head = self._xkey[key] = self._xlists.new_list()
+            expires = self.now_s + d
+            self.expires_at[b] = expires
+            self._xlists.append(head, b)
+            if expires < self.deadline:
+                self.deadline = expires
+        t = self.tenant[b]
+        if t >= 0:
+            q = self._quota[t]
+            if q is not None:
+                self._add_to_tenant(t, p, b, q)
+
+    def _add_to_tenant(self, t: int, p: int, b: int, quota: int) -> None:
+        key = (t, p)
+        head = self._tkey.get(key)
+        if head is None:
+            head = self._tkey[key] = self._tenant_lists.new_list()
+        self._tenant_lists.append(head, b)
+        self._tmask[t] |= 1 << p
+        self._tcount[t] += 1
+        while self._tcount[t] > quota:
+            # Over quota: the tenant's lowest-priority, least recently freed block goes
+            # to the over-quota list (evicted right after unhashed blocks).
+            m = self._tmask[t]
+            low = (m & -m).bit_length() - 1
+            victim = self._tenant_lists.front(self._tkey[(t, low)])
+            assert victim is not None
+            self._detach(victim)
+            self._link_back(_OVER, victim)
+
+    # ------------------------------------------------------------------ queue API
+
+    def remove(self, b: int) -> None:
+        """Take free ``b`` out of the queue (a prefix hit claims it). O(1)."""
+        if self._xkey or self._tkey:
+            lst = self._detach(b)
+        else:  # no timed or tenant lists: the common case, inlined
+            nxt, prv = self._next, self._prev
+            p, q = prv[b], nxt[b]
+            nxt[p] = q
+            prv[q] = p
+            lst = self._where[b]
+            self._where[b] = -1
+            c = self._count[lst] - 1
+            self._count[lst] = c
+            if lst >= _LEVEL0 and not c:
+                self._mask &= ~(1 << (lst - _LEVEL0))
+        if lst == _PARKED:
+            self.num_parked -= 1
+        else:
+            self._num_free -= 1
+
+    def append_n(self, ids: list[int]) -> None:
+        """Queue freed hashed blocks by their priority (pinned ones parked). O(len)."""
+        if not ids:
+            return
+        if self.plain:  # no timers, pins or quotas: the time does not matter
+            if self.deadline != _INF:
+                self.tick()
+            self._append_plain(ids)
+            return
+        self.tick()  # timers start now, and due expiries go first
+        prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        nxt, prv, where, count = self._next, self._prev, self._where, self._count
+        tail0 = self._n + 2 * _LEVEL0 + 1
+        mask = self._mask
+        placed = 0
+        for b in ids:
+            p = prio[b]
+            if pinned[b] or dur[b] is not None or tenant[b] >= 0:
+                self._mask = mask
+                self._num_free += placed
+                placed = 0
+                self._place(b)
+                mask = self._mask
+                continue
+            # Common case, inlined: to the back of level p.
+            tail = tail0 + 2 * p
+            last = prv[tail]
+            nxt[last] = b
+            prv[b] = last
+            nxt[b] = tail
+            prv[tail] = b
+            where[b] = _LEVEL0 + p
+            count[_LEVEL0 + p] += 1
+            mask |= 1 << p
+            placed += 1
+        self._mask = mask
+        self._num_free += placed
+
+    def _append_plain(self, ids: list[int]) -> None:
+        """``append_n`` while no block is special: runs of equal priority are spliced to
+        the back of their level as one chain."""
+        prio, nxt, prv, where, count = (self.priority, self._next, self._prev, self._where,
+                                        self._count)
+        base = self._n
+        mask = self._mask
+        i, m = 0, len(ids)
+        while i < m:
+            p = prio[ids[i]]
+            lst = _LEVEL0 + p
+            tail = base + 2 * lst + 1
+            last = prv[tail]
+            j = i
+            while j < m:
+                b = ids[j]
+                if prio[b] != p:
+                    break
+                nxt[last] = b
+                prv[b] = last
+                where[b] = lst
+                last = b
+                j += 1
+            nxt[last] = tail
+            prv[tail] = last
+            count[lst] += j - i
+            mask |= 1 << p
+            i = j
+        self._mask = mask
+        self._num_free += m
+
+    def append(self, b: int) -> None:
+        """Queue one freed hashed block. O(1)."""
+        self.append_n([b])
+
+    def prepend_n(self, ids: list[int]) -> None:
+        """Put freed unhashed blocks at the very front, keeping their order. O(len)."""
+        if not ids:
+            return
+        nxt, prv, where = self._next, self._prev, self._where
+        head = self._head
+        first = nxt[head]
+        prev_b = head
+        for b in ids:
+            nxt[prev_b] = b
+            prv[b] = prev_b
+            where[b] = _UNHASHED
+            prev_b = b
+        nxt[prev_b] = first
+        prv[first] = prev_b
+        self._count[_UNHASHED] += len(ids)
+        self._num_free += len(ids)
+
+    def popleft(self) -> int:
+        """Take the first block in eviction order. Precondition: ``num_free >= 1``."""
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[int]:
+        """Take the ``n`` first blocks in eviction order; they forget their retention.
+
+        Precondition: ``n <= num_free``. O(n + log levels per level visited).
+        """
+        if self.deadline != _INF:
+            self.tick()
+        out: list[int] = []
+        count, nxt, prv, where = self._count, self._next, self._prev, self._where
+        base = self._n
+        side_lists = bool(self._xkey) or bool(self._tkey)
+        lst = _UNHASHED
+        left = n
+        while left:
+            if lst == _PARKED:
+                lst = _LEVEL0 if self._mask else _PINNED
+            elif lst >= _LEVEL0:
+                m = self._mask
+                lst = _LEVEL0 + (m & -m).bit_length() - 1 if m else _PINNED
+            c = count[lst]
+            if c:
+                k = c if c < left else left
+                head = base + 2 * lst
+                b = nxt[head]
+                for _ in range(k):
+                    out.append(b)
+                    where[b] = -1
+                    b = nxt[b]
+                nxt[head] = b
+                prv[b] = head
+                count[lst] = c - k
+                left -= k
+                if lst >= _LEVEL0 and c == k:
+                    self._mask &= ~(1 << (lst - _LEVEL0))
+            elif lst == _PINNED:
+                raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
+            if lst < _PARKED:
+                lst += 1
+        prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        default = self.default_priority
+        if self.plain:
+            for b in out:
+                prio[b] = default
+            self._num_free -= n
+            return out
+        for b in out:
+            if side_lists:
+                if self._xlists.where[b] != -1:
+                    self._xlists.remove(b)
+                if self._tenant_lists.where[b] != -1:
+                    self._untenant(b)
+            prio[b] = default
+            dur[b] = None
+            tenant[b] = -1
+            pinned[b] = False
+        self._num_free -= n
+        return out
+
+    # ------------------------------------------------------------------ retention moves
+
+    def set_pinned(self, b: int, pinned: bool) -> None:
+        """Mark ``b``'s content pinned or not; a free block moves accordingly. O(1)."""
+        if self.pinned[b] == pinned:
+            return
+        self.plain = False
+        lst = self._where[b]
+        if lst == -1:
+            self.pinned[b] = pinned
+            return
+        self.remove(b)
+        self.pinned[b] = pinned
+        self._place(b)
+
+    def make_unhashed(self, b: int) -> None:
+        """``b`` lost its hash (explicit eviction): forget its retention; if free, move it
+        to the back of the unhashed blocks. O(1)."""
+        lst = self._where[b]
+        if lst != -1 and lst != _UNHASHED:
+            self.remove(b)
+            self._link_back(_UNHASHED, b)
+            self._num_free += 1
+        self.priority[b] = self.default_priority
+        self.duration_s[b] = None
+        self.tenant[b] = -1
+        self.pinned[b] = False
+
+    def next_duration_expiry(self) -> tuple[float, int]:
+        """``(time, list)`` of the earliest pending duration expiry, ``(inf, -1)`` if
+        none. O(distinct (priority, duration) pairs)."""
+        best, best_head = _INF, -1
+        xl = self._xlists
+        for head in self._xkey.values():
+            b = xl.front(head)
+            if b is not None and self.expires_at[b] < best:
+                best, best_head = self.expires_at[b], head
+        return best, best_head
+
+    def expire_front(self, head: int) -> None:
+        """The front block of timed list ``head`` reverts to the default priority: it moves
+        to the back of the default level (as TensorRT-LLM does). O(1)."""
+        b = self._xlists.front(head)
+        assert b is not None
+        self.remove(b)
+        self.priority[b] = self.default_priority
+        self.duration_s[b] = None
+        self._place(b)
+
+    def _expire_durations(self, now: float) -> None:
+        """Default deadline handler (no pins): revert every duration due by ``now``."""
+        while True:
+            t, head = self.next_duration_expiry()
+            if t > now:
+                self.deadline = t
+                return
+            self.expire_front(head)
+
+    def rebuild_unhashed(self) -> None:
+        """Every free block (parked ones too) becomes unhashed, keeping eviction order.
+        For ``reset_prefix_cache``. O(free blocks)."""
+        order = self.check_invariants()
+        for b in order:
+            self._detach(b)
+        self.num_parked = 0
+        self._num_free = 0
+        for b in order:
+            self.make_unhashed(b)
+            self._link_back(_UNHASHED, b)
+            self._num_free += 1
+
+    # ------------------------------------------------------------------ inspection
+
+    def _list_items(self, lst: int) -> list[int]:
+        out = []
+        head = self._n + 2 * lst
+        b = self._next[head]
+        while b != head + 1:
+            out.append(b)
+            b = self._next[b]
+        return out
+
+    def __iter__(self) -> Iterator[int]:
+        """Evictable ids in eviction order (parked ones excluded). O(n)."""
+        lists = [_UNHASHED, _OVER]
+        lists += [_LEVEL0 + p for p in range(MAX_PRIORITY + 1)]
+        lists.append(_PINNED)
+        for lst in lists:
+            yield from self._list_items(lst)
+
+    def parked(self) -> list[int]:
+        """Free pinned blocks held out of the eviction order. O(parked)."""
+        return self._list_items(_PARKED)
+
+    def check_invariants(self) -> list[int]:
+        """Walk every list; returns all free ids (evictable in order, then parked). O(n)."""
+        order = list(self)
+        parked = self.parked()
+        every = order + parked
+        assert len(order) == self._num_free, (
+            f"retention queue: num_free {self._num_free}, order holds {len(order)}"
+        )
+        assert len(parked) == self.num_parked, "retention queue: parked count wrong"
+        assert len(set(every)) == len(every), "retention queue: an id appears twice"
+        for lst in range(len(self._count)):
+            items = self._list_items(lst)
+            assert len(items) == self._count[lst], f"list {lst}: count wrong"
+            for b in items:
+                assert self._where[b] == lst, f"block {b}: where is {self._where[b]}, in {lst}"
+                if lst >= _LEVEL0:
+                    assert self.priority[b] == lst - _LEVEL0, f"block {b} in wrong level"
+                    assert not self.pinned[b], f"pinned block {b} in a level list"
+                if lst in (_PARKED, _PINNED):
+                    assert self.pinned[b], f"unpinned block {b} parked"
+            if lst >= _LEVEL0:
+                bit = bool(self._mask >> (lst - _LEVEL0) & 1)
+                assert bit == bool(items), f"level {lst - _LEVEL0}: mask bit {bit}"
+        assert not self.preempt_pins or not parked, "parked blocks with preempt_pins"
+        self._xlists.check_invariants()
+        self._tenant_lists.check_invariants()
+        for b in range(1, self._n):
+            if self._xlists.where[b] != -1 or self._tenant_lists.where[b] != -1:
+                assert self._where[b] >= _LEVEL0, f"block {b} timed/tenant-listed off-level"
+        if self.plain:
+            assert not any(self.pinned) and not any(t >= 0 for t in self.tenant), (
+                "plain queue with pinned or tenant-tracked blocks")
+            assert all(d is None for d in self.duration_s), "plain queue with durations"
+        for t, q in enumerate(self._quota):
+            assert q is None or self._tcount[t] <= q, f"tenant {t} over quota in levels"
+        return every
