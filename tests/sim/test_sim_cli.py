@@ -106,3 +106,12 @@ def test_engine_bounds_count_replies_and_skip_rejected(
     s = json.loads(capsys.readouterr().out)
     assert s["rejected_requests"] == 1
     assert s["hit_rate"] == s["infinite_cache_hit_rate"] == s["belady_hit_rate"] == 64 / 130
+
+
+def test_huge_num_blocks_is_capped_and_said(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--limit", "20", "--num-blocks", str(10**12), "--no-plots",
+                 "--json", "--jobs", "1"])
+    assert code == 0
+    s = json.loads(capsys.readouterr().out)
+    note = s["settings"]["capacity"]["note"]
+    assert "capped to" in note and s["num_blocks"] < 10**6

@@ -12,8 +12,8 @@ pytest.importorskip("msgpack")
 
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.subscriber import Subscriber, index_counts
+from pagedkv.sim import EngineSimulator, SchedulerConfig
 from pagedkv.sim.generators import system_prompts
-from pagedkv.sim.scheduler import EngineSimulator, SchedulerConfig
 
 
 def test_simulated_engine_events_mirror_its_index() -> None:

@@ -4,6 +4,7 @@ lines name file, line and key; --skip-bad-lines counts them; Azure CSV has no sh
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,6 @@ from pagedkv.sim import SimRequest, Workload, load_trace, request_block_hashes, 
 from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
 from pagedkv.sim.pure_cache import unlimited_num_blocks
 from pagedkv.sim.workloads import bundled_trace_path
-
-AZURE = "/work/shared/data/traces/AzureLLMInferenceTrace_conv.csv"
 
 
 def _unlimited_hits(wl: Workload, block_size: int) -> list[int]:
@@ -103,8 +102,8 @@ def test_mooncake_bad_line_names_file_line_key(
     assert wl.first_skipped_problem is not None and problem in wl.first_skipped_problem
 
 
-def test_azure_csv(tmp_path: Path) -> None:
-    wl = load_trace(AZURE, limit=200)
+def test_azure_csv(tmp_path: Path, shared: Callable[[str], Path]) -> None:
+    wl = load_trace(shared("data/traces/AzureLLMInferenceTrace_conv.csv"), limit=200)
     assert len(wl.requests) == 200 and wl.requests[0].arrival_s == 0.0
     assert wl.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
     assert (wl.requests[0].num_prompt_tokens, wl.requests[0].num_output_tokens) == (374, 44)

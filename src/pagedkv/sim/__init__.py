@@ -15,21 +15,23 @@ Pieces, each usable on its own (all built on the public :mod:`pagedkv` API only)
 * :mod:`~pagedkv.sim.cli` — the ``simulate`` subcommand.
 """
 
+from pagedkv.sim.api import SimConfig, capacity_for, run
 from pagedkv.sim.bounds import BoundResult, belady_hits, infinite_cache_hits
+from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.generators import agent_loops, multi_turn, system_prompts
+from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.pure_cache import PureCacheResult, run_pure_cache
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.scheduler import (
     EngineResult,
-    EngineSimulator,
     SchedulerConfig,
     StepTimeModel,
 )
+from pagedkv.sim.summary import SimReport, Verdict
 from pagedkv.sim.workloads import (
     SimRequest,
     Workload,
     bundled_trace_path,
-    load_trace,
     request_block_hashes,
 )
 
@@ -39,17 +41,22 @@ __all__ = [
     "EngineSimulator",
     "PureCacheResult",
     "SchedulerConfig",
+    "SimConfig",
+    "SimReport",
     "SimRequest",
     "SimResult",
     "StepTimeModel",
+    "Verdict",
     "Workload",
     "agent_loops",
     "belady_hits",
     "bundled_trace_path",
+    "capacity_for",
     "infinite_cache_hits",
     "load_trace",
     "multi_turn",
     "request_block_hashes",
+    "run",
     "run_pure_cache",
     "system_prompts",
 ]

@@ -41,11 +41,13 @@ manager would hash them (SHA-256 over their tokens) and numbered by digest.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagedkv import BlockHasher
-from pagedkv.sim.workloads import Workload, check_block_size, request_block_hashes
+from pagedkv.sim.semantics import Semantics, get_semantics
+from pagedkv.sim.workloads import Workload, request_block_hashes
 
 __all__ = [
     "AccessSequence",
@@ -63,21 +65,34 @@ class AccessSequence:
     """The flattened pure-cache access sequence of a workload at one block size.
 
     Request ``i`` accesses ``items[starts[i]:starts[i+1]]`` (its stored blocks in order);
-    the first ``num_queried[i]`` of them are counted.
+    the first ``num_queried[i]`` of them are counted. Block identities are dense:
+    ``0 <= item < num_ids`` (so per-block state fits flat arrays, 8 bytes a block).
     """
 
     block_size: int
-    items: list[int]
+    items: array[int]
     starts: list[int]
     num_queried: list[int]
     query_tokens: list[int]
-    _next_use: list[int] | None = None
+    #: Tokens a hit on request ``i``'s last queried block credits (``block_size`` unless
+    #: reference semantics makes it a partial block); None = all ``block_size``.
+    tail_tokens: list[int] | None = None
+    num_ids: int = 0
+    _next_use: array[int] | None = None
+
+    def credit(self, i: int, num_hit_blocks: int, last_hit: bool) -> int:
+        """Tokens credited to request ``i`` for ``num_hit_blocks`` hit blocks, of which
+        the last queried one is among them when ``last_hit``."""
+        bs = self.block_size
+        if not last_hit or self.tail_tokens is None:
+            return num_hit_blocks * bs
+        return (num_hit_blocks - 1) * bs + self.tail_tokens[i]
 
     @property
     def num_requests(self) -> int:
         return len(self.num_queried)
 
-    def next_use(self) -> list[int]:
+    def next_use(self) -> array[int]:
         """Per access, the position of the item's next access if that one is counted,
         else a sentinel larger than any position. Cached; O(accesses)."""
         if self._next_use is None:
@@ -85,13 +100,12 @@ class AccessSequence:
             counted = bytearray(len(items))
             for i, start in enumerate(self.starts[:-1]):
                 counted[start : start + self.num_queried[i]] = b"\x01" * self.num_queried[i]
-            nxt = [_NEVER] * len(items)
-            last: dict[int, int] = {}
-            get = last.get
+            nxt = array("q", [_NEVER]) * len(items)
+            last = array("q", [-1]) * self.num_ids
             for p in range(len(items) - 1, -1, -1):
                 x = items[p]
-                j = get(x)
-                if j is not None and counted[j]:
+                j = last[x]
+                if j >= 0 and counted[j]:
                     nxt[p] = j
                 last[x] = p
             self._next_use = nxt
@@ -118,6 +132,7 @@ def access_sequence(
     *,
     with_outputs: bool = False,
     indices: Sequence[int] | None = None,
+    semantics: str | Semantics = "vllm",
 ) -> AccessSequence:
     """Build the access sequence of ``workload`` at ``block_size``. O(total blocks).
 
@@ -126,21 +141,27 @@ def access_sequence(
     with real output tokens (generators) have such blocks others can hit; trace requests'
     decode tokens are unique placeholders and are left out. ``indices``: only these
     requests, in this order (engine mode leaves out the requests it rejected).
+    ``semantics``: which blocks are stored and queried (:mod:`pagedkv.sim.semantics`).
     """
-    check_block_size(block_size, workload.source_block_size)
+    sem = get_semantics(semantics)
+    sem.check(workload, block_size)
+    reference = sem.name != "vllm"
+    tails: list[int] | None = [] if reference else None
     src = workload.source_block_size
     order = range(len(workload.requests)) if indices is None else indices
     chain: dict[tuple[int, int], int] = {}
     digests: dict[bytes, int] = {}
     hasher: BlockHasher | None = None
-    items: list[int] = []
+    items = array("q")
     starts = [0]
     num_queried: list[int] = []
     for index in order:
         r = workload.requests[index]
         n = r.num_prompt_tokens
-        s = n // block_size
-        num_queried.append((n - 1) // block_size)
+        s = sem.num_stored_blocks(n, block_size)
+        num_queried.append(sem.num_queried_blocks(n, block_size))
+        if tails is not None:
+            tails.append(sem.tail_tokens(n, block_size))
         if r.hash_ids is not None:
             assert src is not None
             parent = -1
@@ -163,7 +184,8 @@ def access_sequence(
                     items.extend(range(node * k, node * k + k))
                 del items[start + s :]
         else:
-            hashes = request_block_hashes(r, block_size, source_block_size=src, index=index)
+            hashes = request_block_hashes(r, block_size, source_block_size=src, index=index,
+                                          num_blocks=s if reference else None)
             if hashes is None:
                 assert r.prompt_token_ids is not None
                 if hasher is None:
@@ -180,25 +202,33 @@ def access_sequence(
                     v = digests[h] = -1 - len(digests)
                 items.append(v)
         starts.append(len(items))
+    chain_ids = len(chain) * (src // block_size if src and block_size < src else 1)
+    if digests:  # digest identities were numbered -1, -2, ...: move them past the chain's
+        for p, x in enumerate(items):
+            if x < 0:
+                items[p] = chain_ids - 1 - x
     return AccessSequence(
         block_size=block_size, items=items, starts=starts, num_queried=num_queried,
+        num_ids=chain_ids + len(digests),
         query_tokens=[workload.requests[i].num_prompt_tokens for i in order],
+        tail_tokens=tails,
     )
 
 
 def infinite_cache_hits(seq: AccessSequence) -> BoundResult:
     """Hit tokens per request with a cache that never evicts. O(accesses)."""
-    seen: set[int] = set()
+    seen = bytearray(seq.num_ids)
     items = seq.items
     starts = seq.starts
     out: list[int] = []
     for i, q in enumerate(seq.num_queried):
         a = starts[i]
         h = 0
-        while h < q and items[a + h] in seen:
+        while h < q and seen[items[a + h]]:
             h += 1
-        out.append(h * seq.block_size)
-        seen.update(items[a : starts[i + 1]])
+        out.append(seq.credit(i, h, h == q and h > 0))
+        for p in range(a, starts[i + 1]):
+            seen[items[p]] = 1
     return BoundResult(capacity_blocks=None, hit_tokens=out, query_tokens=seq.query_tokens)
 
 
@@ -218,12 +248,14 @@ def belady_hits(seq: AccessSequence, capacity_blocks: int) -> BoundResult:
     for i, q in enumerate(seq.num_queried):
         a = starts[i]
         hits = 0
+        last_hit = False
         for p in range(a, starts[i + 1]):
             x = items[p]
             nu = nxt[p]
             if x in cache:
                 if p - a < q:
                     hits += 1
+                    last_hit = p - a == q - 1
                 if nu == _NEVER:
                     del cache[x]
                 else:
@@ -247,6 +279,6 @@ def belady_hits(seq: AccessSequence, capacity_blocks: int) -> BoundResult:
         if len(heap) > 4 * cap + 1024:
             heap = [(-u, y) for y, u in cache.items()]
             heapq.heapify(heap)
-        out.append(hits * bs)
+        out.append(seq.credit(i, hits, last_hit) if last_hit else hits * bs)
     return BoundResult(capacity_blocks=capacity_blocks, hit_tokens=out,
                        query_tokens=seq.query_tokens)

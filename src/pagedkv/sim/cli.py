@@ -16,19 +16,19 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
-from pagedkv.sim.bounds import access_sequence, belady_hits, infinite_cache_hits
+from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
-from pagedkv.sim.pure_cache import capacity_sweep, run_pure_cache
-from pagedkv.sim.report import ProgressReporter, print_report, summarize, write_plots
-from pagedkv.sim.scheduler import EngineSimulator, SchedulerConfig, StepTimeModel
-from pagedkv.sim.workloads import Workload, bundled_trace_path, check_block_size, load_trace
+from pagedkv.sim.loaders import formats, load_trace
+from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
+from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
+from pagedkv.sim.report import ProgressReporter, print_report
+from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
+from pagedkv.sim.search import find_capacity, parse_seconds
+from pagedkv.sim.semantics import SEMANTICS
+from pagedkv.sim.workloads import Workload, bundled_trace_path
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "main_run"]
 
-DEFAULT_MODEL = "Llama-3.1-8B"
-DEFAULT_GPU_MEMORY = "80GB"
-#: Used when the planner is unavailable and no --num-blocks is given.
-FALLBACK_CAPACITY_TOKENS = 400_000
 DEFAULT_SWEEP_TOKENS: tuple[int | None, ...] = (
     10_000, 100_000, 1_000_000, 3_000_000, 10_000_000, None
 )
@@ -56,7 +56,7 @@ _ALL_GEN_FLAGS = sorted({d for m in _GEN_PARAMS.values() for d in m})
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``simulate`` on an argparse sub-parsers action with ``func=run``."""
+    """Register ``simulate`` on an argparse sub-parsers action with ``func=main_run``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="replay a workload through the KV-cache manager and report hit rates",
@@ -72,11 +72,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload (default: the bundled Mooncake conversation head)")
     src = w.add_mutually_exclusive_group()
     src.add_argument("--trace", metavar="PATH",
-                     help="Mooncake-style JSONL or Azure-style CSV trace (.gz too)")
+                     help="a trace file (Mooncake JSONL, Azure CSV, kv-cache-tester session "
+                     "JSON; .gz too), a directory of session files, or a glob")
     src.add_argument("--generator", choices=sorted(GENERATORS),
                      help="a synthetic workload with an analytic ideal hit rate")
-    w.add_argument("--trace-format", choices=["auto", "mooncake", "azure"], default="auto",
-                   help="trace format (default: by file name, else by content)")
+    w.add_argument("--trace-format", choices=["auto", *formats()], default="auto",
+                   help="trace format (default: detected from the content, else the name)")
+    w.add_argument("--session-stagger-s", type=float, default=0.0, metavar="S",
+                   help="several files: file k starts k*S seconds after the first (default 0)")
     w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
                    help="tokens per hash_ids entry of a JSONL trace (default 512)")
     w.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
@@ -110,12 +113,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"size the pool with the planner: config.json or bundled name "
                    f"(default without --num-blocks: {DEFAULT_MODEL})")
     c.add_argument("--gpu-memory", metavar="SIZE",
-                   help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY})")
+                   help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY}: an '80 GB' H100)")
     c.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
                    help="share of GPU memory the engine may use (default 0.9)")
     c.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size for --model (default 1)")
     e = p.add_argument_group("engine")
+    e.add_argument("--semantics", choices=list(SEMANTICS), default="vllm",
+                   help="vllm: full blocks only, the last token recomputed (default); "
+                   "reference: every hash id incl. the partial last block is stored and "
+                   "credited, as in the published Mooncake curves (pure-cache mode)")
     e.add_argument("--mode", choices=["engine", "pure-cache"], default="engine",
                    help="engine: continuous batching with a simulated clock (default); "
                    "pure-cache: lookup, store, free, one request at a time")
@@ -140,6 +147,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     a.add_argument("--capacity-sweep", nargs="?", const="default", metavar="TOKENS,...",
                    help="also report pure-cache hit rate vs capacity (LRU, Belady, "
                    "infinite); default capacities 1e4,1e5,1e6,3e6,1e7,unlimited tokens")
+    a.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="processes for capacity-sweep points and bounds (default: CPU count)")
+    a.add_argument("--find-capacity", action="store_true",
+                   help="also search the KV memory or replicas that meet --ttft-p99")
+    a.add_argument("--ttft-p99", default="2s", metavar="DURATION",
+                   help="TTFT p99 target for --find-capacity (default 2s)")
     a.add_argument("--warmup-fraction", type=float, default=0.5, metavar="F",
                    help="'after warm-up' rates count requests from this fraction on "
                    "(default 0.5)")
@@ -161,7 +174,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=main_run)
     return p
 
 
@@ -174,7 +187,8 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
             )
         path = Path(args.trace) if args.trace else bundled_trace_path()
         wl = load_trace(path, fmt=args.trace_format, skip_bad_lines=args.skip_bad_lines,
-                        limit=args.limit, source_block_size=args.trace_block_size)
+                        limit=args.limit, source_block_size=args.trace_block_size,
+                        session_stagger_s=args.session_stagger_s)
         what = wl.description if args.trace else f"bundled default workload: {wl.description}"
         if wl.num_skipped_lines:
             what += f"; {wl.num_skipped_lines} bad lines skipped (first: " \
@@ -189,52 +203,6 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, str]:
     kwargs = {mapping[f]: getattr(args, f) for f in given}
     wl = GENERATORS[args.generator](**kwargs).limited(args.limit)
     return wl, f"generator {args.generator}: {wl.description}"
-
-
-def _capacity(args: argparse.Namespace, wl: Workload) -> tuple[int, dict[str, Any]]:
-    """(num_blocks, how it was chosen)."""
-    bs = args.block_size
-    if args.num_blocks is not None:
-        if args.model is not None or args.gpu_memory is not None:
-            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
-        return args.num_blocks, {"source": "--num-blocks"}
-    model = args.model or DEFAULT_MODEL
-    gpu = args.gpu_memory or DEFAULT_GPU_MEMORY
-    try:
-        from pagedkv import planner
-    except ImportError:
-        if args.model is not None:
-            raise MissingDependencyError("--model needs pagedkv.planner") from None
-        return FALLBACK_CAPACITY_TOKENS // bs + 1, {
-            "source": f"fallback {FALLBACK_CAPACITY_TOKENS:,} tokens"}
-    config, source, name = planner.load_config(model)
-    spec = planner.model_spec_from_config(config, name=name, source=source, tp_size=args.tp,
-                                          block_size=bs)
-    weights = planner.estimate_weights(config, source=source, tp_size=args.tp)
-    budget = planner.kv_cache_budget(
-        gpu_memory_bytes=planner.parse_bytes(gpu, what="--gpu-memory"),
-        utilization=args.gpu_memory_utilization,
-        weight_bytes=weights.weight_bytes_per_rank,
-        activation_reserve_bytes=planner.parse_bytes("2GiB", what="activation reserve"),
-    )
-    max_len = max(r.num_prompt_tokens + max(1, r.num_output_tokens) for r in wl.requests)
-    plan = planner.plan_kv_cache(
-        spec.layer_to_spec, available_bytes=max(budget.kv_cache_bytes, 0),
-        max_model_len=max_len, model_name=spec.name,
-    )
-    info: dict[str, Any] = {
-        "source": f"planner: {spec.name} on {gpu} (utilization "
-                  f"{args.gpu_memory_utilization:g}, TP {args.tp})",
-        "plan_num_blocks": plan.num_blocks, "plan_block_size": plan.block_size,
-        "plan_kv_tokens": plan.kv_tokens, "plan_groups": len(plan.groups),
-    }
-    if len(plan.groups) == 1 and plan.block_size == bs:
-        return plan.num_blocks, info
-    info["note"] = (
-        f"the plan has {len(plan.groups)} groups of block size {plan.block_size}; simulated "
-        f"as one full-attention group holding its {plan.kv_tokens:,} token slots"
-    )
-    return plan.kv_tokens // bs + 1, info
 
 
 def _sweep_capacities(text: str) -> list[int | None]:
@@ -255,105 +223,102 @@ def _sweep_capacities(text: str) -> list[int | None]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``pagedkv simulate`` for parsed ``args``; returns the exit code.
+def _config(args: argparse.Namespace) -> SimConfig:
+    step = StepTimeModel(
+        step_overhead_s=args.step_overhead_ms / 1e3,
+        prefill_token_s=args.prefill_token_us / 1e6,
+        decode_seq_s=args.decode_seq_us / 1e6,
+    )
+    kv_events = None
+    if args.kv_events_endpoint:
+        kv_events = KVEventsConfig(
+            endpoint=args.kv_events_endpoint,
+            replay_endpoint=args.kv_events_replay_endpoint,
+            topic=args.kv_events_topic,
+            wire_form=args.kv_events_form,
+        )
+    sched = SchedulerConfig(
+        token_budget=args.token_budget, max_running=args.max_running,
+        arrivals=args.arrivals, rate_scale=args.rate_scale, step_time=step,
+        check_invariants_every_step=args.check_invariants, kv_events=kv_events,
+    )
+    return SimConfig(
+        mode=args.mode, semantics=args.semantics, block_size=args.block_size,
+        num_blocks=args.num_blocks, model=args.model, gpu_memory=args.gpu_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, tp=args.tp, scheduler=sched,
+        bounds=not args.no_bounds, warmup_fraction=args.warmup_fraction,
+        capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
+        if args.capacity_sweep else (),
+        jobs=args.jobs, check_invariants=args.check_invariants,
+    )
+
+
+def main_run(args: argparse.Namespace) -> int:
+    """Run ``pagedkv simulate`` for parsed ``args``: parse, call :func:`pagedkv.sim.run`,
+    render. Returns the exit code.
 
     Raises:
         PagedKVError: bad input (trace lines, impossible settings); the CLI prints it.
     """
     if args.limit is not None and args.limit < 1:
         raise InvalidArgumentError(f"--limit must be >= 1, got {args.limit}")
-    if not 0.0 <= args.warmup_fraction < 1.0:
-        raise InvalidArgumentError(
-            f"--warmup-fraction must be in [0, 1), got {args.warmup_fraction}"
-        )
     if args.kv_events_endpoint and args.mode != "engine":
         raise InvalidArgumentError(
             "--kv-events-endpoint publishes the events of the simulated engine: use it with "
             "--mode engine"
         )
+    ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
+    if args.find_capacity and args.mode != "engine":
+        raise InvalidArgumentError("--find-capacity needs --mode engine (TTFT is an engine "
+                                   "figure)")
+    config = _config(args)
+    plots_wanted = not args.no_plots
+    if plots_wanted:
+        check_plot_dir(args.plot_dir)  # before the replay, not after it
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
-    bs = args.block_size
-    check_block_size(bs, wl.source_block_size)
-    num_blocks, capacity_info = _capacity(args, wl)
-    settings: dict[str, Any] = {"capacity": capacity_info}
-    progress.phase(f"replaying {len(wl.requests)} requests")
-    if args.mode == "engine":
-        step = StepTimeModel(
-            step_overhead_s=args.step_overhead_ms / 1e3,
-            prefill_token_s=args.prefill_token_us / 1e6,
-            decode_seq_s=args.decode_seq_us / 1e6,
-        )
-        kv_events = None
-        if args.kv_events_endpoint:
-            kv_events = KVEventsConfig(
-                endpoint=args.kv_events_endpoint,
-                replay_endpoint=args.kv_events_replay_endpoint,
-                topic=args.kv_events_topic,
-                wire_form=args.kv_events_form,
-            )
-            settings["kv_events_endpoint"] = args.kv_events_endpoint
-        cfg = SchedulerConfig(
-            token_budget=args.token_budget, max_running=args.max_running,
-            arrivals=args.arrivals, rate_scale=args.rate_scale, step_time=step,
-            check_invariants_every_step=args.check_invariants, kv_events=kv_events,
-        )
-        settings.update(token_budget=cfg.token_budget, max_running=cfg.max_running,
-                        arrivals=cfg.arrivals, rate_scale=cfg.rate_scale,
-                        step_overhead_s=step.step_overhead_s,
-                        prefill_token_s=step.prefill_token_s, decode_seq_s=step.decode_seq_s)
-        result = EngineSimulator(wl, block_size=bs, num_blocks=num_blocks, config=cfg).run(
-            progress
-        )
-    else:
-        result = run_pure_cache(wl, block_size=bs, num_blocks=num_blocks, progress=progress,
-                                check_invariants=args.check_invariants)
-    infinite = belady = None
-    warmup_start = int(len(wl.requests) * args.warmup_fraction)
-    bounds_warmup_start = warmup_start
-    if not args.no_bounds:
-        progress.phase("bounds (infinite cache, Belady)")
-        engine = args.mode == "engine"
-        admitted = [i for i, t in enumerate(result.lookup_time_s) if t is not None]
-        seq = access_sequence(wl, bs, with_outputs=engine,
-                              indices=admitted if engine and result.rejected else None)
-        if engine and result.rejected:
-            bounds_warmup_start = sum(1 for i in admitted if i < warmup_start)
-        infinite = infinite_cache_hits(seq)
-        belady = belady_hits(seq, num_blocks - 1)
-    sweep = []
-    if args.capacity_sweep:
-        progress.phase("capacity sweep")
-        sweep = capacity_sweep(wl, block_size=bs,
-                               capacities_tokens=_sweep_capacities(args.capacity_sweep),
-                               warmup_fraction=args.warmup_fraction, progress=progress)
-    progress.close()
-    summary = summarize(
-        result, description=what, warmup_start=warmup_start,
-        bounds_warmup_start=bounds_warmup_start, infinite=infinite, belady=belady,
-        ideal_hit_rate=wl.ideal_hit_rate(bs, args.mode), sweep=sweep, settings=settings,
-    )
-    plots: list[str] = []
-    plot_note = None
-    if not args.no_plots:
-        try:
-            plots = [str(p) for p in write_plots(summary, args.plot_dir)]
-        except MissingDependencyError as exc:
-            plot_note = f"plots skipped: {exc}"
-    summary["plots"] = plots
+    try:
+        report = run(wl, config, description=what, progress=progress, phase=progress.phase)
+        search = None
+        if ttft_target is not None:
+            base = None
+            if report.engine is not None and not report.rejected_requests:
+                base = report.engine.ttft.p99
+            search = find_capacity(wl, config, ttft_p99_s=ttft_target,
+                                   baseline_ttft_p99_s=base, phase=progress.phase)
+    finally:
+        progress.close()
+    out = report.to_dict()
+    if search is not None:
+        out["find_capacity"] = {
+            "ttft_p99_target_s": search.ttft_p99_target_s,
+            "memory_scale": search.memory_scale, "num_blocks": search.num_blocks,
+            "replicas": search.replicas,
+            "tried": [{"what": w, "ttft_p99_s": None if t is None or t == float("inf")
+                       else t} for w, t in search.tried],
+        }
+    out["plots"] = [str(p) for p in plot_files(report, args.plot_dir)] if plots_wanted else []
+    cap = report.capacity
     if args.json:
-        json.dump(summary, sys.stdout, indent=2)
+        json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
-        if plot_note:
-            print(plot_note, file=sys.stderr)
-        return 0
-    print_report(summary)
-    print(f"capacity: {capacity_info['source']}"
-          + (f"; {capacity_info['note']}" if "note" in capacity_info else ""))
-    if plots:
-        print(f"plots written to {Path(args.plot_dir).resolve()}: "
-              + ", ".join(Path(p).name for p in plots))
-    elif plot_note:
-        print(plot_note)
+        sys.stdout.flush()
+    else:
+        print_report(report)
+        print(f"capacity: {cap.source}" + (f"; {cap.note}" if cap.note else ""))
+        if search is not None:
+            print(f"find capacity: {search.summary()}")
+        sys.stdout.flush()
+    if plots_wanted:  # after the report: a plotting problem never loses it
+        note = _plots(report, args.plot_dir)
+        print(note, file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _plots(report: Any, plot_dir: str) -> str:
+    try:
+        plots = write_plots(report, plot_dir)
+    except MissingDependencyError as exc:
+        return f"plots skipped: {exc}"
+    return (f"plots written to {Path(plot_dir).resolve()}: "
+            + ", ".join(p.name for p in plots))

@@ -22,10 +22,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pagedkv import InvalidArgumentError
-from pagedkv.sim.bounds import AccessSequence, access_sequence, belady_hits, infinite_cache_hits
+from pagedkv import InvalidArgumentError, KVCacheManager
+from pagedkv.sim.bounds import (
+    AccessSequence,
+    BoundResult,
+    access_sequence,
+    belady_hits,
+    infinite_cache_hits,
+)
 from pagedkv.sim.results import SimResult
-from pagedkv.sim.scheduler import build_manager, make_request
+from pagedkv.sim.scheduler import ManagerFactory, build_manager, make_request
+from pagedkv.sim.semantics import Semantics, get_semantics
 from pagedkv.sim.workloads import Workload
 
 __all__ = [
@@ -44,38 +51,47 @@ def run_pure_cache(
     *,
     block_size: int,
     num_blocks: int,
+    semantics: str | Semantics = "vllm",
     progress: Callable[[int, int], None] | None = None,
     check_invariants: bool = False,
+    manager_factory: ManagerFactory | None = None,
 ) -> SimResult:
     """Replay ``workload`` in pure-cache mode on a fresh manager of ``num_blocks`` blocks.
 
-    ``lookup_time_s`` of request ``i`` is its nominal arrival time. ``check_invariants``
-    walks the manager's state after every request (slow; for tests).
+    ``semantics``: "vllm" (default) or "reference" (:mod:`pagedkv.sim.semantics`);
+    ``hit_tokens`` are the tokens credited. ``lookup_time_s`` of request ``i`` is its
+    nominal arrival time. ``check_invariants`` walks the manager's state after every
+    request (slow; for tests). ``manager_factory`` builds the manager (default: one
+    full-attention group, :func:`~pagedkv.sim.scheduler.build_manager`).
 
     Raises:
         InvalidArgumentError: a block size the workload cannot be replayed at.
     """
     wall0 = time.perf_counter()
-    mgr = build_manager(workload, block_size=block_size, num_blocks=num_blocks)
+    sem = get_semantics(semantics)
+    sem.check(workload, block_size)
+    factory = manager_factory or build_manager
+    mgr = factory(workload, block_size=block_size, num_blocks=num_blocks, kv_events=None)
     reqs = workload.requests
     n = len(reqs)
-    max_tokens = (num_blocks - 1) * block_size
+    max_tokens = _max_tokens(mgr, num_blocks - 1)
     res = SimResult(
         mode="pure-cache", workload=workload.name, block_size=block_size,
         num_blocks=num_blocks, query_tokens=[r.num_prompt_tokens for r in reqs],
         hit_tokens=[0] * n, lookup_time_s=[r.arrival_s for r in reqs],
     )
     hits = res.hit_tokens
+    reference = sem.name != "vllm"
     for i in range(n):
-        req = make_request(mgr, workload, i, block_size)
-        hit = mgr.get_computed_blocks(req)
-        num_hit = hit.num_computed_tokens
-        hits[i] = num_hit
-        num_new = min(req.num_tokens, max_tokens) - num_hit
-        if num_new > 0:
-            new = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
-            assert new is not None, "an empty cache must hold one prompt's blocks"
-            mgr.free(req)
+        num = reqs[i].num_prompt_tokens
+        if reference:
+            req = make_request(mgr, workload, i, block_size,
+                               num_tokens=sem.manager_tokens(num, block_size),
+                               num_hashed_blocks=sem.num_stored_blocks(num, block_size))
+        else:
+            req = make_request(mgr, workload, i, block_size)
+        hits[i] = sem.replay(mgr, req, req.num_tokens if not reference else num, block_size,
+                             max_tokens)
         if check_invariants:
             mgr.check_invariants()
         if progress is not None and i % 512 == 0:
@@ -85,6 +101,23 @@ def run_pure_cache(
     res.evicted_blocks = mgr.num_evicted_blocks
     res.wall_s = time.perf_counter() - wall0
     return res
+
+
+def _max_tokens(mgr: KVCacheManager, capacity_blocks: int) -> int:
+    """The longest prompt the manager's groups can hold at once in ``capacity_blocks``."""
+    groups = mgr.config.groups
+
+    def need(tokens: int) -> int:
+        return sum(g.max_admission_blocks(tokens) for g in groups)
+
+    lo, hi = 0, capacity_blocks * max(g.block_size for g in groups)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= capacity_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +142,10 @@ def unlimited_num_blocks(seq: AccessSequence) -> int:
     largest = max(
         (seq.starts[i + 1] - seq.starts[i] for i in range(seq.num_requests)), default=0
     )
-    return len(set(seq.items)) + largest + 2
+    seen = bytearray(seq.num_ids)
+    for x in seq.items:
+        seen[x] = 1
+    return sum(seen) + largest + 2
 
 
 def capacity_sweep(
@@ -118,40 +154,59 @@ def capacity_sweep(
     block_size: int,
     capacities_tokens: Sequence[int | None],
     warmup_fraction: float = 0.5,
+    semantics: str = "vllm",
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepRow]:
     """Pure-cache hit rates at each capacity in tokens (None = unlimited; a capacity holds
-    ``floor(tokens / block_size)`` blocks). "After warm-up" counts only requests from
-    ``floor(n * warmup_fraction)`` on, the cache having served the earlier ones.
+    ``floor(tokens / block_size)`` blocks), one point after the other
+    (:func:`pagedkv.sim.parallel.sweep_rows` runs them in parallel). "After warm-up"
+    counts only requests from ``floor(n * warmup_fraction)`` on.
 
     Raises:
         InvalidArgumentError: a block size the workload cannot be replayed at, or a
             capacity below one block.
     """
-    seq = access_sequence(workload, block_size)
+    seq = access_sequence(workload, block_size, semantics=semantics)
     inf = infinite_cache_hits(seq)
-    start = int(len(workload.requests) * warmup_fraction)
     rows: list[SweepRow] = []
     for step, cap in enumerate(capacities_tokens):
         if progress is not None:
             progress(step, len(capacities_tokens))
-        if cap is None:
-            num_blocks = unlimited_num_blocks(seq)
-        else:
-            if cap < block_size:
-                raise InvalidArgumentError(
-                    f"capacity {cap} tokens is less than one block of {block_size} tokens"
-                )
-            num_blocks = cap // block_size + 1
-        lru = run_pure_cache(workload, block_size=block_size, num_blocks=num_blocks)
-        bel = inf if cap is None else belady_hits(seq, num_blocks - 1)
-        rows.append(SweepRow(
-            capacity_tokens=cap, num_blocks=num_blocks,
-            lru=lru.hit_rate(), lru_after_warmup=lru.hit_rate(start),
-            belady=bel.hit_rate(), belady_after_warmup=bel.hit_rate(start),
-            infinite=inf.hit_rate(), infinite_after_warmup=inf.hit_rate(start),
-            evicted_blocks=lru.evicted_blocks,
-        ))
+        rows.append(sweep_point(workload, seq, inf, cap, warmup_fraction=warmup_fraction,
+                                semantics=semantics))
     if progress is not None:
         progress(len(capacities_tokens), len(capacities_tokens))
     return rows
+
+
+def sweep_point(
+    workload: Workload,
+    seq: AccessSequence,
+    infinite: BoundResult,
+    capacity_tokens: int | None,
+    *,
+    warmup_fraction: float,
+    semantics: str,
+) -> SweepRow:
+    """One capacity of a sweep: LRU (a pure-cache replay), Belady and infinite."""
+    block_size = seq.block_size
+    start = int(len(workload.requests) * warmup_fraction)
+    if capacity_tokens is None:
+        num_blocks = unlimited_num_blocks(seq)
+    else:
+        if capacity_tokens < block_size:
+            raise InvalidArgumentError(
+                f"capacity {capacity_tokens} tokens is less than one block of {block_size} "
+                "tokens")
+        num_blocks = capacity_tokens // block_size + 1
+    lru = run_pure_cache(workload, block_size=block_size, num_blocks=num_blocks,
+                         semantics=semantics)
+    bel = infinite if capacity_tokens is None else belady_hits(seq, num_blocks - 1)
+    inf = infinite
+    return SweepRow(
+        capacity_tokens=capacity_tokens, num_blocks=num_blocks,
+        lru=lru.hit_rate(), lru_after_warmup=lru.hit_rate(start),
+        belady=bel.hit_rate(), belady_after_warmup=bel.hit_rate(start),
+        infinite=inf.hit_rate(), infinite_after_warmup=inf.hit_rate(start),
+        evicted_blocks=lru.evicted_blocks,
+    )

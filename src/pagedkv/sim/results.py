@@ -66,6 +66,11 @@ class SimResult:
     def num_requests(self) -> int:
         return len(self.query_tokens)
 
+    @property
+    def num_finished(self) -> int:
+        """Requests that finished (engine mode)."""
+        return sum(1 for f in self.finish_s if f is not None)
+
     def totals(self, start: int = 0) -> tuple[int, int]:
         """(hit tokens, queried tokens) of admitted requests ``start..``."""
         hit = 0

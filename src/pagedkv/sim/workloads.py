@@ -31,35 +31,25 @@ placeholders: prompt tails are 0s and decode tokens are ``decode_token_id`` (uni
 request), so decode blocks never collide across requests. Generators give real output
 tokens instead (a multi-turn reply reappears in the next turn's prompt).
 
-Bad lines raise :class:`pagedkv.InputFileError` naming file, line and key; with
-``skip_bad_lines`` they are skipped and counted in ``Workload.num_skipped_lines`` (the
-first problem is kept in ``Workload.first_skipped_problem``).
+Trace files are read by :mod:`pagedkv.sim.loaders` (one module per format).
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
 import hashlib
-import io
-import json
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
-from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError
 
 __all__ = [
     "MOONCAKE_BLOCK_SIZE",
     "SimRequest",
     "Workload",
     "bundled_trace_path",
-    "load_azure_csv",
-    "load_mooncake_jsonl",
-    "load_trace",
+    "check_block_size",
     "request_block_hashes",
 ]
 
@@ -99,6 +89,8 @@ class Workload:
     ``source_block_size``: tokens per ``hash_ids`` entry (None when no request has any).
     ``ideal_hit_rate``: the analytic infinite-cache, block-granular hit rate (generators;
     keyed by block size via :attr:`ideal_hit_rate_fn`), None for traces.
+    ``hash_ids_local``: the ``hash_ids`` mean something only inside this workload's file
+    (replayed together with other files, they are renamed apart).
     """
 
     name: str
@@ -108,6 +100,7 @@ class Workload:
     first_skipped_problem: str | None = None
     description: str = ""
     ideal_hit_rate_fn: Callable[[int, str], float] | None = None
+    hash_ids_local: bool = False
 
     def ideal_hit_rate(self, block_size: int, mode: str) -> float | None:
         """The analytic ideal hit rate at ``block_size`` in ``mode`` ("engine" or
@@ -130,6 +123,7 @@ class Workload:
             first_skipped_problem=self.first_skipped_problem,
             description=f"{self.description} (first {limit} requests)",
             ideal_hit_rate_fn=None,
+            hash_ids_local=self.hash_ids_local,
         )
 
 
@@ -152,15 +146,22 @@ def check_block_size(block_size: int, source_block_size: int | None) -> None:
 
 
 def request_block_hashes(
-    request: SimRequest, block_size: int, *, source_block_size: int | None, index: int = 0
+    request: SimRequest,
+    block_size: int,
+    *,
+    source_block_size: int | None,
+    index: int = 0,
+    num_blocks: int | None = None,
 ) -> list[bytes] | None:
     """The block hashes of ``request``'s full prompt blocks at ``block_size`` (module
     docstring), or None when the manager should hash its token ids itself.
 
     ``index`` (the request's position in its workload) keys the unique hashes of
-    length-only requests. Pure; O(prompt blocks).
+    length-only requests. ``num_blocks``: hash this many blocks instead of the full ones
+    (reference semantics also hashes the partial last block; at most ``ceil(n / b)`` with
+    ``b`` dividing the source block size). Pure; O(prompt blocks).
     """
-    num_full = request.num_prompt_tokens // block_size
+    num_full = request.num_prompt_tokens // block_size if num_blocks is None else num_blocks
     ids = request.hash_ids
     if ids is None:
         if request.prompt_token_ids is not None:
@@ -193,275 +194,3 @@ def request_block_hashes(
 def bundled_trace_path() -> Path:
     """Path of the bundled default trace (head of Mooncake's conversation trace)."""
     return Path(str(resources.files("pagedkv") / "data" / "traces" / _BUNDLED))
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    try:
-        if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-        return open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(str(path), f"cannot open: {exc.strerror or exc}") from None
-
-
-def _detect_format(path: Path) -> str:
-    name = path.name.lower().removesuffix(".gz")
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "mooncake"
-    if name.endswith(".csv"):
-        return "azure"
-    with _open_text(path) as f:
-        for line in f:
-            if line.strip():
-                return "mooncake" if line.lstrip().startswith("{") else "azure"
-    raise InputFileError(str(path), "the file is empty; a trace needs at least one request")
-
-
-def load_trace(
-    path: str | Path,
-    *,
-    fmt: str = "auto",
-    skip_bad_lines: bool = False,
-    limit: int | None = None,
-    source_block_size: int = MOONCAKE_BLOCK_SIZE,
-) -> Workload:
-    """Load a trace file: ``fmt`` "mooncake" (JSONL), "azure" (CSV) or "auto" (by the
-    file name, else by the first line). ``limit``: keep the first N requests.
-
-    Raises:
-        InputFileError: unreadable file or a bad line (unless ``skip_bad_lines``).
-        InvalidArgumentError: unknown ``fmt``.
-    """
-    p = Path(path)
-    if fmt == "auto":
-        fmt = _detect_format(p)
-    if fmt == "mooncake":
-        return load_mooncake_jsonl(
-            p, skip_bad_lines=skip_bad_lines, limit=limit, source_block_size=source_block_size
-        )
-    if fmt == "azure":
-        return load_azure_csv(p, skip_bad_lines=skip_bad_lines, limit=limit)
-    raise InvalidArgumentError(f"unknown trace format {fmt!r}; choose auto, mooncake or azure")
-
-
-class _Skips:
-    """Counts skipped lines, or raises the first problem when skipping is off."""
-
-    def __init__(self, skip: bool) -> None:
-        self.skip = skip
-        self.count = 0
-        self.first: str | None = None
-
-    def bad(self, exc: InputFileError) -> None:
-        if not self.skip:
-            raise exc
-        self.count += 1
-        if self.first is None:
-            self.first = str(exc)
-
-
-def _int_field(
-    path: str, line: int, key: str, value: object, *, minimum: int
-) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise InputFileError(path, f"must be an integer, got {value!r}", line=line, key=key)
-    if value < minimum:
-        raise InputFileError(path, f"must be >= {minimum}, got {value}", line=line, key=key)
-    return value
-
-
-def load_mooncake_jsonl(
-    path: str | Path,
-    *,
-    skip_bad_lines: bool = False,
-    limit: int | None = None,
-    source_block_size: int = MOONCAKE_BLOCK_SIZE,
-) -> Workload:
-    """Load a Mooncake-style JSONL trace: one object per line with ``timestamp`` (ms),
-    ``input_length``, ``output_length`` and ``hash_ids`` (one per ``source_block_size``
-    prompt tokens, ``ceil(input_length / source_block_size)`` of them). Blank lines are
-    ignored; requests are sorted by timestamp (stable).
-
-    Raises:
-        InputFileError: a bad line (invalid JSON, missing key, wrong type or value, wrong
-            number of ``hash_ids``) unless ``skip_bad_lines``; names file, line and key.
-    """
-    p = Path(path)
-    name = str(p)
-    skips = _Skips(skip_bad_lines)
-    reqs: list[SimRequest] = []
-    t0: float | None = None
-    with _open_text(p) as f:
-        for lineno, text in enumerate(f, 1):
-            if limit is not None and len(reqs) >= limit:
-                break
-            if not text.strip():
-                continue
-            try:
-                reqs.append(_mooncake_line(name, lineno, text, len(reqs), source_block_size))
-            except InputFileError as exc:
-                skips.bad(exc)
-    if reqs:
-        t0 = min(r.arrival_s for r in reqs)
-    if not reqs:
-        raise InputFileError(name, "no valid request in the file")
-    if t0:
-        reqs = [_shift(r, t0) for r in reqs]
-    reqs.sort(key=lambda r: r.arrival_s)
-    return Workload(
-        name=p.name,
-        requests=tuple(reqs),
-        source_block_size=source_block_size,
-        num_skipped_lines=skips.count,
-        first_skipped_problem=skips.first,
-        description=f"Mooncake-style trace {p.name}: {len(reqs)} requests",
-    )
-
-
-def _shift(r: SimRequest, t0: float) -> SimRequest:
-    return SimRequest(
-        request_id=r.request_id,
-        arrival_s=r.arrival_s - t0,
-        num_prompt_tokens=r.num_prompt_tokens,
-        num_output_tokens=r.num_output_tokens,
-        hash_ids=r.hash_ids,
-    )
-
-
-def _mooncake_line(path: str, line: int, text: str, n: int, source_bs: int) -> SimRequest:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputFileError(path, f"not valid JSON ({exc.msg})", line=line) from None
-    if not isinstance(obj, dict):
-        raise InputFileError(path, "a line must be a JSON object", line=line)
-    for key in ("timestamp", "input_length", "output_length", "hash_ids"):
-        if key not in obj:
-            raise InputFileError(path, "missing", line=line, key=key)
-    ts = obj["timestamp"]
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-        raise InputFileError(
-            path, f"must be a number of milliseconds, got {ts!r}", line=line, key="timestamp"
-        )
-    if ts < 0:
-        raise InputFileError(path, f"must be >= 0, got {ts}", line=line, key="timestamp")
-    num_in = _int_field(path, line, "input_length", obj["input_length"], minimum=1)
-    num_out = _int_field(path, line, "output_length", obj["output_length"], minimum=0)
-    ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 1 << 64 for h in ids
-    ):
-        raise InputFileError(
-            path, "must be a list of non-negative integers", line=line, key="hash_ids"
-        )
-    want = -(-num_in // source_bs)
-    if len(ids) != want:
-        raise InputFileError(
-            path,
-            f"has {len(ids)} ids but input_length {num_in} needs ceil({num_in}/{source_bs}) "
-            f"= {want}",
-            line=line,
-            key="hash_ids",
-        )
-    return SimRequest(
-        request_id=f"r{n}",
-        arrival_s=float(ts) / 1000.0,
-        num_prompt_tokens=num_in,
-        num_output_tokens=num_out,
-        hash_ids=tuple(ids),
-    )
-
-
-_AZURE_KEYS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-
-
-def _parse_timestamp(text: str) -> float:
-    """Seconds since the epoch (naive, UTC assumed) of ``YYYY-MM-DD HH:MM:SS[.fffffff]``."""
-    main, _, frac = text.strip().partition(".")
-    dt = datetime.strptime(main, "%Y-%m-%d %H:%M:%S")
-    if frac and not frac.isdigit():
-        raise ValueError(frac)
-    return (dt - datetime(1970, 1, 1)).total_seconds() + (float("0." + frac) if frac else 0.0)
-
-
-def load_azure_csv(
-    path: str | Path, *, skip_bad_lines: bool = False, limit: int | None = None
-) -> Workload:
-    """Load an Azure LLM-inference CSV trace (``TIMESTAMP, ContextTokens,
-    GeneratedTokens``): lengths only, so requests share nothing.
-
-    Raises:
-        InputFileError: a missing column in the header, or a bad row (unless
-            ``skip_bad_lines``); names file, line and column.
-    """
-    p = Path(path)
-    name = str(p)
-    skips = _Skips(skip_bad_lines)
-    rows: list[tuple[float, int, int]] = []
-    with _open_text(p) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise InputFileError(name, "the file is empty", line=1)
-        header = [h.strip() for h in header]
-        for key in _AZURE_KEYS:
-            if key not in header:
-                raise InputFileError(name, f"header lacks the column (has {header})", line=1,
-                                     key=key)
-        col = [header.index(k) for k in _AZURE_KEYS]
-        for row in reader:
-            if limit is not None and len(rows) >= limit:
-                break
-            lineno = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue
-            try:
-                rows.append(_azure_row(name, lineno, row, col))
-            except InputFileError as exc:
-                skips.bad(exc)
-    if not rows:
-        raise InputFileError(name, "no valid request in the file")
-    t0 = min(r[0] for r in rows)
-    rows.sort(key=lambda r: r[0])
-    reqs = tuple(
-        SimRequest(
-            request_id=f"r{i}", arrival_s=ts - t0, num_prompt_tokens=ni, num_output_tokens=no
-        )
-        for i, (ts, ni, no) in enumerate(rows)
-    )
-    return Workload(
-        name=p.name,
-        requests=reqs,
-        num_skipped_lines=skips.count,
-        first_skipped_problem=skips.first,
-        description=f"length-only CSV trace {p.name}: {len(reqs)} requests, no sharing",
-    )
-
-
-def _azure_row(path: str, line: int, row: Sequence[str], col: Sequence[int]) -> tuple[
-    float, int, int
-]:
-    if len(row) <= max(col):
-        raise InputFileError(path, f"has {len(row)} columns, expected {max(col) + 1}", line=line)
-    try:
-        ts = _parse_timestamp(row[col[0]])
-    except ValueError:
-        raise InputFileError(
-            path, f"not a 'YYYY-MM-DD HH:MM:SS[.f]' time: {row[col[0]]!r}", line=line,
-            key="TIMESTAMP",
-        ) from None
-    out: list[int] = []
-    for key, c, minimum in (("ContextTokens", col[1], 1), ("GeneratedTokens", col[2], 0)):
-        try:
-            value = int(row[c])
-        except ValueError:
-            raise InputFileError(
-                path, f"must be an integer, got {row[c]!r}", line=line, key=key
-            ) from None
-        if value < minimum:
-            raise InputFileError(path, f"must be >= {minimum}, got {value}", line=line, key=key)
-        out.append(value)
-    return ts, out[0], out[1]

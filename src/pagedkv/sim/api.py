@@ -1,0 +1,212 @@
+"""The library entry point: ``pagedkv.sim.run(workload, SimConfig) -> SimReport``.
+
+Everything ``pagedkv simulate`` computes lives here; the CLI parses, calls and renders.
+
+>>> from pagedkv.sim import SimConfig, run, system_prompts
+>>> report = run(system_prompts(num_groups=2, questions_per_group=4),
+...              SimConfig(num_blocks=2000, jobs=1))
+>>> round(report.hit_rate, 4) == round(report.ideal_hit_rate, 4), report.verdict.state
+(True, 'healthy')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.bounds import BoundResult
+from pagedkv.sim.engine import EngineSimulator
+from pagedkv.sim.models import (
+    DEFAULT_GPU_MEMORY,
+    DEFAULT_MODEL,
+    CapacityPlan,
+    fixed_capacity,
+    plan_capacity,
+)
+from pagedkv.sim.parallel import bounds_in_background, sweep_rows
+from pagedkv.sim.pure_cache import run_pure_cache
+from pagedkv.sim.results import SimResult
+from pagedkv.sim.scheduler import SchedulerConfig
+from pagedkv.sim.semantics import SEMANTICS
+from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
+from pagedkv.sim.workloads import Workload
+
+__all__ = ["MODES", "SimConfig", "capacity_for", "run"]
+
+MODES = ("engine", "pure-cache")
+#: (done, total) progress callback, and a phase label setter.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """What to simulate, on what capacity.
+
+    Capacity: ``num_blocks`` of one full-attention group, or else the planner's plan for
+    ``model`` (default Llama-3.1-8B) on ``gpu_memory`` (default 80GiB), every group of
+    the plan simulated; ``memory_scale`` multiplies the plan's KV budget.
+    ``mode``: "engine" (continuous batching, ``scheduler``) or "pure-cache".
+    ``semantics``: "vllm" or "reference" (pure-cache mode; :mod:`pagedkv.sim.semantics`).
+    ``bounds``: compute the infinite-cache and Belady bounds. ``capacity_sweep``:
+    capacities in tokens (None = unlimited) for pure-cache LRU/Belady/infinite.
+    ``jobs``: processes for sweep points and bounds (None: the CPU count).
+
+    Raises:
+        InvalidArgumentError: contradictory or out-of-range settings.
+    """
+
+    mode: str = "engine"
+    semantics: str = "vllm"
+    block_size: int = 16
+    num_blocks: int | None = None
+    model: str | None = None
+    gpu_memory: str | None = None
+    gpu_memory_utilization: float = 0.9
+    tp: int = 1
+    memory_scale: float = 1.0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    bounds: bool = True
+    warmup_fraction: float = 0.5
+    capacity_sweep: tuple[int | None, ...] = ()
+    jobs: int | None = None
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidArgumentError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.semantics not in SEMANTICS:
+            raise InvalidArgumentError(
+                f"semantics must be one of {tuple(SEMANTICS)}, got {self.semantics!r}")
+        if self.semantics != "vllm" and self.mode == "engine":
+            raise InvalidArgumentError(
+                "--semantics reference is the published curves' convention for lookup-store "
+                "replays: use it with --mode pure-cache (an engine stores full blocks only)")
+        if self.num_blocks is not None and (self.model or self.gpu_memory):
+            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise InvalidArgumentError(
+                f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise InvalidArgumentError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not self.memory_scale > 0:
+            raise InvalidArgumentError(f"memory_scale must be > 0, got {self.memory_scale}")
+        if self.jobs is not None and self.jobs < 1:
+            raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
+        if self.tp < 1:
+            raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        for cap in self.capacity_sweep:
+            if cap is not None and cap < self.block_size:
+                raise InvalidArgumentError(
+                    f"--capacity-sweep: {cap} tokens is less than one block of "
+                    f"{self.block_size} tokens")
+
+
+def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
+    """The capacity ``config`` asks for on ``workload`` (:mod:`pagedkv.sim.models`)."""
+    if config.num_blocks is not None:
+        return fixed_capacity(workload, block_size=config.block_size,
+                              num_blocks=config.num_blocks)
+    return plan_capacity(
+        workload, model=config.model or DEFAULT_MODEL,
+        gpu_memory=config.gpu_memory or DEFAULT_GPU_MEMORY,
+        utilization=config.gpu_memory_utilization, tp=config.tp,
+        block_size=config.block_size, memory_scale=config.memory_scale,
+    )
+
+
+def run(
+    workload: Workload,
+    config: SimConfig | None = None,
+    *,
+    description: str | None = None,
+    progress: Progress | None = None,
+    phase: Callable[[str], None] | None = None,
+) -> SimReport:
+    """Replay ``workload`` as ``config`` says and report (hit rates beside the bounds,
+    engine figures and a verdict in engine mode, the capacity sweep if asked).
+
+    ``progress(done, total)`` and ``phase(label)`` report progress (optional).
+
+    Raises:
+        PagedKVError: bad settings or a workload that cannot be replayed as asked.
+    """
+    cfg = config or SimConfig()
+    say = phase or (lambda _label: None)
+    if not workload.requests:
+        raise InvalidArgumentError("the workload has no requests")
+    cap = capacity_for(workload, cfg)
+    bs = cap.block_size
+    engine = cfg.mode == "engine"
+    bounds_job = None
+    if cfg.bounds:  # computed beside the replay (recomputed if the engine rejects some)
+        bounds_job = bounds_in_background(workload, bs, cap.num_blocks - 1, indices=None,
+                                          with_outputs=engine, semantics=cfg.semantics,
+                                          jobs=cfg.jobs)
+    say(f"replaying {len(workload.requests)} requests")
+    result: SimResult
+    if engine:
+        result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                                 config=_with_checks(cfg), manager_factory=cap.factory
+                                 ).run(progress)
+    else:
+        result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
+                                semantics=cfg.semantics, progress=progress,
+                                check_invariants=cfg.check_invariants,
+                                manager_factory=cap.factory)
+    warmup_start = int(len(workload.requests) * cfg.warmup_fraction)
+    bounds_warmup_start = warmup_start
+    infinite: BoundResult | None = None
+    belady: BoundResult | None = None
+    if bounds_job is not None:
+        say("bounds (infinite cache, Belady)")
+        infinite, belady = bounds_job()
+        if engine and result.rejected:  # the bounds cover the admitted requests only
+            admitted = [i for i, t in enumerate(result.lookup_time_s) if t is not None]
+            bounds_warmup_start = sum(1 for i in admitted if i < warmup_start)
+            infinite, belady = bounds_in_background(
+                workload, bs, cap.num_blocks - 1, indices=admitted, with_outputs=True,
+                semantics=cfg.semantics, jobs=1)()
+    sweep: tuple[Any, ...] = ()
+    if cfg.capacity_sweep:
+        say("capacity sweep")
+        sweep = tuple(sweep_rows(workload, block_size=bs, capacities=cfg.capacity_sweep,
+                                 warmup_fraction=cfg.warmup_fraction,
+                                 semantics=cfg.semantics, jobs=cfg.jobs, progress=progress))
+    settings: dict[str, Any] = {"semantics": cfg.semantics}
+    if engine:
+        s = cfg.scheduler
+        settings.update(token_budget=s.token_budget, max_running=s.max_running,
+                        arrivals=s.arrivals, rate_scale=s.rate_scale,
+                        step_overhead_s=s.step_time.step_overhead_s,
+                        prefill_token_s=s.step_time.prefill_token_s,
+                        decode_seq_s=s.step_time.decode_seq_s)
+        if s.kv_events is not None:
+            settings["kv_events_endpoint"] = s.kv_events.endpoint
+    return build_report(
+        result, description=description or workload.description, semantics=cfg.semantics,
+        capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
+        warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
+        infinite=infinite, belady=belady,
+        ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
+        sweep=sweep, settings=settings,
+    )
+
+
+def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:
+    notes = [cap.note] if cap.note else []
+    if cap.is_hybrid and cfg.bounds:
+        notes.append("the Belady and infinite bounds treat every group as full attention "
+                     "(what the prefix could give if all groups could serve it)")
+    return "; ".join(notes) or None
+
+
+def _with_checks(cfg: SimConfig) -> SchedulerConfig:
+    s = cfg.scheduler
+    if cfg.check_invariants and not s.check_invariants_every_step:
+        from dataclasses import replace
+
+        return replace(s, check_invariants_every_step=True)
+    return s
