@@ -11,7 +11,11 @@ from conformance.model import ReqDesc, Snapshot
 from pagedkv.events.wire import encode_batch
 from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
-__all__ = ["PagedSide"]
+__all__ = ["WATERMARK", "PagedSide"]
+
+#: vLLM's ``watermark`` on both sides: admissions keep this fraction of the pool free
+#: when other requests are scheduled.
+WATERMARK = 0.1
 
 
 def _lora(name: str, adapter_id: int, path: str) -> LoRA:
@@ -32,6 +36,7 @@ class PagedSide:
                 max_model_len=layout.max_model_len,
                 hash_block_size=layout.hash_block_size,
                 enable_events=True,
+                watermark=WATERMARK,
             )
         )
         self.reqs: dict[str, Any] = {}
@@ -75,13 +80,18 @@ class PagedSide:
         return hit.num_computed_tokens, hit.block_ids
 
     def allocate(
-        self, rid: str, num_new: int, lookahead: int, use_hit: bool
+        self, rid: str, num_new: int, lookahead: int, use_hit: bool,
+        reserved: int = 0, has_scheduled: bool = True,
     ) -> tuple[list[int], ...] | None:
         hit = self._hits.pop(rid) if use_hit else None
         out = self.mgr.allocate_slots(
-            self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead
+            self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead,
+            reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
         )
         return out
+
+    def estimate(self, rid: str) -> int:
+        return self.mgr.estimate_cached_tokens(self.reqs[rid])
 
     def commit(self, rid: str, num_tokens: int) -> None:
         self.reqs[rid].num_computed_tokens = num_tokens

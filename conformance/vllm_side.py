@@ -80,6 +80,7 @@ class VllmSide:
             enable_caching=True,
             log_stats=True,
             enable_kv_cache_events=True,
+            watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
         )
         self.hasher = get_request_block_hasher(layout.hash_block_size, hash_fn)
         self.sp = SamplingParams(max_tokens=1 << 20)
@@ -152,14 +153,21 @@ class VllmSide:
         return num_hit, blocks.get_block_ids()
 
     def allocate(
-        self, rid: str, num_new: int, lookahead: int, use_hit: bool
+        self, rid: str, num_new: int, lookahead: int, use_hit: bool,
+        reserved: int = 0, has_scheduled: bool = True,
     ) -> tuple[list[int], ...] | None:
         req = self.reqs[rid]
         blocks, num_hit = self._hits.pop(rid) if use_hit else (None, 0)
-        out = self.mgr.allocate_slots(req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead)
+        out = self.mgr.allocate_slots(
+            req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead,
+            reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
+        )
         if out is None:
             return None
         return out.get_block_ids()
+
+    def estimate(self, rid: str) -> int:
+        return int(self.mgr.estimate_cached_tokens(self.reqs[rid]))
 
     def commit(self, rid: str, num_tokens: int) -> None:
         req = self.reqs[rid]

@@ -44,8 +44,10 @@ class Side(Protocol):
     def append_token(self, rid: str, token: int) -> None: ...
     def lookup(self, rid: str) -> tuple[int, tuple[list[int], ...]]: ...
     def allocate(
-        self, rid: str, num_new: int, lookahead: int, use_hit: bool
+        self, rid: str, num_new: int, lookahead: int, use_hit: bool,
+        reserved: int = 0, has_scheduled: bool = True,
     ) -> tuple[list[int], ...] | None: ...
+    def estimate(self, rid: str) -> int: ...
     def commit(self, rid: str, num_tokens: int) -> None: ...
     def free(self, rid: str) -> None: ...
     def preempt(self, rid: str) -> None: ...
@@ -88,7 +90,7 @@ class _Mismatch(Exception):
     pass
 
 
-_UNTIMED = frozenset({"block_hashes", "commit"})
+_UNTIMED = frozenset({"block_hashes", "commit", "estimate"})
 
 
 class _Pair:
@@ -170,6 +172,14 @@ def run_seed(
     other sequences than without it)."""
     ops, weights = (_BURST_OPS, _BURST_WEIGHTS) if bursts else (_OPS, _OP_WEIGHTS)
     rng = random.Random(seed)
+    # Headroom draws (reserved blocks, has_scheduled_reqs) come from their own stream so a
+    # seed's operations are the same as before they were added.
+    hrng = random.Random(seed * 7919 + 1)
+
+    def headroom() -> tuple[int, bool]:
+        reserved = 0 if hrng.random() < 0.7 else hrng.randint(1, 4)
+        return reserved, hrng.random() < 0.6
+
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
     finished: list[list[int]] = []
@@ -218,13 +228,17 @@ def run_seed(
                 remaining = len(r.tokens) - num_hit
                 num_new = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
+                reserved, scheduled = headroom()
                 out = pair.call(
-                    f"allocate {rid} new={num_new} hit={num_hit} la={lookahead}",
+                    f"allocate {rid} new={num_new} hit={num_hit} la={lookahead} "
+                    f"reserved={reserved} has_scheduled={scheduled}",
                     "allocate",
                     rid,
                     num_new,
                     lookahead,
                     True,
+                    reserved,
+                    scheduled,
                 )
                 if out is not None:
                     r.computed = num_hit + num_new
@@ -234,6 +248,7 @@ def run_seed(
                 r = rng.choice(running)
                 rid = r.desc.request_id
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
+                reserved, scheduled = headroom()
                 if r.computed >= len(r.tokens) and len(r.tokens) >= layout.max_model_len - 8:
                     op = "finish-at-limit"
                     pair.call(f"free {rid}", "free", rid)
@@ -254,12 +269,15 @@ def run_seed(
                     None
                     if op == "finish-at-limit"
                     else pair.call(
-                        f"allocate {rid} new={num_new} la={lookahead}",
+                        f"allocate {rid} new={num_new} la={lookahead} reserved={reserved} "
+                        f"has_scheduled={scheduled}",
                         "allocate",
                         rid,
                         num_new,
                         lookahead,
                         False,
+                        reserved,
+                        scheduled,
                     )
                 )
                 if op == "finish-at-limit":
@@ -312,6 +330,8 @@ def run_seed(
             else:
                 op = "idle"
             counts[op] = counts.get(op, 0) + 1
+            for rid in reqs:  # a read-only query: compared for every request, every op
+                pair.call(f"estimate cached tokens of {rid}", "estimate", rid)
             _compare(a.snapshot(), b.snapshot(), ignore)
     except _Mismatch as exc:
         return SeedResult(

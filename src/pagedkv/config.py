@@ -55,6 +55,10 @@ class CacheConfig:
     states; the last hit block is dropped so it is recomputed.
     ``hash_memo_blocks``: how many recently hashed blocks the hasher remembers so repeated
     prefixes are not re-hashed (0: off); see :class:`pagedkv.BlockHasher`.
+    ``watermark``: fraction of ``num_blocks`` (``int(watermark * num_blocks)`` blocks)
+    kept free when a request that holds no blocks (new or preempted) is admitted while
+    other requests are scheduled (``allocate_slots(..., has_scheduled_reqs=True)``, the
+    default), as vLLM's ``watermark``; 0 (default): no headroom.
     ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
     ``enable_events``; needs the ``events`` extra); see
     :meth:`~pagedkv.KVCacheManager.publish_events`.
@@ -63,7 +67,7 @@ class CacheConfig:
 
     Raises:
         InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
-            ``max_model_len`` or an unknown ``hash_algo``.
+            ``max_model_len``, an unknown ``hash_algo`` or a ``watermark`` outside [0, 1].
         ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
             ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
             machine's memory.
@@ -81,11 +85,17 @@ class CacheConfig:
     hit_rate_window_requests: int = 1000
     kv_events: KVEventsConfig | None = None
     hash_memo_blocks: int = 16384
+    watermark: float = 0.0
     retention: RetentionConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        if (type(self.watermark) not in (int, float) or not 0.0 <= self.watermark <= 1.0):
+            raise InvalidArgumentError(
+                f"watermark must be a fraction of num_blocks in [0, 1], got "
+                f"{self.watermark!r}; vLLM's default is 0.0"
+            )
         if type(self.num_blocks) is not int or self.num_blocks < 2:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got "

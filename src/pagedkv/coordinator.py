@@ -123,6 +123,7 @@ class Coordinator:
         num_tokens: int,
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
     ) -> BlockTables | None:
         """Give the request slots for ``num_tokens`` tokens in every group.
 
@@ -130,7 +131,9 @@ class Coordinator:
         ``num_computed_tokens``: computed before this step (decides which blocks fell out
         of windows); ``total_computed_tokens``: plus the hit and external tokens;
         ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
-        ignore lookahead, Mamba, are sized by; default ``num_tokens``).
+        ignore lookahead, Mamba, are sized by; default ``num_tokens``);
+        ``headroom_blocks``: free blocks the allocation must leave (vLLM's
+        ``reserved_blocks`` plus the watermark; the façade computes it).
 
         Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
         are never read again, whatever this call decides), then check capacity for every
@@ -155,7 +158,7 @@ class Coordinator:
                 request_id, slots[g], table_hit[g], total_computed_tokens
             )
         pool = self.pool
-        if num_needed > pool.free_queue.num_free:
+        if num_needed + headroom_blocks > pool.free_queue.num_free:
             return None
         if hit is not None:
             # Claim every group's hit before any group allocates: an allocation takes
@@ -262,9 +265,11 @@ class NoPrefixCacheCoordinator(Coordinator):
         num_tokens: int,
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
     ) -> BlockTables | None:
         return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
-                                num_tokens, num_encoder_tokens, num_tokens_main_model)
+                                num_tokens, num_encoder_tokens, num_tokens_main_model,
+                                headroom_blocks)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         return
@@ -294,6 +299,7 @@ class UnitaryCoordinator(Coordinator):
         num_tokens: int,
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, for the one group."""
         m = self._manager
@@ -306,7 +312,7 @@ class UnitaryCoordinator(Coordinator):
             m.remove_skipped_blocks(request_id, num_computed_tokens)
         if m.get_num_blocks_to_allocate(
             request_id, slots, table_hit, total_computed_tokens
-        ) > self.pool.free_queue.num_free:
+        ) + headroom_blocks > self.pool.free_queue.num_free:
             return None
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagedkv import validation
+from pagedkv.cached_tokens import estimate_cached_tokens
 from pagedkv.config import CacheConfig
 from pagedkv.coordinator import (
     ComputedBlocks,
@@ -67,8 +68,10 @@ class KVCacheManager:
         specs = list(config.groups)
         hash_bs = config.hash_block_size or min(s.block_size for s in specs)
         self.max_model_len = config.max_model_len
+        #: Blocks kept free when admitting a request (see ``CacheConfig.watermark``).
+        self.watermark_blocks = int(config.watermark * config.num_blocks)
         groups = [
-            GroupInfo(s.block_size, s.kind,
+            GroupInfo(s.block_size, s.event_kind,
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]
@@ -142,6 +145,7 @@ class KVCacheManager:
         hit_rate_window_requests: int = 1000,
         kv_events: KVEventsConfig | None = None,
         hash_memo_blocks: int = 16384,
+        watermark: float = 0.0,
         retention: RetentionConfig | None = None,
     ) -> KVCacheManager:
         """A manager for a model with one KV-cache group; the keywords are the
@@ -167,6 +171,7 @@ class KVCacheManager:
                 hit_rate_window_requests=hit_rate_window_requests,
                 kv_events=kv_events,
                 hash_memo_blocks=hash_memo_blocks,
+                watermark=watermark,
                 retention=retention,
             )
         )
@@ -235,6 +240,19 @@ class KVCacheManager:
         return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
                               self.pool.index_generation, (num_hit, *map(tuple, blocks)))
 
+    def estimate_cached_tokens(self, request: RequestLike) -> int:
+        """Tokens of ``request`` already in registered blocks: per prefix-cached group the
+        tokens up to its last registered block, the minimum over groups (vLLM's method of
+        this name; see :mod:`pagedkv.cached_tokens`). 0 for a request holding no blocks.
+
+        Reads only: no statistics, no LRU touch, no events (``debug_state()`` unchanged).
+
+        Raises:
+            InvalidArgumentError: not a request.
+        """
+        validation.check_estimate(request)
+        return estimate_cached_tokens(self.managers, self.pool, request)
+
     # ---------------------------------------------------------------- allocation
 
     def allocate_slots(
@@ -248,6 +266,8 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         num_encoder_tokens: int = 0,
         delay_caching: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> tuple[list[int], ...] | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens.
 
@@ -257,7 +277,11 @@ class KVCacheManager:
         tokens. ``num_external_computed_tokens``: tokens whose KV arrives from elsewhere
         (a remote prefill). ``num_encoder_tokens``: encoder length for cross-attention
         groups. ``delay_caching``: do not register full blocks yet (their KV is not there
-        yet); call :meth:`cache_blocks` when it is.
+        yet); call :meth:`cache_blocks` when it is. ``reserved_blocks``: free blocks this
+        allocation must leave for requests already in flight. ``has_scheduled_reqs``: other
+        requests are scheduled this step; then a request's first allocation (it holds no
+        blocks: new or preempted) must also leave ``watermark_blocks`` free. Both as vLLM
+        0.33: the pool must have ``needed + reserved + watermark`` free blocks.
 
         Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
         chunked local: never read again), check capacity for every group at once, claim
@@ -293,6 +317,7 @@ class KVCacheManager:
                 or new_computed_blocks is not None
                 or num_new_computed_tokens is not None
                 or num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
+                or reserved_blocks or has_scheduled_reqs is not True
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
                 or num_computed + num_new_tokens > num_request_tokens
@@ -300,11 +325,13 @@ class KVCacheManager:
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,
-                 num_external_computed_tokens, num_encoder_tokens))
+                 num_external_computed_tokens, num_encoder_tokens),
+                (reserved_blocks, has_scheduled_reqs))
         except (AttributeError, TypeError):
             validation.check_allocate(self, request, num_new_tokens, new_computed_blocks,
                                       (num_new_computed_tokens, num_lookahead_tokens,
-                                       num_external_computed_tokens, num_encoder_tokens))
+                                       num_external_computed_tokens, num_encoder_tokens),
+                                      (reserved_blocks, has_scheduled_reqs))
             raise
         if new_computed_blocks is not None:
             hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
@@ -316,9 +343,12 @@ class KVCacheManager:
         max_len = self.max_model_len
         total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
+        headroom = reserved_blocks
+        if first and has_scheduled_reqs:  # an admission: keep the watermark free
+            headroom += self.watermark_blocks
         new_blocks = coordinator.allocate(
             rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens,
+            total_computed + num_new_tokens, headroom,
         )
         if new_blocks is not None:
             if first:

@@ -77,11 +77,14 @@ def _positive(name: str, value: int | None, *, allow_none: bool = False) -> None
 class KVCacheSpec:
     """Base of all layer specs: a block of ``block_size`` token slots.
 
-    Subclasses set ``kind`` (the name used in KV-cache events and plans) and implement
-    ``page_size_bytes`` and ``max_memory_usage_bytes``.
+    Subclasses set ``kind`` (the name used in plans and layer files) and implement
+    ``page_size_bytes`` and ``max_memory_usage_bytes``. ``event_kind`` is the name KV-cache
+    events carry (vLLM 0.33's ``KVCacheSpecKind`` value); it is ``kind`` except where
+    vLLM spells it otherwise.
     """
 
     kind: ClassVar[str] = "abstract"
+    event_kind: ClassVar[str] = "abstract"
     block_size: int
 
     def __post_init__(self) -> None:
@@ -156,6 +159,7 @@ class FullAttentionSpec(AttentionSpec):
     """
 
     kind: ClassVar[str] = "full_attention"
+    event_kind: ClassVar[str] = "full_attention"
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
 
@@ -177,6 +181,7 @@ class MLAAttentionSpec(FullAttentionSpec):
     ``num_kv_heads`` is 1."""
 
     kind: ClassVar[str] = "mla_attention"
+    event_kind: ClassVar[str] = "mla_attention"
 
     @property
     def page_size_bytes(self) -> int:
@@ -188,6 +193,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     """Full attention with ``sink_len`` learned attention-sink tokens held per request."""
 
     kind: ClassVar[str] = "full_attention_sink"
+    event_kind: ClassVar[str] = "sink_full_attention"  # vLLM 0.33's name
     sink_len: int
 
     def __post_init__(self) -> None:
@@ -206,6 +212,7 @@ class SlidingWindowSpec(AttentionSpec):
     tokens before it."""
 
     kind: ClassVar[str] = "sliding_window"
+    event_kind: ClassVar[str] = "sliding_window"
     sliding_window: int
 
     def __post_init__(self) -> None:
@@ -226,6 +233,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     ``attention_chunk_size``-token chunk."""
 
     kind: ClassVar[str] = "chunked_local_attention"
+    event_kind: ClassVar[str] = "chunked_local_attention"
     attention_chunk_size: int
 
     def __post_init__(self) -> None:
@@ -246,6 +254,7 @@ class CrossAttentionSpec(AttentionSpec):
     encoder length (``max_encoder_len``), allocated once, never prefix-cached."""
 
     kind: ClassVar[str] = "cross_attention"
+    event_kind: ClassVar[str] = "cross_attention"
     max_encoder_len: int
 
     def __post_init__(self) -> None:
@@ -276,6 +285,7 @@ class MambaSpec(KVCacheSpec):
     """
 
     kind: ClassVar[str] = "mamba"
+    event_kind: ClassVar[str] = "mamba"
     state_bytes: int
     page_size_padded_bytes: int | None = None
     cache_checkpoints: bool = False
@@ -304,9 +314,19 @@ class MambaSpec(KVCacheSpec):
     def max_admission_blocks(
         self, max_model_len: int, *, max_num_batched_tokens: int | None = None
     ) -> int:
+        """Align mode (the default) holds up to 2 state blocks between steps: the state
+        the next step starts from and the block it writes, once a step crosses a block
+        boundary (the older one goes on the next allocation), as vLLM 0.33's align-mode
+        bound ``2 + num_speculative_blocks + num_prefill_checkpoint_blocks`` with both 0;
+        the planner's ``mamba_cache_mode="align"`` figure is the same. With caching off
+        one block is held, so 2 bounds both.
+
+        >>> MambaSpec(block_size=16, state_bytes=4096).max_admission_blocks(1024)
+        2
+        """
         if self.cache_checkpoints:
             return cdiv(max_model_len, self.block_size)
-        return 1
+        return 2
 
 
 def merge_specs(specs: Sequence[_S]) -> _S:

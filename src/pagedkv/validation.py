@@ -39,6 +39,7 @@ __all__ = [
     "check_allocate",
     "check_cache_blocks",
     "check_count",
+    "check_estimate",
     "check_free",
     "check_lookup",
     "check_new_request",
@@ -145,16 +146,27 @@ def check_lookup(mgr: KVCacheManager, request: object) -> None:
         )
 
 
+def check_estimate(request: object) -> None:
+    """Checks of :meth:`KVCacheManager.estimate_cached_tokens`.
+
+    Raises:
+        InvalidArgumentError: not a request, or its id is not a str.
+    """
+    check_request_id(_request_of(request).request_id)
+
+
 def check_allocate(
     mgr: KVCacheManager,
     request: object,
     num_new_tokens: object,
     hit: ComputedBlocks | None,
     counts: tuple[object, object, object, object],
+    headroom: tuple[object, object] = (0, True),
 ) -> bool:
     """All checks of :meth:`KVCacheManager.allocate_slots`; ``counts`` are
     ``num_new_computed_tokens`` (``None``: the hit's), ``num_lookahead_tokens``,
-    ``num_external_computed_tokens`` and ``num_encoder_tokens``.
+    ``num_external_computed_tokens`` and ``num_encoder_tokens``; ``headroom`` is
+    ``(reserved_blocks, has_scheduled_reqs)``: an int >= 0 and a bool.
 
     Returns:
         Whether this is the request's first allocation (it holds no blocks yet).
@@ -191,6 +203,14 @@ def check_allocate(
         lookahead = check_count("num_lookahead_tokens", lookahead)
         external = check_count("num_external_computed_tokens", external)
         check_count("num_encoder_tokens", encoder)
+    reserved, has_scheduled = headroom
+    if type(reserved) is not int or reserved < 0:
+        check_count("reserved_blocks", reserved)
+    if type(has_scheduled) is not bool:
+        raise InvalidArgumentError(
+            f"has_scheduled_reqs must be a bool, got {has_scheduled!r}; pass whether other "
+            "requests are scheduled in this step"
+        )
     live = mgr.live_requests.get(rid)
     if live is not None and live is not request:
         raise DuplicateRequestError(

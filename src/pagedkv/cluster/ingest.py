@@ -154,11 +154,17 @@ class IndexIngest:
 
     def heal(self) -> bool:
         """Rewrite every replica whose index entries may be missing; True when the index
-        is known complete afterwards. Costs one registry read when nothing is wrong."""
+        is known complete afterwards. Costs one registry read (with each replica's block
+        count) when nothing is wrong."""
         try:
             if not self.dirty:
+                # A replica counts as intact when it is registered with exactly the blocks
+                # counted for it: a restarted, empty Redis that a write reached before this
+                # check registers the replica again, but with fewer blocks.
                 registered = self.index.replicas()
-                if all(f.replica in registered for f in self._feeds.values()):
+                if all(f.replica in registered
+                       and registered[f.replica].num_blocks == len(f.counts)
+                       for f in self._feeds.values()):
                     return True
                 logger.warning("cluster index lost its entries (restarted?): rewriting")
             for feed in self._feeds.values():

@@ -76,15 +76,15 @@ def wire_hash(block_hash: bytes | int) -> int:
     >>> wire_hash(5)
     5
     """
-    if type(block_hash) is int:
+    if isinstance(block_hash, int):
         return block_hash
-    return int.from_bytes(block_hash[-8:], "big")  # type: ignore[index]
+    return int.from_bytes(block_hash[-8:], "big")
 
 
 def _wire_hashes(block_hashes: Sequence[bytes | int]) -> list[int]:
     """:func:`wire_hash` of each hash (inlined: this runs once per encoded block)."""
     return [
-        h if type(h) is int else int.from_bytes(h[-8:], "big")  # type: ignore[index]
+        h if isinstance(h, int) else int.from_bytes(h[-8:], "big")
         for h in block_hashes
     ]
 
@@ -140,9 +140,10 @@ class BatchEncoder:
         """
         pack = self._pack
         if self._form == "array":
-            return pack(  # type: ignore[no-any-return]
+            payload: bytes = pack(
                 [float(timestamp_s), [_as_array(event) for event in events], data_parallel_rank]
             )
+            return payload
         parts = [b"\x93", pack(float(timestamp_s)), _array_header(len(events))]
         for event in events:
             parts.append(self._map_event(event))
@@ -150,20 +151,19 @@ class BatchEncoder:
         return b"".join(parts)
 
     def _map_event(self, event: KVCacheEvent) -> bytes:
-        kind = type(event)
-        if kind is BlockStored:
-            return self._stored_map(event)  # type: ignore[arg-type]
-        if kind is BlockRemoved:
-            removed: BlockRemoved = event  # type: ignore[assignment]
-            return self._pack(  # type: ignore[no-any-return]
+        if isinstance(event, BlockStored):
+            return self._stored_map(event)
+        if isinstance(event, BlockRemoved):
+            body: bytes = self._pack(
                 {
                     "type": _BLOCK_REMOVED,
-                    "block_hashes": _wire_hashes(removed.block_hashes),
-                    "medium": removed.medium,
-                    "group_idx": removed.group_idx,
+                    "block_hashes": _wire_hashes(event.block_hashes),
+                    "medium": event.medium,
+                    "group_idx": event.group_idx,
                 }
             )
-        if kind is AllBlocksCleared:
+            return body
+        if isinstance(event, AllBlocksCleared):
             return _CLEARED_MAP
         raise InvalidArgumentError(f"not a KV-cache event record: {event!r}")
 
@@ -203,9 +203,8 @@ def _array_header(num_items: int) -> bytes:
 
 
 def _as_array(event: KVCacheEvent) -> list[Any]:
-    kind = type(event)
-    if kind is BlockStored:
-        stored: BlockStored = event  # type: ignore[assignment]
+    if isinstance(event, BlockStored):
+        stored = event
         parent = stored.parent_block_hash
         return [
             _BLOCK_STORED,
@@ -221,15 +220,15 @@ def _as_array(event: KVCacheEvent) -> list[Any]:
             stored.kv_cache_spec_kind,
             stored.kv_cache_spec_sliding_window,
         ]
-    if kind is BlockRemoved:
-        removed: BlockRemoved = event  # type: ignore[assignment]
+    if isinstance(event, BlockRemoved):
+        removed = event
         return [
             _BLOCK_REMOVED,
             _wire_hashes(removed.block_hashes),
             removed.medium,
             removed.group_idx,
         ]
-    if kind is AllBlocksCleared:
+    if isinstance(event, AllBlocksCleared):
         return [_ALL_BLOCKS_CLEARED]
     raise InvalidArgumentError(f"not a KV-cache event record: {event!r}")
 

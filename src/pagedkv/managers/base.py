@@ -208,6 +208,8 @@ class SingleTypeManager:
         skip blocks (see :class:`SkippingManager`). Does not modify any state."""
         held = self.req_to_blocks.get(request_id)
         n = -(-num_tokens // self.block_size) - len(new_computed) - (len(held) if held else 0)
+        if n < 0:  # lookahead slots held from an earlier step: none needed (vLLM: max(.., 0))
+            n = 0
         if new_computed:
             ref = self.pool.ref_cnt
             for b in new_computed:
