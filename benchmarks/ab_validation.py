@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections import deque
 from typing import Any
+
+from lockstep import replay_lockstep
 
 from pagedkv import ComputedBlocks, FullAttentionSpec, InvalidArgumentError, KVCacheManager
 from pagedkv.bench import WORKLOADS, BenchConfig, build_workload
@@ -88,59 +88,7 @@ def run(workload: str, num_requests: int) -> tuple[float, float]:
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
     mgrs = [cls.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len)
             for cls in (KVCacheManager, Unchecked)]
-    spent = [0.0, 0.0]
-    perf = time.perf_counter
-    turn = [0]
-
-    def both(op: str, reqs: list[Any], *args: Any) -> list[Any]:
-        out: list[Any] = [None, None]
-        turn[0] ^= 1
-        for side in (0, 1) if turn[0] else (1, 0):
-            mgr, req = mgrs[side], reqs[side]
-            t = perf()
-            if op == "lookup":
-                r = mgr.get_computed_blocks(req)
-            elif op == "prefill":
-                r = mgr.allocate_slots(req, req.num_tokens - args[side].num_computed_tokens,
-                                       new_computed_blocks=args[side])
-            elif op == "decode":
-                r = mgr.allocate_slots(req, 1)
-            else:
-                r = mgr.free(req)
-            spent[side] += perf() - t
-            out[side] = r
-        return out
-
-    pending = deque(specs)
-    running: list[list[Any]] = []
-    while pending or running:
-        while pending and len(running) < 32:
-            s = pending.popleft()
-            reqs = [m.new_request(s.rid, s.prompt) for m in mgrs]
-            hits = both("lookup", reqs)
-            new = both("prefill", reqs, *hits)
-            assert new[0] == new[1]
-            if new[0] is None:
-                pending.appendleft(s)
-                break
-            for r in reqs:
-                r.num_computed_tokens = r.num_tokens
-            running.append([reqs, s, 0])
-        still = []
-        for item in running:
-            reqs, s, i = item
-            for r in reqs:
-                r.append_output_tokens(s.decode[i])
-            new = both("decode", reqs)
-            assert new[0] == new[1]
-            for r in reqs:
-                r.num_computed_tokens += 1
-            if i + 1 >= len(s.decode) or new[0] is None:
-                both("free", reqs)
-            else:
-                item[2] = i + 1
-                still.append(item)
-        running = still
+    spent = replay_lockstep(mgrs, specs)
     return spent[0], spent[1]
 
 

@@ -13,9 +13,8 @@ overhead. Workload: the ``pagedkv bench`` shared-prefix workload.
 from __future__ import annotations
 
 import argparse
-import time
-from collections import deque
-from typing import Any
+
+from lockstep import replay_lockstep
 
 from pagedkv import FullAttentionSpec, KVCacheManager
 from pagedkv.bench import WORKLOADS, BenchConfig, build_workload
@@ -33,57 +32,13 @@ def main() -> None:
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
     mgrs = [KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len,
                                      enable_events=events) for events in (False, True)]
-    spent = [0.0, 0.0]
-    perf = time.perf_counter
     num_events = 0
 
-    def both(op: str, reqs: list[Any], *args: Any) -> list[Any]:
-        out = []
-        for side, (mgr, req) in enumerate(zip(mgrs, reqs, strict=True)):
-            t = perf()
-            if op == "lookup":
-                r = mgr.get_computed_blocks(req)
-            elif op == "prefill":
-                r = mgr.allocate_slots(req, req.num_tokens - args[side].num_computed_tokens,
-                                       new_computed_blocks=args[side])
-            elif op == "decode":
-                r = mgr.allocate_slots(req, 1)
-            else:
-                r = mgr.free(req)
-            spent[side] += perf() - t
-            out.append(r)
-        return out
-
-    pending = deque(specs)
-    running: list[list[Any]] = []
-    while pending or running:
-        while pending and len(running) < 32:
-            s = pending.popleft()
-            reqs = [m.new_request(s.rid, s.prompt) for m in mgrs]
-            hits = both("lookup", reqs)
-            new = both("prefill", reqs, *hits)
-            assert (new[0] is None) == (new[1] is None)
-            if new[0] is None:
-                pending.appendleft(s)
-                break
-            for r in reqs:
-                r.num_computed_tokens = r.num_tokens
-            running.append([reqs, s, 0])
-        still = []
-        for item in running:
-            reqs, s, i = item
-            for r in reqs:
-                r.append_output_tokens(s.decode[i])
-            new = both("decode", reqs)
-            for r in reqs:
-                r.num_computed_tokens += 1
-            if i + 1 >= len(s.decode) or new[0] is None:
-                both("free", reqs)
-            else:
-                item[2] = i + 1
-                still.append(item)
-        running = still
+    def drain() -> None:
+        nonlocal num_events
         num_events += len(mgrs[1].take_events())
+
+    spent = replay_lockstep(mgrs, specs, after_step=drain)
     off, on = spent
     print(f"workload {a.workload}: {len(specs)} requests, {num_events} events")
     print(f"core operations: events off {off:.3f} s, on {on:.3f} s, "

@@ -24,8 +24,9 @@ import argparse
 import statistics
 import time
 import tracemalloc
-from collections import deque
 from typing import Any
+
+from lockstep import replay_lockstep
 
 from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager, SlidingWindowSpec
 from pagedkv.bench import WORKLOADS, BenchConfig, build_workload
@@ -39,62 +40,7 @@ SIDES = ("plain", "attribution", "attribution+residency")
 
 def drive(specs: list[Any], mgrs: list[KVCacheManager]) -> list[float]:
     """Run the workload on every manager in lockstep; summed op time per manager."""
-    spent = [0.0] * len(mgrs)
-    perf = time.perf_counter
-
-    turn = [0]
-
-    def each(op: str, reqs: list[Any], hits: list[Any] | None = None) -> list[Any]:
-        out: list[Any] = [None] * len(mgrs)
-        turn[0] += 1
-        for k in range(len(mgrs)):  # the side that goes first rotates op by op
-            side = (k + turn[0]) % len(mgrs)
-            mgr, req = mgrs[side], reqs[side]
-            t = perf()
-            if op == "lookup":
-                r = mgr.get_computed_blocks(req)
-            elif op == "prefill":
-                assert hits is not None
-                r = mgr.allocate_slots(req, req.num_tokens - hits[side].num_computed_tokens,
-                                       new_computed_blocks=hits[side])
-            elif op == "decode":
-                r = mgr.allocate_slots(req, 1)
-            else:
-                r = mgr.free(req)
-            spent[side] += perf() - t
-            out[side] = r
-        return out
-
-    pending = deque(specs)
-    running: list[list[Any]] = []
-    while pending or running:
-        while pending and len(running) < 32:
-            s = pending.popleft()
-            reqs = [m.new_request(s.rid, s.prompt) for m in mgrs]
-            hits = each("lookup", reqs)
-            new = each("prefill", reqs, hits)
-            assert all(n == new[0] for n in new), "observed managers diverged"
-            if new[0] is None:
-                pending.appendleft(s)
-                break
-            for r in reqs:
-                r.num_computed_tokens = r.num_tokens
-            running.append([reqs, s, 0])
-        still = []
-        for item in running:
-            reqs, s, i = item
-            for r in reqs:
-                r.append_output_tokens(s.decode[i])
-            new = each("decode", reqs)
-            for r in reqs:
-                r.num_computed_tokens += 1
-            if i + 1 >= len(s.decode) or new[0] is None:
-                each("free", reqs)
-            else:
-                item[2] = i + 1
-                still.append(item)
-        running = still
-    return spent
+    return replay_lockstep(mgrs, specs)
 
 
 def explain_ratio(plain: KVCacheManager, observed: ObservedKVCacheManager,
