@@ -79,6 +79,13 @@ class Coordinator:
         self._droppers = [m for m in self.managers if m.drops_blocks]
         self._cacheable = [m for m in self.managers if m.cacheable]
         self._no_hit: BlockTables = tuple([] for _ in self.managers)
+        #: Per group: whether its new blocks are recorded for zeroing (set by the façade,
+        #: see :meth:`pagedkv.KVCacheManager.take_new_block_ids`).
+        self.zeroing: list[bool] = [False] * len(self.managers)
+        #: Per group: block ids the engine must zero, since the last take.
+        self.new_block_ids: list[list[int]] = [[] for _ in self.managers]
+        #: Per group: the admission cap in blocks of ``full_sequence_must_fit`` (None: none).
+        self.admission_cap_blocks: list[int | None] = [None] * len(self.managers)
 
     # ----------------------------------------------------------------- lookup
 
@@ -166,10 +173,45 @@ class Coordinator:
             for g, m in enumerate(managers):
                 pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
         new_blocks = []
+        zeroing = self.zeroing
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
-            new_blocks.append(m.allocate_new_blocks(request_id, slots[g]))
+            new = m.allocate_new_blocks(request_id, slots[g])
+            if zeroing[g] and new:
+                self.new_block_ids[g].extend(b for b in new if b)
+            new_blocks.append(new)
         return tuple(new_blocks)
+
+    def num_blocks_for_full_sequence(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> int:
+        """Free blocks the request needs to hold all its ``num_tokens`` tokens at once
+        (``allocate_slots(..., full_sequence_must_fit=True)``, vLLM 0.33's admission gate
+        for chunked prefill), each group's need capped at its admission cap
+        (:attr:`admission_cap_blocks`: sliding window and chunked local recycle blocks, so
+        a request never holds more). Counted before any skipped block is released. No
+        state change.
+
+        Worked case (sliding window 8 at block 4, cap 5 blocks): a new 40-token request
+        needs ``min(10, 5) = 5`` blocks, not 10.
+        """
+        table_hit = hit if hit is not None else self._no_hit
+        caps = self.admission_cap_blocks
+        n = 0
+        for g, m in enumerate(self.managers):
+            slots = num_tokens if m.ignores_lookahead else m.slots_needed(
+                num_tokens, num_encoder_tokens)
+            cap = caps[g]
+            if cap is not None and slots > cap * m.block_size:
+                slots = cap * m.block_size
+            n += m.get_num_blocks_to_allocate(request_id, slots, table_hit[g],
+                                              total_computed_tokens)
+        return n
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
@@ -188,6 +230,15 @@ class Coordinator:
         no-op. O(blocks held)."""
         for m in self.managers:
             m.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """Forget the request in every group without releasing its blocks: the tables
+        concatenated in group order, each without its leading null blocks (vLLM 0.33's
+        ``pop_blocks_for_free``). The caller releases them later, last first."""
+        out: list[int] = []
+        for m in self.managers:
+            out.extend(m.pop_blocks_for_free(request_id))
+        return out
 
     def block_ids(self, request_id: str) -> BlockTables:
         """Copies of the request's block tables. Precondition: it holds blocks."""
@@ -222,11 +273,15 @@ class Coordinator:
         for m in self.managers:
             yield from m.iter_held_blocks()
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, held_outside: dict[int, int] | None = None) -> None:
         """Each group's checks; every group tracks the same requests; every block's ref
-        count equals the number of tables holding it. O(num_blocks + held blocks)."""
+        count equals the number of tables holding it plus ``held_outside[b]`` (references
+        the engine holds outside tables: popped or copy-retained blocks).
+        O(num_blocks + held blocks)."""
         pool = self.pool
         counts = [0] * pool.num_blocks
+        for b, n in (held_outside or {}).items():
+            counts[b] += n
         tracked: set[str] | None = None
         for m in self.managers:
             m.check_invariants()
@@ -237,7 +292,8 @@ class Coordinator:
             counts[b] += 1
         for b in range(1, pool.num_blocks):
             assert pool.ref_cnt[b] == counts[b], (
-                f"block {b}: ref count {pool.ref_cnt[b]}, held by {counts[b]} block tables"
+                f"block {b}: ref count {pool.ref_cnt[b]}, held {counts[b]} times (block "
+                "tables and references held outside them)"
             )
 
 
@@ -317,7 +373,10 @@ class UnitaryCoordinator(Coordinator):
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
         m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
-        return (m.allocate_new_blocks(request_id, slots),)
+        new = m.allocate_new_blocks(request_id, slots)
+        if self.zeroing[0] and new:
+            self.new_block_ids[0].extend(b for b in new if b)
+        return (new,)
 
 
 class HybridCoordinator(Coordinator):

@@ -263,6 +263,11 @@ class MambaAlignManager(SkippingManager):
         self._released.pop(request_id, None)
         super().free(request_id)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        self._last_state.pop(request_id, None)
+        self._released.pop(request_id, None)
+        return super().pop_blocks_for_free(request_id)
+
     def check_invariants(self) -> None:
         """The base checks (a table may hold the last state and the live block, with
         nulls between them, so the sliding-window null-prefix rule does not apply)."""
