@@ -18,7 +18,7 @@ __all__ = ["WATERMARK", "PagedSide"]
 WATERMARK = 0.1
 #: vLLM's ``max_in_flight_tokens`` on both sides (the admission cap of windowed groups
 #: under ``full_sequence_must_fit``).
-MAX_IN_FLIGHT_TOKENS = 64
+MAX_IN_FLIGHT_TOKENS = 16
 
 
 def _lora(name: str, adapter_id: int, path: str) -> LoRA:

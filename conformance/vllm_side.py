@@ -81,7 +81,7 @@ class VllmSide:
             log_stats=True,
             enable_kv_cache_events=True,
             watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
-            max_in_flight_tokens=64,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
+            max_in_flight_tokens=16,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
         )
         self.hasher = get_request_block_hasher(layout.hash_block_size, hash_fn)
         self.sp = SamplingParams(max_tokens=1 << 20)

@@ -244,6 +244,8 @@ def run_seed(
                 remaining = len(r.tokens) - num_hit
                 num_new = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
+                if must_fit and xrng.random() < 0.7:  # chunked prefill: a small first chunk
+                    num_new = min(num_new, xrng.randint(1, 16))
                 reserved, scheduled = headroom()
                 out = pair.call(
                     f"allocate {rid} new={num_new} hit={num_hit} la={lookahead} "
