@@ -115,6 +115,12 @@ class PagedSide:
     def zero_from(self, rid: str, start_token: int) -> None:
         self.mgr.record_blocks_for_zeroing(rid, start_token)
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        taken = self.mgr.take_block_copies()
+        if taken.retained:
+            self.mgr.release_blocks(taken.retained)
+        return [(c.src_block_id, c.dst_block_id) for c in taken.copies]
+
     def take_zeroing(self) -> list[int]:
         return self.mgr.take_new_block_ids()
 

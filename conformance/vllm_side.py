@@ -200,6 +200,14 @@ class VllmSide:
     def zero_from(self, rid: str, start_token: int) -> None:
         self.mgr.record_blocks_for_zeroing(rid, start_token)
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The step's block copies; the retained blocks are released right away (the
+        copies run with the step), as vLLM's scheduler does without deferred frees."""
+        copies, retained = self.mgr.take_kv_cache_block_copies()
+        if retained:
+            self.mgr.block_pool.free_blocks(retained)
+        return [(c.src_block_id, c.dst_block_id) for c in copies]
+
     def take_zeroing(self) -> list[int]:
         return list(self.mgr.take_new_block_ids())
 

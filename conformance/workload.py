@@ -52,6 +52,7 @@ class Side(Protocol):
     def release_deferred(self) -> None: ...
     def zero_from(self, rid: str, start_token: int) -> None: ...
     def take_zeroing(self) -> list[int]: ...
+    def take_copies(self) -> list[tuple[int, int]]: ...
     def estimate(self, rid: str) -> int: ...
     def commit(self, rid: str, num_tokens: int) -> None: ...
     def free(self, rid: str) -> None: ...
@@ -190,6 +191,16 @@ def run_seed(
     xrng = random.Random(seed * 104729 + 2)
     lcm = layout.scheduler_block_size
     all_full = all(g.kind in ("full", "mla") for g in layout.groups)
+    unit = layout.prefix_match_unit
+
+    def to_tail_boundary(r: _Req, done: int, num_new: int) -> int:
+        """With a finer hash unit, often end a prefill chunk on the prompt's last hash
+        boundary (where a Mamba state is kept for sub-block hits), as vLLM's scheduler
+        does."""
+        if unit is None or xrng.random() >= 0.5:
+            return num_new
+        target = (len(r.desc.prompt) - 1) // unit * unit
+        return target - done if done < target < done + num_new else num_new
 
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
@@ -246,6 +257,7 @@ def run_seed(
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
                 if must_fit and xrng.random() < 0.7:  # chunked prefill: a small first chunk
                     num_new = min(num_new, xrng.randint(1, 16))
+                num_new = to_tail_boundary(r, num_hit, num_new)
                 reserved, scheduled = headroom()
                 out = pair.call(
                     f"allocate {rid} new={num_new} hit={num_hit} la={lookahead} "
@@ -276,6 +288,7 @@ def run_seed(
                 elif r.computed < len(r.tokens):
                     rest = len(r.tokens) - r.computed
                     num_new = rest if rng.random() < 0.5 else rng.randint(1, rest)
+                    num_new = to_tail_boundary(r, r.computed, num_new)
                     op = "prefill-chunk"
                 else:
                     token = rng.randrange(1, 30000)
@@ -329,6 +342,7 @@ def run_seed(
                 r.computed = 0
                 r.state = "waiting"
             elif op == "new-step":
+                pair.call("block copies of the step", "take_copies")
                 pair.call("release deferred frees", "release_deferred")
                 pair.call("new step starts", "new_step")
             elif op == "burst":
@@ -362,6 +376,8 @@ def run_seed(
             for rid in reqs:  # a read-only query: compared for every request, every op
                 pair.call(f"estimate cached tokens of {rid}", "estimate", rid)
             pair.call("blocks to zero", "take_zeroing")
+            if xrng.random() < 0.3:  # copies taken mid-step too (their blocks then free)
+                pair.call("block copies", "take_copies")
             _compare(a.snapshot(), b.snapshot(), ignore)
     except _Mismatch as exc:
         return SeedResult(

@@ -34,6 +34,7 @@ from pagedkv.coordinator import (
     Coordinator,
     HybridCoordinator,
     NoPrefixCacheCoordinator,
+    PartialHitCoordinator,
     UnitaryCoordinator,
 )
 from pagedkv.errors import UnknownRequestError
@@ -43,7 +44,9 @@ from pagedkv.events.records import BlockStored, KVCacheEvent
 from pagedkv.hashing import BlockHasher, HashExtras
 from pagedkv.manager_surface import ManagerSurface
 from pagedkv.managers import SingleTypeManager, manager_class_for
+from pagedkv.managers.full import FullAttentionManager, PartialHitFullManager
 from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
+from pagedkv.partial_hits import partial_hits_enabled
 from pagedkv.pool import BlockPool
 from pagedkv.request import Request, RequestLike
 from pagedkv.retention.control import RetentionControl
@@ -90,16 +93,24 @@ class KVCacheManager(ManagerSurface):
         self.recorder = self.pool.recorder
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
+        classes = [manager_class_for(s, enable_caching=config.enable_caching) for s in specs]
+        #: Whether hits may end inside a block (see :class:`PartialHitCoordinator`).
+        self.partial_hits = config.enable_caching and partial_hits_enabled(
+            specs, classes, hash_bs, drop_last_hit=config.drop_last_hit)
+        if self.partial_hits:
+            classes = [PartialHitFullManager if c is FullAttentionManager else c
+                       for c in classes]
         self.managers: list[SingleTypeManager] = [
-            manager_class_for(s, enable_caching=config.enable_caching)(
-                s, self.pool, g, drop_last_hit=config.drop_last_hit)
-            for g, s in enumerate(specs)
+            cls(s, self.pool, g, drop_last_hit=config.drop_last_hit)
+            for g, (cls, s) in enumerate(zip(classes, specs, strict=True))
         ]
         self.coordinator: Coordinator
         if not config.enable_caching:
             self.coordinator = NoPrefixCacheCoordinator(self.managers, self.pool)
         elif len(self.managers) == 1:
             self.coordinator = UnitaryCoordinator(self.managers, self.pool)
+        elif self.partial_hits:
+            self.coordinator = PartialHitCoordinator(self.managers, self.pool)
         else:
             self.coordinator = HybridCoordinator(self.managers, self.pool)
         self._setup_surface(config, specs)
@@ -389,7 +400,7 @@ class KVCacheManager(ManagerSurface):
         headroom = reserved_blocks + watermark  # watermark: only when admitting
         new_blocks = coordinator.allocate(
             rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens, headroom,
+            total_computed + num_new_tokens, headroom, local_computed,
         )
         if new_blocks is not None:
             if first:
@@ -581,6 +592,10 @@ class KVCacheManager(ManagerSurface):
         """Walk all state: the pool, each group, and that every block's ref count equals
         the number of block tables holding it. O(num_blocks + held blocks)."""
         self.pool.check_invariants()
-        self.coordinator.check_invariants(self.held_outside)
+        held = dict(self.held_outside)
+        if isinstance(self.coordinator, PartialHitCoordinator):
+            for b in self.coordinator.iter_pending_copy_blocks():
+                held[b] = held.get(b, 0) + 1
+        self.coordinator.check_invariants(held)
         assert self.coordinator.request_ids() == self.live_requests.keys(), (
             "the live requests and the requests holding block tables differ")

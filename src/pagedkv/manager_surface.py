@@ -6,6 +6,11 @@
   does this when a finished request's blocks may still be written by a step in flight.
 * **Truncated hits.** :meth:`~ManagerSurface.truncate_computed_blocks` cuts a lookup
   result at a shorter block-aligned length (pure slicing; nothing is claimed).
+* **Block copies.** A sub-block prefix hit (hash block smaller than a group's block,
+  see :mod:`pagedkv.partial_hits`) ends inside a block the request must not write:
+  its allocation takes a fresh block and queues a copy;
+  :meth:`~ManagerSurface.take_block_copies` hands the copies to the engine once per step
+  (vLLM's ``take_kv_cache_block_copies``).
 * **Blocks to zero.** With ``CacheConfig.zero_new_blocks`` (on by default for models with
   a Mamba group, as vLLM's ``needs_kv_cache_zeroing``) every attention block an allocation
   takes is recorded; :meth:`~ManagerSurface.take_new_block_ids` hands them to the engine
@@ -22,10 +27,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from pagedkv import validation
-from pagedkv.coordinator import ComputedBlocks, Coordinator
+from pagedkv.coordinator import ComputedBlocks, Coordinator, PartialHitCoordinator
 from pagedkv.errors import InvalidArgumentError, InvalidHitError
 from pagedkv.request import RequestLike
 
@@ -35,7 +41,24 @@ if TYPE_CHECKING:
     from pagedkv.pool import BlockPool
     from pagedkv.retention.control import RetentionControl
 
-__all__ = ["ManagerSurface"]
+__all__ = ["BlockCopies", "BlockCopy", "ManagerSurface"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockCopy:
+    """Copy block ``src_block_id`` into ``dst_block_id`` (whole block) before the step runs."""
+
+    src_block_id: int
+    dst_block_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockCopies:
+    """The copies of one step and the blocks they keep referenced: release ``retained``
+    with :meth:`ManagerSurface.release_blocks` once the copies ran."""
+
+    copies: tuple[BlockCopy, ...] = ()
+    retained: tuple[int, ...] = ()
 
 
 class ManagerSurface:
@@ -86,7 +109,8 @@ class ManagerSurface:
     def release_blocks(self, block_ids: Sequence[int]) -> None:
         """Drop one reference to each of ``block_ids``, in the order given (the first is
         evicted first once free): blocks returned by :meth:`pop_blocks_for_free` (pass them
-        reversed) or retained for a copy. Null blocks (0) are skipped.
+        reversed) or retained for a copy (:meth:`take_block_copies`). Null blocks (0) are
+        skipped.
 
         Raises:
             InvalidArgumentError: not a sequence of ints, or an id the engine holds no (or
@@ -112,6 +136,32 @@ class ManagerSurface:
             else:
                 del held[b]
         self.pool.free_blocks(block_ids)
+
+    def take_block_copies(self) -> BlockCopies:
+        """The block copies queued since the last call (copy on write of a sub-block hit),
+        in group order, and the blocks they keep referenced (source and copy of each, in
+        that order): run the copies, then pass ``retained`` to :meth:`release_blocks`. As
+        vLLM 0.33's ``take_kv_cache_block_copies``; empty unless sub-block hits are on.
+
+        Worked case (full attention 16 + Mamba 16, hash block 4): a new request adopting a
+        hit of 24 tokens whose full-attention block 1 is ``b`` and whose Mamba state is
+        ``s`` gets copies ``b -> c1`` and ``s -> c2``, retained ``(b, c1, s, c2)``.
+        """
+        coord = self.coordinator
+        if not isinstance(coord, PartialHitCoordinator):
+            return BlockCopies()
+        pairs = coord.take_copies()
+        held = self.held_outside
+        retained: list[int] = []
+        for src, dst in pairs:
+            retained.append(src)
+            retained.append(dst)
+            held[src] = held.get(src, 0) + 1
+            held[dst] = held.get(dst, 0) + 1
+        return BlockCopies(
+            copies=tuple(BlockCopy(src_block_id=a, dst_block_id=b) for a, b in pairs),
+            retained=tuple(retained),
+        )
 
     # ---------------------------------------------------------------- truncated hits
 
