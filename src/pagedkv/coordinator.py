@@ -514,6 +514,47 @@ class PartialHitCoordinator(HybridCoordinator):
         block boundary)."""
         Coordinator.cache_blocks(self, request, num_tokens)
 
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        """As :meth:`Coordinator.hit_problem`, for hits on hash-block boundaries: in the
+        full-attention and Mamba groups the last block must hold the key of the hit's
+        prefix (the block it ends inside, or its last full block); full attention's
+        earlier blocks are checked as usual, Mamba's must be null. No state change."""
+        if type(hit) is not tuple or len(hit) != len(self.managers):
+            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
+        hbs = self.pool.hash_block_size
+        if type(num_hit_tokens) is not int or num_hit_tokens % hbs:
+            return f"a hit of {num_hit_tokens!r} tokens is not a multiple of {hbs}"
+        pool = self.pool
+        for g, (m, blocks) in enumerate(zip(self.managers, hit, strict=True)):
+            if type(blocks) is not list or not all(type(b) is int for b in blocks):
+                return f"group {g}: block ids come as a list of ints, got {blocks!r}"
+            if g not in self._partial_groups or not num_hit_tokens:
+                why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
+                if why is not None:
+                    return why
+                continue
+            n = -(-num_hit_tokens // m.block_size)
+            if len(blocks) != n:
+                return (f"group {g}: a {num_hit_tokens}-token hit takes {n} blocks of "
+                        f"{m.block_size}, got {len(blocks)}")
+            i = num_hit_tokens // hbs - 1
+            last = blocks[-1]
+            key = block_hashes[i] if i < len(block_hashes) else None
+            if key is None or not pool.has_entry(g, key, last):
+                return (f"group {g}: block {last} no longer holds this request's first "
+                        f"{num_hit_tokens} tokens (evicted or reused since the lookup)")
+            head = blocks[:-1]
+            if isinstance(m, MambaAlignManager):
+                if any(head):
+                    return f"group {g}: a Mamba hit holds one state, after null blocks"
+            else:
+                why = m.hit_problem(block_hashes, head, len(head) * m.block_size)
+                if why is not None:
+                    return why
+        return None
+
     def _find(self, g: int, block_hashes: list[bytes], length: int) -> tuple[list[int], int]:
         m = self.managers[g]
         if isinstance(m, (PartialHitFullManager, MambaAlignManager)):

@@ -88,6 +88,14 @@ class BlockPool:
         block keeps the hash it had. O(1)."""
         return self.num_evicted_blocks + self._num_rehashed
 
+    def has_entry(self, group: int, key: bytes, block: int) -> bool:
+        """Whether the index maps ``(key, group)`` to ``block`` (as primary, duplicate or
+        partial-prefix entry). O(duplicates of the key)."""
+        if self.index[group].get(key) == block:
+            return True
+        dups = self._dups[group].get(key)
+        return dups is not None and block in dups
+
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
         n = sum(len(d) for d in self.index)
