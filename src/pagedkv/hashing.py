@@ -294,6 +294,15 @@ class BlockHasher:
             except (IndexError, TypeError):
                 # An id outside the table: the checked path below encodes it or raises.
                 start = len(hashes) * bs
+        else:
+            try:
+                self._extend_keyed(hashes, token_ids, extras, keys_out)
+                return
+            except (IndexError, TypeError):
+                # As above (raised before the failing chunk's first block, so the hashes
+                # and the recorded keys are still in step).
+                start = len(hashes) * bs
+        parent = hashes[-1] if hashes else self.seed
         # Consecutive blocks often carry equal keys (a LoRA adapter on every block):
         # their CBOR encoding is reused instead of re-encoded.
         last_keys: list[Any] | None = None
@@ -311,3 +320,81 @@ class BlockHasher:
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)
 
+    def _extend_keyed(
+        self,
+        hashes: list[bytes],
+        token_ids: Sequence[int],
+        extras: HashExtras,
+        keys_out: list[list[Any] | None] | None,
+    ) -> None:
+        """:meth:`extend` with extras, on the fast token encoding: per block, its keys,
+        then one digest or one memo hit.
+
+        Most blocks carry only the LoRA key (or nothing): those *plain* blocks reuse one
+        encoding; only blocks a multimodal item overlaps, the salted first block and
+        blocks with prompt embeddings go through :meth:`HashExtras.block_keys`.
+
+        The memo key is parent + payload, plus the encoded keys when the block has any:
+        CBOR items are self-delimiting, so a key with extra keys never equals one without.
+
+        Raises:
+            IndexError, TypeError: a token id outside the encoding table (from
+                ``block_payloads``, before the chunk's first block is hashed).
+        """
+        bs = self.block_size
+        start = len(hashes) * bs
+        stop = len(token_ids) // bs * bs
+        ctor = self._ctor
+        parent = hashes[-1] if hashes else self.seed
+        table = token_table()
+        head = b"\x83" + cbor_head(2, len(parent))
+        array_head = cbor_head(4, bs)
+        join = b"".join
+        append = hashes.append
+        record = keys_out.append if keys_out is not None else None
+        lora = extras.lora
+        plain_tail = b"\xf6" if lora is None else canonical_cbor([["lora", lora.name, lora.path]])
+        # Token offsets of the blocks that are not plain (every block with embeddings).
+        special = (
+            None if extras.prompt_embeds is not None
+            else {s for item in extras.mm_items
+                  for s in range(item.offset // bs * bs, item.offset + item.length, bs)}
+        )
+        if special is not None and extras.cache_salt:
+            special.add(0)
+        chunk = max(1, _CHUNK_TOKENS // bs) * bs
+        memo_cap = self.memo_blocks
+        looking = memo_cap > 0
+        for c in range(start, stop, chunk):
+            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+            memo = self._memo
+            s = c
+            for payload in payloads:
+                if special is None or s in special:
+                    keys = extras.block_keys(s, s + bs)
+                    tail = b"\xf6" if keys is None else canonical_cbor(keys)
+                else:
+                    keys = None if lora is None else [["lora", lora.name, lora.path]]
+                    tail = plain_tail
+                s += bs
+                if record is not None:
+                    record(keys)
+                if not memo_cap:
+                    parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                    append(parent)
+                    continue
+                key = parent + payload if keys is None else parent + payload + tail
+                if looking:
+                    h = memo.get(key) or self._memo_old.get(key)
+                    if h is not None:
+                        memo[key] = h
+                        parent = h
+                        append(h)
+                        continue
+                    looking = False
+                parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                append(parent)
+                memo[key] = parent
+                if len(memo) >= memo_cap:
+                    self._memo_old = memo
+                    self._memo = memo = {}

@@ -16,6 +16,7 @@ from pagedkv import (
     InvalidArgumentError,
     LoRA,
     MissingDependencyError,
+    MultiModalItem,
     Request,
 )
 from pagedkv.hashing import canonical_cbor
@@ -202,3 +203,46 @@ def test_a_hasher_shared_by_threads_gives_the_same_digests() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+_extras = st.builds(
+    lambda lora, salt, mm, embeds, n: HashExtras(
+        lora=lora,
+        cache_salt=salt,
+        mm_items=[MultiModalItem(f"img-{k}", off, length) for k, (off, length) in enumerate(mm)],
+        prompt_embeds=[bytes([i % 251]) for i in range(n)] if embeds else None,
+    ),
+    st.sampled_from([None, LoRA("a", 1, "/p"), LoRA("a", 1, "/q"), LoRA("b", 2)]),
+    st.sampled_from([None, "", "tenant"]),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(1, 9)), max_size=3),
+    st.booleans(),
+    st.just(40),
+)
+
+
+@given(_extras, st.lists(st.integers(0, 2**18), min_size=0, max_size=40), st.integers(1, 5),
+       st.sampled_from([0, 3, 64]), st.integers(0, 40))
+def test_hashing_with_extras_equals_block_by_block(
+    extras: HashExtras, tokens: list[int], block_size: int, memo_blocks: int, cut: int
+) -> None:
+    """With extras (LoRA, salt, multimodal items, embeddings), incremental hashing in two
+    calls, with or without a memo (each prompt hashed twice so the memo is hit), equals
+    hashing each full block on its own with its own keys, and records those keys."""
+    if extras.prompt_embeds is not None:
+        tokens = (tokens + [7] * 40)[:40]
+    h = BlockHasher(block_size, memo_blocks=memo_blocks)
+    expected: list[bytes] = []
+    expected_keys: list[object] = []
+    parent = h.seed
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        keys = extras.block_keys(s, s + block_size)
+        parent = h.hash_block(parent, tokens[s : s + block_size], keys)
+        expected.append(parent)
+        expected_keys.append(keys)
+    for _ in range(2):
+        got: list[bytes] = []
+        got_keys: list[object] = []
+        h.extend(got, tokens[:cut], extras, got_keys)
+        h.extend(got, tokens, extras, got_keys)
+        assert got == expected
+        assert got_keys == expected_keys
