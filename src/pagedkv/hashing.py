@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, NamedTuple, NoReturn
 
 from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
@@ -158,6 +159,12 @@ def event_extra_keys(keys: list[Any] | None) -> list[Any] | None:
     if keys is None:
         return None
     return [key[1:] if key[0] == "mm" else key[1] for key in keys]
+
+
+@lru_cache(maxsize=256)
+def _lora_keys_cbor(name: str, path: str) -> bytes:
+    """The encoded extra keys of a block whose only key is its LoRA adapter."""
+    return canonical_cbor([["lora", name, path]])
 
 
 def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
@@ -353,7 +360,7 @@ class BlockHasher:
         append = hashes.append
         record = keys_out.append if keys_out is not None else None
         lora = extras.lora
-        plain_tail = b"\xf6" if lora is None else canonical_cbor([["lora", lora.name, lora.path]])
+        plain_tail = b"\xf6" if lora is None else _lora_keys_cbor(lora.name, lora.path)
         # Token offsets of the blocks that are not plain (every block with embeddings).
         special = (
             None if extras.prompt_embeds is not None
