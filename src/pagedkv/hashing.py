@@ -194,7 +194,8 @@ class BlockHasher:
     since every entry is keyed by its full input.
     """
 
-    __slots__ = ("_ctor", "_memo", "_memo_old", "algo", "block_size", "memo_blocks", "seed")
+    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "algo", "block_size",
+                 "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -219,6 +220,10 @@ class BlockHasher:
         )
         #: The parent hash of a request's first block.
         self.seed: bytes = self._ctor(canonical_cbor(seed_input)).digest()
+        # The constant parts of a block's hash input: the 3-array head with the parent's
+        # bytes head (a digest's length), and the token array's head.
+        self._head = b"\x83" + cbor_head(2, len(self.seed))
+        self._array_head = cbor_head(4, block_size)
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -254,12 +259,20 @@ class BlockHasher:
             return
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
+        if len(parent) != len(self.seed):
+            # A caller-supplied parent of another length: its block the checked way, then
+            # every parent is a digest of this hasher.
+            self._extend_checked(hashes, token_ids, start, start, parent, extras, keys_out)
+            start += bs
+            if start > end:
+                return
+            parent = hashes[-1]
         if extras is None:
             # Fast path, in chunks of about 1,024 tokens (a cache-sized working set): the
             # chunk's block payloads (see block_payloads), then one digest per block.
             table = token_table()
-            head = b"\x83" + cbor_head(2, len(parent))
-            array_head = cbor_head(4, bs)
+            head = self._head
+            array_head = self._array_head
             tail = b"\xf6"  # the null extra keys
             join = b"".join
             append = hashes.append
@@ -310,6 +323,22 @@ class BlockHasher:
                 # and the recorded keys are still in step).
                 start = len(hashes) * bs
         parent = hashes[-1] if hashes else self.seed
+        self._extend_checked(hashes, token_ids, start, end, parent, extras, keys_out)
+
+    def _extend_checked(
+        self,
+        hashes: list[bytes],
+        token_ids: Sequence[int],
+        start: int,
+        end: int,
+        parent: bytes,
+        extras: HashExtras | None,
+        keys_out: list[list[Any] | None] | None,
+    ) -> None:
+        """The blocks starting at tokens ``start .. end`` (step ``block_size``) after
+        ``parent``, each encoded on its own: any token id (``encode_tokens`` takes ids of
+        2**17 and more, and raises on ids that are not ids) and any parent length."""
+        bs = self.block_size
         # Consecutive blocks often carry equal keys (a LoRA adapter on every block):
         # their CBOR encoding is reused instead of re-encoded.
         last_keys: list[Any] | None = None
@@ -354,8 +383,8 @@ class BlockHasher:
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
         table = token_table()
-        head = b"\x83" + cbor_head(2, len(parent))
-        array_head = cbor_head(4, bs)
+        head = self._head
+        array_head = self._array_head
         join = b"".join
         append = hashes.append
         record = keys_out.append if keys_out is not None else None
