@@ -357,15 +357,18 @@ class KVCacheManager(ManagerSurface):
             rid = request.request_id
             num_computed = request.num_computed_tokens
             num_request_tokens = request.num_tokens
-            # The common call (a live request, no hit, no extra counts) passes these few
-            # tests; anything else gets validation.check_allocate's full check.
+            # The common call (a live request, no hit, no external or encoder tokens, any
+            # valid lookahead and headroom) passes these few tests; anything else gets
+            # validation.check_allocate's full check.
             first = (
                 self.live_requests.get(rid) is not request
                 or new_computed_blocks is not None
                 or num_new_computed_tokens is not None
-                or num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
-                or reserved_blocks or has_scheduled_reqs is not True
-                or full_sequence_must_fit is not False
+                or num_external_computed_tokens or num_encoder_tokens
+                or type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0
+                or type(reserved_blocks) is not int or reserved_blocks < 0
+                or type(has_scheduled_reqs) is not bool
+                or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
                 or num_computed + num_new_tokens > num_request_tokens

@@ -356,7 +356,11 @@ class SkippingManager(SingleTypeManager):
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:
             return
-        end = min(self._num_skipped_blocks(num_computed_tokens), len(blocks))
+        end = self.num_skipped_tokens(num_computed_tokens) // self.block_size
+        if end > len(blocks):
+            end = len(blocks)
+        if end <= 0 or not blocks[end - 1]:
+            return  # nothing newly skipped (the nulls form a prefix)
         freed: list[int] = []
         for i in range(end - 1, -1, -1):
             b = blocks[i]
