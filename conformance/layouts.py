@@ -32,6 +32,7 @@ class Layout:
     num_blocks: int
     max_model_len: int = 512
     prefix_match_unit: int | None = None  # vLLM's cache_config.prefix_match_unit
+    num_hash_lookahead_tokens: int = 0  # tokens after each block its hash covers
 
     @property
     def scheduler_block_size(self) -> int:
@@ -70,6 +71,16 @@ LAYOUTS: tuple[Layout, ...] = (
         num_blocks=64,
         prefix_match_unit=4,
     ),
+    Layout(name="full-16/la1", groups=(_g("full", 16),), num_blocks=40,
+           num_hash_lookahead_tokens=1),
+    Layout(name="full-16/la4", groups=(_g("full", 16),), num_blocks=40,
+           num_hash_lookahead_tokens=4),
+    Layout(name="full+mamba/la1", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           num_hash_lookahead_tokens=1),
+    Layout(name="full+mamba/la4", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           num_hash_lookahead_tokens=4),
+    Layout(name="full+mamba/unit4/la4", groups=(_g("full", 16), _g("mamba", 16)),
+           num_blocks=64, prefix_match_unit=4, num_hash_lookahead_tokens=4),
 )
 
 

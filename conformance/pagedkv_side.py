@@ -41,6 +41,7 @@ class PagedSide:
                 enable_events=True,
                 watermark=WATERMARK,
                 max_in_flight_tokens=MAX_IN_FLIGHT_TOKENS,
+                num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
             )
         )
         self.reqs: dict[str, Any] = {}

@@ -82,8 +82,11 @@ class VllmSide:
             enable_kv_cache_events=True,
             watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
             max_in_flight_tokens=16,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
+            num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
         )
-        self.hasher = get_request_block_hasher(layout.hash_block_size, hash_fn)
+        self.hasher = get_request_block_hasher(
+            layout.hash_block_size, hash_fn, layout.num_hash_lookahead_tokens
+        )
         self.sp = SamplingParams(max_tokens=1 << 20)
         self.reqs: dict[str, Any] = {}
         self._hits: dict[str, Any] = {}

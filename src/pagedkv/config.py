@@ -72,12 +72,16 @@ class CacheConfig:
     to zero (:meth:`~pagedkv.KVCacheManager.take_new_block_ids`); ``None`` (default): when
     the model has a Mamba group, as vLLM's ``needs_kv_cache_zeroing`` (pass ``True`` for a
     cache mixing KV precisions across groups).
+    ``num_hash_lookahead_tokens``: L, the tokens after each block its hash also covers
+    (vLLM's ``num_hash_lookahead_tokens``, for EAGLE/MTP drafters whose KV at a block's
+    last position depends on the next L tokens); a block is hashed, hence cached, only once
+    L more tokens are known; see :mod:`pagedkv.hashing_lookahead`. 0 (default): off.
 
     Raises:
         InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
             ``max_model_len``, an unknown ``hash_algo``, a ``watermark`` outside [0, 1], a
-            ``max_in_flight_tokens`` that is not a positive int, or a non-bool
-            ``zero_new_blocks``.
+            ``max_in_flight_tokens`` that is not a positive int, a non-bool
+            ``zero_new_blocks``, or a ``num_hash_lookahead_tokens`` that is not an int >= 0.
         ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
             ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
             machine's memory.
@@ -99,8 +103,14 @@ class CacheConfig:
     retention: RetentionConfig | None = None
     max_in_flight_tokens: int | None = None
     zero_new_blocks: bool | None = None
+    num_hash_lookahead_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if type(self.num_hash_lookahead_tokens) is not int or self.num_hash_lookahead_tokens < 0:
+            raise InvalidArgumentError(
+                f"num_hash_lookahead_tokens must be an int >= 0, got "
+                f"{self.num_hash_lookahead_tokens!r}; 0 turns hash lookahead off"
+            )
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
         if self.max_in_flight_tokens is not None and (

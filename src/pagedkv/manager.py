@@ -42,6 +42,7 @@ from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.recorder import EventBuffer, EventRecorder, GroupInfo
 from pagedkv.events.records import BlockStored, KVCacheEvent
 from pagedkv.hashing import BlockHasher, HashExtras
+from pagedkv.hashing_lookahead import LookaheadBlockHasher, LookaheadEventBuffer, apply_to_managers
 from pagedkv.manager_surface import ManagerSurface
 from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.managers.full import FullAttentionManager, PartialHitFullManager
@@ -87,12 +88,26 @@ class KVCacheManager(ManagerSurface):
                       s.sliding_window if isinstance(s, SlidingWindowSpec) else None)
             for s in specs
         ]
-        recorder = EventBuffer(groups, hash_bs) if config.events_on else EventRecorder()
+        lookahead = config.num_hash_lookahead_tokens
+        recorder: EventRecorder
+        if not config.events_on:
+            recorder = EventRecorder()
+        elif lookahead:
+            recorder = LookaheadEventBuffer(groups, hash_bs, lookahead)
+        else:
+            recorder = EventBuffer(groups, hash_bs)
         self.pool = self._make_pool(config, groups, hash_bs, recorder)
         #: Where the pool's events go: a buffer with events on, else the null recorder.
         self.recorder = self.pool.recorder
-        self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
-                                  memo_blocks=config.hash_memo_blocks)
+        self.hasher: BlockHasher
+        if lookahead:
+            self.hasher = LookaheadBlockHasher(hash_bs, lookahead_tokens=lookahead,
+                                               algo=config.hash_algo,
+                                               secret_seed=config.secret_seed)
+        else:
+            self.hasher = BlockHasher(hash_bs, algo=config.hash_algo,
+                                      secret_seed=config.secret_seed,
+                                      memo_blocks=config.hash_memo_blocks)
         classes = [manager_class_for(s, enable_caching=config.enable_caching) for s in specs]
         #: Whether hits may end inside a block (see :class:`PartialHitCoordinator`).
         self.partial_hits = config.enable_caching and partial_hits_enabled(
@@ -104,6 +119,8 @@ class KVCacheManager(ManagerSurface):
             cls(s, self.pool, g, drop_last_hit=config.drop_last_hit)
             for g, (cls, s) in enumerate(zip(classes, specs, strict=True))
         ]
+        if lookahead:
+            apply_to_managers(self.managers, lookahead)
         self.coordinator: Coordinator
         if not config.enable_caching:
             self.coordinator = NoPrefixCacheCoordinator(self.managers, self.pool)

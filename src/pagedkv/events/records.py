@@ -28,6 +28,8 @@ class BlockStored(NamedTuple):
     ``token_ids`` covers exactly ``len(block_hashes) * block_size`` tokens;
     ``extra_keys`` holds one entry per block (``None`` when the block has none).
     ``parent_block_hash`` is ``None`` for a chain that starts at the first block.
+    ``lookahead_token_ids`` (hash lookahead on, ``CacheConfig.num_hash_lookahead_tokens``
+    L > 0): per block, the L tokens after it that its hash also covers; ``None`` when off.
     """
 
     block_hashes: list[bytes]
@@ -41,6 +43,7 @@ class BlockStored(NamedTuple):
     group_idx: int
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 class BlockRemoved(NamedTuple):

@@ -10,8 +10,8 @@ Each event has one of two forms:
 ``"map"`` (vLLM >= 0.24)
     a map whose first key is ``"type"``, then the fields in declaration order. Fields
     whose value is their default (``None`` for ``extra_keys``, ``kv_cache_spec_kind``,
-    ``kv_cache_spec_sliding_window``) are left out; every other field, ``lora_id``
-    included, is always written. A ``BlockStored`` map always has a map16 header
+    ``kv_cache_spec_sliding_window``, ``lookahead_token_ids``) are left out; every other
+    field, ``lora_id`` included, is always written. A ``BlockStored`` map always has a map16 header
     (``de 00 nn``) whatever its field count, as vLLM writes it; the other kinds use a
     fixmap header.
 ``"array"`` (vLLM <= 0.23)
@@ -188,6 +188,8 @@ class BatchEncoder:
             items += ("kv_cache_spec_kind", event.kv_cache_spec_kind)
         if event.kv_cache_spec_sliding_window is not None:
             items += ("kv_cache_spec_sliding_window", event.kv_cache_spec_sliding_window)
+        if event.lookahead_token_ids is not None:
+            items += ("lookahead_token_ids", event.lookahead_token_ids)
         body: bytes = self._pack(items)
         # At least 9 pairs, so 18+ items: always an array16 header (3 bytes) to strip.
         assert body[0] == _ARRAY16
@@ -261,6 +263,7 @@ _STORED_DEFAULTS: dict[str, Any] = {
     "group_idx": 0,
     "kv_cache_spec_kind": None,
     "kv_cache_spec_sliding_window": None,
+    "lookahead_token_ids": None,
 }
 _REMOVED_DEFAULTS: dict[str, Any] = {"medium": None, "group_idx": 0}
 

@@ -157,6 +157,9 @@ class MambaAlignManager(SkippingManager):
 
     ignores_lookahead = True
     positional = False
+    #: Tokens after each block its hash covers (``CacheConfig.num_hash_lookahead_tokens``;
+    #: set by :func:`pagedkv.hashing_lookahead.apply_to_managers`).
+    hash_lookahead_tokens = 0
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
@@ -333,11 +336,13 @@ class MambaAlignManager(SkippingManager):
 
     def _cache_partial_tail(self, request: RequestLike, request_id: str, n: int) -> None:
         """When exactly ``n`` = the prompt's last hash boundary before its last token
-        (``(num_prompt_tokens - 1) // hbs * hbs``) is computed, register the live state
+        (``(num_prompt_tokens - 1) // hbs * hbs``; ``max(1, L)`` tokens before its end with
+        hash lookahead L, vLLM's ``get_mamba_prefill_checkpoint_position``) is computed, register the live state
         under that prefix's hash; if ``n`` is inside the block, the request's next
         allocation moves the entry to a copy (it overwrites the state next step)."""
         hbs = self.pool.hash_block_size
-        if n <= 0 or n % hbs or n != (request.num_prompt_tokens - 1) // hbs * hbs:
+        keep = max(1, self.hash_lookahead_tokens)
+        if n <= 0 or n % hbs or n != (request.num_prompt_tokens - keep) // hbs * hbs:
             return
         bs = self.block_size
         table = self.req_to_blocks[request_id]
