@@ -5,9 +5,10 @@ Regenerate (from the repository root, with an interpreter that has vLLM)::
     python -m conformance.golden --vllm-python VLLM_PY --out tests/conformance/golden_vllm.json
 
 Contents: block-hash vectors (plain, LoRA with a path, empty salt, a real salt, a multimodal
-block) from vLLM's request block hasher, and the msgpack payload bytes of the event batch
-vLLM's manager emits (``KVEventBatch(ts=0.0, events, data_parallel_rank=0)``) after
-admitting LoRA / multimodal / salted requests on one- and two-group layouts.
+block, hash lookahead L = 1 and 3) from vLLM's request block hasher, and the msgpack
+payload bytes of the event batch vLLM's manager emits (``KVEventBatch(ts=0.0, events,
+data_parallel_rank=0)``) after admitting LoRA / multimodal / salted requests on one- and
+two-group layouts, with and without hash lookahead.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ HASH_CASES: list[dict[str, Any]] = [
         "salt": "s",
         "mm": [["img-a", 1, 2], ["img-b", 9, 4]],
     },
+    {"name": "lookahead_1", "block_size": 4, "lookahead": 1},
+    {
+        "name": "lookahead_3_lora_mm_salt",
+        "block_size": 4,
+        "lookahead": 3,
+        "lora": ["ad1", 1, "/adapters/ad1"],
+        "salt": "s",
+        "mm": [["img-abc", 5, 2]],
+    },
 ]
 
 EVENT_CASES: list[dict[str, Any]] = [
@@ -61,6 +71,18 @@ EVENT_CASES: list[dict[str, Any]] = [
         "groups": [["full", 4, 0], ["swa", 4, 8]],
         "requests": [{"lora": ["ad1", 3, "/p"], "salt": "s", "mm": [["img-abc", 6, 3]]}],
     },
+    {
+        "name": "lookahead_stored",
+        "groups": [["full", 4, 0]],
+        "lookahead": 2,
+        "requests": [{"lora": ["ad1", 3, "/p"], "mm": [["img-abc", 4, 3]]}, {}],
+    },
+    {
+        "name": "lookahead_hybrid_stored",
+        "groups": [["full", 8, 0], ["swa", 4, 8]],
+        "lookahead": 3,
+        "requests": [{"salt": "s", "mm": [["img-abc", 8, 2]]}],
+    },
 ]
 
 
@@ -75,11 +97,12 @@ def _desc(i: int, spec: dict[str, Any]) -> ReqDesc:
     )
 
 
-def _layout(groups: list[list[Any]]) -> Layout:
+def _layout(groups: list[list[Any]], lookahead: int = 0) -> Layout:
     return Layout(
         name="golden",
         groups=tuple(GroupDesc(kind=k, block_size=b, window_tokens=w) for k, b, w in groups),
         num_blocks=64,
+        num_hash_lookahead_tokens=lookahead,
     )
 
 
@@ -96,11 +119,11 @@ def generate() -> dict[str, Any]:
         "stored_events": [],
     }
     for case in HASH_CASES:
-        side = VllmSide(_layout([["full", case["block_size"], 0]]))
+        side = VllmSide(_layout([["full", case["block_size"], 0]], case.get("lookahead", 0)))
         side.new_request(_desc(0, case))
         out["hashes"].append({**case, "hashes": [h.hex() for h in side.block_hashes("g0")]})
     for case in EVENT_CASES:
-        side = VllmSide(_layout(case["groups"]))
+        side = VllmSide(_layout(case["groups"], case.get("lookahead", 0)))
         for i, spec in enumerate(case["requests"]):
             d = _desc(i, spec)
             side.new_request(d)

@@ -56,7 +56,7 @@ def _request(mgr: Any, rid: str, case: dict[str, Any]) -> Any:
     return mgr.new_request(rid, case.get("tokens", GOLDEN["tokens"]), hash_extras=extras)
 
 
-def _manager(groups: list[list[Any]]) -> Any:
+def _manager(groups: list[list[Any]], lookahead: int = 0) -> Any:
     specs = tuple(_spec(*g) for g in groups)
     return pagedkv.KVCacheManager(
         pagedkv.CacheConfig(
@@ -65,6 +65,7 @@ def _manager(groups: list[list[Any]]) -> Any:
             max_model_len=512,
             hash_block_size=math.gcd(*(s.block_size for s in specs)),
             enable_events=True,
+            num_hash_lookahead_tokens=lookahead,
         )
     )
 
@@ -76,7 +77,7 @@ def _case(section: str, name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", [_mark(c["name"]) for c in GOLDEN["hashes"]])
 def test_block_hashes_match_vllm(name: str) -> None:
     case = _case("hashes", name)
-    mgr = _manager([["full", case["block_size"], 0]])
+    mgr = _manager([["full", case["block_size"], 0]], case.get("lookahead", 0))
     req = _request(mgr, "g0", case)
     assert [h.hex() for h in req.block_hashes] == case["hashes"]
 
@@ -84,7 +85,7 @@ def test_block_hashes_match_vllm(name: str) -> None:
 @pytest.mark.parametrize("name", [_mark(c["name"]) for c in GOLDEN["stored_events"]])
 def test_stored_event_payload_matches_vllm(name: str) -> None:
     case = _case("stored_events", name)
-    mgr = _manager(case["groups"])
+    mgr = _manager(case["groups"], case.get("lookahead", 0))
     for i, spec in enumerate(case["requests"]):
         req = _request(mgr, f"g{i}", spec)
         hit = mgr.get_computed_blocks(req)
@@ -99,3 +100,5 @@ def test_stored_event_payload_matches_vllm(name: str) -> None:
 def test_golden_file_names_its_vllm_version() -> None:
     assert GOLDEN["vllm_version"] == "0.33.0"
     assert {c["name"] for c in GOLDEN["hashes"]} >= {"lora_with_path", "empty_salt", "mm_block"}
+    assert {c["name"] for c in GOLDEN["stored_events"]} >= {"lookahead_stored",
+                                                             "lookahead_hybrid_stored"}
