@@ -32,7 +32,6 @@ True
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
@@ -102,7 +101,8 @@ class LookaheadBlockHasher(BlockHasher):
         while start + bs + la <= len(token_ids):
             end = start + bs
             keys = None if extras is None else extras.block_keys(start, end + la)
-            parent = self.hash_block(parent, token_ids[start:end], [keys, *token_ids[end : end + la]])
+            ahead = token_ids[end : end + la]
+            parent = self.hash_block(parent, token_ids[start:end], [keys, *ahead])
             hashes.append(parent)
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)
@@ -176,7 +176,9 @@ class LookaheadEventBuffer(EventBuffer):
         self._replace_last(event._replace(extra_keys=extra, lookahead_token_ids=ahead), [block])
 
 
-def prefill_checkpoint_position(num_tokens: int, hash_block_size: int, lookahead_tokens: int) -> int:
+def prefill_checkpoint_position(
+    num_tokens: int, hash_block_size: int, lookahead_tokens: int
+) -> int:
     """The last hash-block boundary of a prompt of ``num_tokens`` tokens that leaves at
     least ``max(1, lookahead_tokens)`` tokens after it (one to recompute the logits, and
     the lookahead its hash needs): where a Mamba group keeps the prompt's reusable state
@@ -190,11 +192,14 @@ def prefill_checkpoint_position(num_tokens: int, hash_block_size: int, lookahead
     return max(0, (num_tokens - max(1, lookahead_tokens)) // hash_block_size * hash_block_size)
 
 
-@lru_cache(maxsize=None)
+_CAPPED: dict[type[SingleTypeManager], type[SingleTypeManager]] = {}
+
+
 def _capped_class(base: type[SingleTypeManager]) -> type[SingleTypeManager]:
-    """``base`` whose :meth:`cache_blocks` registers only blocks the request has hashes
-    for (with lookahead, the last L tokens' blocks are not hashed yet), as vLLM 0.33's
-    ``cache_blocks`` caps at ``len(request.block_hashes) * hash_block_size``."""
+    """(Built once per class.) ``base`` whose :meth:`cache_blocks` registers only blocks
+    the request has hashes for (with lookahead, the blocks among the last L tokens are not
+    hashed yet), as vLLM 0.33's ``cache_blocks`` caps at
+    ``len(request.block_hashes) * hash_block_size``."""
 
     def cache_blocks(
         self: SingleTypeManager, request: RequestLike, request_id: str, num_tokens: int
@@ -202,7 +207,11 @@ def _capped_class(base: type[SingleTypeManager]) -> type[SingleTypeManager]:
         hashed = len(request.block_hashes) * self.pool.hash_block_size
         base.cache_blocks(self, request, request_id, min(num_tokens, hashed))
 
-    return type(f"Lookahead{base.__name__}", (base,), {"cache_blocks": cache_blocks})
+    capped = _CAPPED.get(base)
+    if capped is None:
+        capped = type(f"Lookahead{base.__name__}", (base,), {"cache_blocks": cache_blocks})
+        _CAPPED[base] = capped
+    return capped
 
 
 def apply_to_managers(managers: Sequence[SingleTypeManager], lookahead_tokens: int) -> None:

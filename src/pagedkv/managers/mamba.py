@@ -337,9 +337,10 @@ class MambaAlignManager(SkippingManager):
     def _cache_partial_tail(self, request: RequestLike, request_id: str, n: int) -> None:
         """When exactly ``n`` = the prompt's last hash boundary before its last token
         (``(num_prompt_tokens - 1) // hbs * hbs``; ``max(1, L)`` tokens before its end with
-        hash lookahead L, vLLM's ``get_mamba_prefill_checkpoint_position``) is computed, register the live state
-        under that prefix's hash; if ``n`` is inside the block, the request's next
-        allocation moves the entry to a copy (it overwrites the state next step)."""
+        hash lookahead L, vLLM's ``get_mamba_prefill_checkpoint_position``) is computed,
+        register the live state under that prefix's hash; if ``n`` is inside the block, the
+        request's next allocation moves the entry to a copy (it overwrites the state next
+        step)."""
         hbs = self.pool.hash_block_size
         keep = max(1, self.hash_lookahead_tokens)
         if n <= 0 or n % hbs or n != (request.num_prompt_tokens - keep) // hbs * hbs:
