@@ -79,6 +79,8 @@ LAYOUTS: tuple[Layout, ...] = (
            num_hash_lookahead_tokens=1),
     Layout(name="full+mamba/la4", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
            num_hash_lookahead_tokens=4),
+    Layout(name="full32+swa16/la2", groups=(_g("full", 32), _g("swa", 16, 40)), num_blocks=80,
+           num_hash_lookahead_tokens=2),
     Layout(name="full+mamba/unit4/la4", groups=(_g("full", 16), _g("mamba", 16)),
            num_blocks=64, prefix_match_unit=4, num_hash_lookahead_tokens=4),
 )

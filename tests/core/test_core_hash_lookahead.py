@@ -112,6 +112,10 @@ def test_blocks_are_cached_only_once_their_lookahead_is_known() -> None:
     stored = [e for e in mgr.take_events() if isinstance(e, BlockStored)][-1]
     assert stored.block_hashes == [a.block_hashes[3]]
     assert stored.lookahead_token_ids == [TOKENS[16:18] + [200, 201]]
+    # The index snapshot keeps each block's lookahead tokens.
+    snap = {e.block_hashes[0]: e.lookahead_token_ids for e in mgr.prefix_index_snapshot()}
+    assert snap[a.block_hashes[0]] == [TOKENS[4:8]]
+    assert snap[a.block_hashes[3]] == [TOKENS[16:18] + [200, 201]]
 
 
 def test_event_wire_form_carries_lookahead_only_when_set() -> None:
@@ -132,3 +136,31 @@ def test_prefill_checkpoint_position_worked_values() -> None:
     assert prefill_checkpoint_position(35, 16, 3) == 32
     assert prefill_checkpoint_position(34, 16, 3) == 16
     assert prefill_checkpoint_position(10, 16, 4) == 0
+
+
+def test_mamba_keeps_the_prompt_state_at_the_lookahead_boundary() -> None:
+    # Full 16 + Mamba 16 with 4-token hash blocks and L = 4: a 35-token prompt's reusable
+    # state is at prefill_checkpoint_position(35, 4, 4) = 28 (not 32 as with L = 0: the
+    # hash of the block ending at 32 needs token 35, which a 35-token prompt lacks).
+    common: dict[str, Any] = dict(block_size=16, num_kv_heads=2, head_size=16, dtype_bytes=2)
+    mgr = pagedkv.KVCacheManager(pagedkv.CacheConfig(
+        groups=(pagedkv.FullAttentionSpec(**common),
+                pagedkv.MambaSpec(block_size=16, state_bytes=256)),
+        num_blocks=32, max_model_len=256, hash_block_size=4, num_hash_lookahead_tokens=4))
+    prompt = list(range(500, 535))
+    a = mgr.new_request("a", prompt)
+    assert len(a.block_hashes) == 7  # blocks ending at 4 .. 28
+    hit = mgr.get_computed_blocks(a)
+    assert hit.num_computed_tokens == 0
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(a, 28, new_computed_blocks=hit) is not None  # chunk to 28
+    a.num_computed_tokens = 28
+    mgr.check_invariants()
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(a, 7) is not None  # the rest of the prompt
+    a.num_computed_tokens = 35
+    mgr.check_invariants()
+    mgr.new_step_starts()
+    b = mgr.new_request("b", prompt)
+    assert mgr.get_computed_blocks(b).num_computed_tokens == 28
+    mgr.check_invariants()

@@ -256,6 +256,8 @@ class EventBuffer(EventRecorder):
                     event.lora_id, MEDIUM_GPU, event.lora_name,
                     [event.extra_keys[k] if event.extra_keys else None], g, info.kind,
                     info.sliding_window,
+                    None if event.lookahead_token_ids is None
+                    else [event.lookahead_token_ids[k]],
                 )
             )
             todo.extend(sorted(children.pop(h, []), reverse=True))
