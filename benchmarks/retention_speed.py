@@ -16,6 +16,7 @@ levels (some with durations): allocate 64 blocks (evicting 64 cached ones), free
 look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
 
     python benchmarks/retention_speed.py harness --rounds 3 --base-src /tmp/pk_base/src
+    python benchmarks/retention_speed.py harness --rounds 3 --before-src /tmp/pk_before/src
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
         ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
     python benchmarks/retention_speed.py pool-size
@@ -51,19 +52,29 @@ def harness(a: argparse.Namespace) -> None:
     if a.base_src:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(a.base_src))
         variants["base"] = (plain, env)
+    if a.before_src:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(a.before_src))
+        variants["on@before"] = ([*ret, "--retention", "on"], env)
+        variants["active@before"] = ([*ret, "--retention", "active"], env)
     runs: dict[str, list[dict]] = {k: [] for k in variants}  # type: ignore[type-arg]
-    for _ in range(a.rounds):
-        for name, (cmd, env) in variants.items():
+    names = list(variants)
+    for i in range(a.rounds):
+        k = i % len(names)  # the first side rotates from round to round
+        for name in names[k:] + names[:k]:
+            cmd, env = variants[name]
             runs[name].append(_run(cmd, env))
-    print(f"workload: {' '.join(flags) or '(harness default)'}; best of {a.rounds} "
-          "alternating runs")
+    print(f"workload: {' '.join(flags) or '(harness default)'}; {a.rounds} rounds, "
+          "order rotating; best of the rounds, and the median of the per-round ratios")
     off = max(r["core_ops_per_s"] for r in runs["off"])
-    print(f"{'variant':<8} {'core ops/s':>12} {'vs off':>8} {'digest_lookup':>18} "
-          f"{'digest_alloc':>18}")
+    print(f"{'variant':<13} {'core ops/s':>12} {'best/off':>9} {'median ratio':>13} "
+          f"{'digest_lookup':>18} {'digest_alloc':>18}")
     for name, rs in runs.items():
         v = max(r["core_ops_per_s"] for r in rs)
-        print(f"{name:<8} {v:>12,.0f} {v / off:>8.3f} {rs[0]['digest_lookup']:>18} "
-              f"{rs[0]['digest_alloc']:>18}")
+        ratios = sorted(r["core_ops_per_s"] / o["core_ops_per_s"]
+                        for r, o in zip(rs, runs["off"], strict=True))
+        med = ratios[len(ratios) // 2]
+        print(f"{name:<13} {v:>12,.0f} {v / off:>9.3f} {med:>13.3f} "
+              f"{rs[0]['digest_lookup']:>18} {rs[0]['digest_alloc']:>18}")
 
 
 def _fill(mgr, rng, priorities, retention_cls, range_cls) -> None:  # type: ignore[no-untyped-def]
@@ -148,6 +159,9 @@ def main() -> None:
     h.add_argument("--rounds", type=int, default=3)
     h.add_argument("--base-src", default=None,
                    help="a checkout's src directory to measure as 'base' (PYTHONPATH)")
+    h.add_argument("--before-src", default=None,
+                   help="a checkout's src directory whose retention code to measure as "
+                   "'on@before' and 'active@before' (PYTHONPATH)")
     h.add_argument("workload", nargs=argparse.REMAINDER)
     p = sub.add_parser("pool-size")
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
