@@ -10,6 +10,11 @@ which measures what the hooks cost the default path. Prints core ops/s per varia
 of ``--rounds`` alternating runs: on a shared machine other processes only ever slow a run
 down, as in compare_vllm.py) and the ratios to ``off``.
 
+``lockstep``: retention off, configured but unused (uniform mode) and configured, converted
+out of uniform mode with nothing asked (what ``on`` cost before the uniform mode), in one
+process, operation by operation on ``pagedkv bench``'s workloads, first side rotating,
+allocations checked equal; median of the per-round ops/s ratios to ``off``.
+
 ``pool-size``: per-operation cost with retention active at two pool sizes (default 10,000
 and 1,000,000 blocks), each pool first filled with cached blocks spread over four priority
 levels (some with durations): allocate 64 blocks (evicting 64 cached ones), free them,
@@ -19,6 +24,7 @@ look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
     python benchmarks/retention_speed.py harness --rounds 3 --before-src /tmp/pk_before/src
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
         ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
+    python benchmarks/retention_speed.py lockstep --rounds 3
     python benchmarks/retention_speed.py pool-size
 """
 
@@ -75,6 +81,44 @@ def harness(a: argparse.Namespace) -> None:
         med = ratios[len(ratios) // 2]
         print(f"{name:<13} {v:>12,.0f} {v / off:>9.3f} {med:>13.3f} "
               f"{rs[0]['digest_lookup']:>18} {rs[0]['digest_alloc']:>18}")
+
+
+def lockstep(a: argparse.Namespace) -> None:
+    """off / on (uniform mode) / on, specialised (the retention queue with nothing asked:
+    the code 'on' ran before the uniform mode) in one process, operation by operation,
+    the side going first rotating; allocations checked equal. Median of per-round ratios."""
+    import statistics
+
+    sys.path.insert(0, HERE)
+    from lockstep import replay_lockstep
+
+    from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager
+    from pagedkv.bench import BenchConfig, build_workload
+    from pagedkv.retention import RetentionConfig, RetentionPool
+
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=8, head_size=128, dtype_bytes=2)
+    sides = ("off", "on", "on-specialised")
+    print(f"lockstep, {a.num_requests} requests, median of {a.rounds} rounds "
+          "(core op seconds summed per side; ratio = off's ops/s share)")
+    print(f"{'workload':<15} " + " ".join(f"{s_:>15}" for s_ in sides))
+    for wl in a.workloads:
+        specs, num_blocks = build_workload(BenchConfig(workload=wl,
+                                                       num_requests=a.num_requests))
+        ratios: list[list[float]] = [[] for _ in sides]
+        for _ in range(a.rounds):
+            mgrs = []
+            for side in sides:
+                ret = RetentionConfig() if side != "off" else None
+                m = KVCacheManager(CacheConfig(groups=(spec,), num_blocks=num_blocks,
+                                               max_model_len=1 << 16, retention=ret))
+                if side == "on-specialised":
+                    assert isinstance(m.pool, RetentionPool)
+                    m.pool.specialise()
+                mgrs.append(m)
+            spent = replay_lockstep(mgrs, specs)
+            for k in range(len(sides)):
+                ratios[k].append(spent[0] / spent[k])
+        print(f"{wl:<15} " + " ".join(f"{statistics.median(r):>15.3f}" for r in ratios))
 
 
 def _fill(mgr, rng, priorities, retention_cls, range_cls) -> None:  # type: ignore[no-untyped-def]
@@ -163,11 +207,16 @@ def main() -> None:
                    help="a checkout's src directory whose retention code to measure as "
                    "'on@before' and 'active@before' (PYTHONPATH)")
     h.add_argument("workload", nargs=argparse.REMAINDER)
+    ls = sub.add_parser("lockstep")
+    ls.add_argument("--rounds", type=int, default=3)
+    ls.add_argument("--num-requests", type=int, default=2000)
+    ls.add_argument("--workloads", nargs="+",
+                    default=["shared-prefix", "heavy-eviction", "no-sharing"])
     p = sub.add_parser("pool-size")
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     p.add_argument("--rounds-ops", type=int, default=200)
     a = ap.parse_args()
-    harness(a) if a.cmd == "harness" else pool_size(a)
+    {"harness": harness, "lockstep": lockstep, "pool-size": pool_size}[a.cmd](a)
 
 
 if __name__ == "__main__":
