@@ -17,7 +17,7 @@ requests, some with retention) and the reference converts at the same moment.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -312,9 +312,9 @@ class Reference:
 
 class RetentionVsReference(RuleBasedStateMachine):
     PREEMPT = False
-    QUOTAS: dict[str | None, int] = QUOTAS
+    QUOTAS: ClassVar[dict[str | None, int]] = QUOTAS
     #: What new requests carry, picked by index (``i % len``).
-    RETENTION_CHOICES: list[RequestRetention | None] = RETENTIONS
+    RETENTION_CHOICES: ClassVar[list[RequestRetention | None]] = RETENTIONS
     #: Pins start once this many requests were created.
     PINS_AFTER_REQUESTS = 0
 
@@ -464,8 +464,9 @@ class PreemptPinsVsReference(RetentionVsReference):
 class UniformFirstVsReference(RetentionVsReference):
     """No quotas: the pool starts in uniform mode; most requests carry no retention."""
 
-    QUOTAS: dict[str | None, int] = {}
-    RETENTION_CHOICES = [None, None, None, None, *RETENTIONS[1:]]
+    QUOTAS: ClassVar[dict[str | None, int]] = {}
+    RETENTION_CHOICES: ClassVar[list[RequestRetention | None]] = [None, None, None, None,
+                                                                  *RETENTIONS[1:]]
     PINS_AFTER_REQUESTS = 8
 
 
