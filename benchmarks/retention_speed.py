@@ -21,7 +21,8 @@ levels (some with durations): allocate 64 blocks (evicting 64 cached ones), free
 look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
 
     python benchmarks/retention_speed.py harness --rounds 3 --base-src /tmp/pk_base/src
-    python benchmarks/retention_speed.py harness --rounds 3 --before-src /tmp/pk_before/src -- --repeat 3
+    python benchmarks/retention_speed.py harness --rounds 3 --before-src /tmp/pk_before/src \\
+        -- --repeat 3
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
         ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
     python benchmarks/retention_speed.py lockstep --rounds 3
