@@ -212,6 +212,18 @@ class RetentionPool(BlockPool):
         if self._pq is not None:
             self._pq.make_unhashed(b)
 
+    def move_block_hashes(self, src: int, dst: int) -> None:
+        """As the base pool; out of uniform mode ``dst`` also takes ``src``'s pin mark and
+        tenant, and ``src`` forgets its retention (it has no hash any more). O(keys)."""
+        pq = self._pq
+        if pq is None or self.block_hash[src] is None:
+            super().move_block_hashes(src, dst)
+            return
+        pinned, tenant = pq.pinned[src], pq.tenant[src]
+        super().move_block_hashes(src, dst)
+        pq.make_unhashed(src)
+        pq.pinned[dst], pq.tenant[dst] = pinned, tenant
+
     def reset_prefix_cache(self) -> bool:
         """As the base pool (only when no block is in use; parked pinned blocks are free);
         pins stay (they name content), their blocks lose them with their hashes."""
