@@ -12,7 +12,7 @@ Everything ``pagedkv simulate`` computes lives here; the CLI parses, calls and r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
@@ -72,6 +72,8 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
+    #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
+    retention: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +99,12 @@ class SimConfig:
             raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        if self.retention is not None:
+            from pagedkv.retention.sim_support import check_policy
+
+            check_policy(self.retention)
+            if self.semantics != "vllm":
+                raise InvalidArgumentError("--retention replays with --semantics vllm")
         for cap in self.capacity_sweep:
             if cap is not None and cap < self.block_size:
                 raise InvalidArgumentError(
@@ -185,7 +193,7 @@ def run(
                         decode_seq_s=s.step_time.decode_seq_s)
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
-    return build_report(
+    report = build_report(
         result, description=description or workload.description, semantics=cfg.semantics,
         capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
         warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
@@ -193,6 +201,16 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if cfg.retention is not None:
+        say(f"retention policy {cfg.retention} vs LRU")
+        from pagedkv.retention.sim_support import compare_retention
+
+        cmp = compare_retention(
+            workload, policy=cfg.retention, block_size=bs, num_blocks=cap.num_blocks,
+            warmup_fraction=cfg.warmup_fraction, with_belady=cfg.bounds,
+            note="pool sized as one full-attention group" if cap.is_hybrid else None)
+        report = replace(report, retention=cmp.to_dict())
+    return report
 
 
 def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.retention.sim_support import add_arguments as add_retention_arguments
 from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.loaders import formats, load_trace
@@ -173,6 +174,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ev.add_argument("--kv-events-topic", default="", help="topic frame, e.g. kv@pod@model")
     ev.add_argument("--kv-events-form", choices=("map", "array"), default="map",
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
+    add_retention_arguments(a)
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
     add_replica_flags(p)
@@ -251,7 +253,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         bounds=not args.no_bounds, warmup_fraction=args.warmup_fraction,
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
-        jobs=args.jobs, check_invariants=args.check_invariants,
+        jobs=args.jobs, check_invariants=args.check_invariants, retention=args.retention,
     )
 
 
