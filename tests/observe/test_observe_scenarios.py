@@ -256,9 +256,16 @@ def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
 def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
-    from pagedkv.observe import manager, reasons, residency, sim_support
+    from pagedkv.observe import (
+        attribution,
+        manager,
+        reasons,
+        residency,
+        sim_observe,
+        sim_support,
+    )
 
-    for module in (manager, reasons, residency, sim_support):
+    for module in (attribution, manager, reasons, residency, sim_observe, sim_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

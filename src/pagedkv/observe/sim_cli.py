@@ -61,20 +61,19 @@ class SimObserving:
                                        residency_sample_every=100 if exporter else None)
         self._breakdown: MissBreakdown | None = None
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SimObserving | None:
-        """Check the flags and start the metrics server (its address on stderr).
+    @staticmethod
+    def check_args(args: argparse.Namespace) -> bool:
+        """Check the flags (before anything runs); whether any is given.
 
         Raises:
-            InvalidArgumentError: not engine mode, with ``--replicas``, a bad port or
-                linger time, or the port is taken.
-            MissingDependencyError: ``--metrics-port`` without ``prometheus_client``.
+            InvalidArgumentError: not engine mode, with ``--replicas``, a bad port, ghost
+                size or linger time.
         """
         port = args.metrics_port
         if not args.explain_misses and port is None:
             if args.metrics_linger_s:
                 raise InvalidArgumentError("--metrics-linger-s goes with --metrics-port")
-            return None
+            return False
         flag = "--explain-misses" if args.explain_misses else "--metrics-port"
         if args.mode != "engine":
             raise InvalidArgumentError(f"{flag} observes the simulated engine: use it with "
@@ -86,10 +85,24 @@ class SimObserving:
         if args.metrics_linger_s < 0:
             raise InvalidArgumentError(
                 f"--metrics-linger-s must be >= 0, got {args.metrics_linger_s}")
+        if port is not None and not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"--metrics-port must be in [0, 65535], got {port}")
+        return True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimObserving | None:
+        """Check the flags (:meth:`check_args`) and start the metrics server (its address
+        on stderr); None without the flags.
+
+        Raises:
+            InvalidArgumentError: as :meth:`check_args`, or the port is taken.
+            MissingDependencyError: ``--metrics-port`` without ``prometheus_client``.
+        """
+        if not cls.check_args(args):
+            return None
+        port = args.metrics_port
         exporter = None
         if port is not None:
-            if not 0 <= port <= 65535:
-                raise InvalidArgumentError(f"--metrics-port must be in [0, 65535], got {port}")
             from pagedkv.observe.prometheus import PrometheusExporter
 
             exporter = PrometheusExporter()
@@ -120,8 +133,10 @@ class SimObserving:
     def plot(self, plot_dir: str | Path, title: str) -> str:
         """Write the stacked bar plot into ``plot_dir``; a line saying where (or why not)."""
         try:
-            path = plot_missed_tokens(self.breakdown().series, Path(plot_dir) / PLOT_NAME,
-                                      title=title)
+            path = plot_missed_tokens(
+                self.breakdown().series, Path(plot_dir) / PLOT_NAME,
+                title=f"{title}\nprompt tokens per interval of simulated time: missed by "
+                "reason, and hit")
         except MissingDependencyError as exc:
             return f"missed-tokens plot skipped: {exc}"
         return f"missed tokens by reason over time: {path.resolve()}"

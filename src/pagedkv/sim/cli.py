@@ -272,6 +272,7 @@ def main_run(args: argparse.Namespace) -> int:
             "--mode engine"
         )
     check_replica_args(args)
+    SimObserving.check_args(args)
     ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
     if args.find_capacity and args.mode != "engine":
         raise InvalidArgumentError("--find-capacity needs --mode engine (TTFT is an engine "
