@@ -257,7 +257,7 @@ def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
     from pagedkv.observe import (
-        attribution,
+        attribution_scan,
         manager,
         reasons,
         residency,
@@ -265,7 +265,7 @@ def test_docstring_examples_of_the_observe_package() -> None:
         sim_support,
     )
 
-    for module in (attribution, manager, reasons, residency, sim_observe, sim_support):
+    for module in (attribution_scan, manager, reasons, residency, sim_observe, sim_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
