@@ -323,3 +323,27 @@ def test_residency_sampling_with_retention_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
         observed([full(16)], retention=RetentionConfig(),
                  observe=ObserveConfig(residency_sample_every=1))
+
+
+def test_sub_block_hit_is_explained_as_the_coordinator_finds_it() -> None:
+    """Full attention 16 + align-mode Mamba 16 hashed at 4: a hit ending inside a block
+    (40 tokens, vLLM 0.33's partial hits) is the explanation's hit; the rest of the
+    prompt (46 tokens: block 2 is not full) reads partial_block."""
+    mgr = observed([full(16), MambaSpec(block_size=16, state_bytes=64)], num_blocks=40,
+                   max_model_len=256, hash_block_size=4)
+    a = mgr.new_request("a", list(range(1, 42)))
+    assert mgr.allocate_slots(a, 40) is not None
+    a.num_computed_tokens = 40
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(a, 1) is not None
+    a.num_computed_tokens = 41
+    mgr.release_blocks(mgr.take_block_copies().retained)
+    mgr.new_step_starts()
+    b = mgr.new_request("b", list(range(1, 41)) + [900, 901, 902, 903, 904, 905])
+    e = mgr.explain_lookup(b)
+    check_partition(e)
+    hit = mgr.get_computed_blocks(b)
+    assert e.num_hit_tokens == hit.num_computed_tokens == 40
+    assert [list(g.hit_block_ids) for g in e.groups] == [list(t) for t in hit.block_ids]
+    assert spans(e) == [(0, 40, "hit"), (40, 46, "partial_block")]
+    mgr.check_invariants()

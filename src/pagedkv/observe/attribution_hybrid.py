@@ -32,6 +32,8 @@ class HybridExplainer(ExplainerBase):
         index = self.pool.index
         managers = self.managers
         replayed = None
+        if self.partial_hits:
+            return self._explain_partial(request, found)
         if found is None and len(self.full_groups) <= 1 and not self.any_drop:
             # With at most one full-attention group the limiting group is known up front;
             # when the cap does not change the lcm-rounded start, the replay within P is
@@ -123,6 +125,37 @@ class HybridExplainer(ExplainerBase):
         star_status: _Status = (star, limit, tuple(tables[star]),
                                 [(held, f_blocks, None), *own] if f_blocks > held else own)
         return self._finish(request, hit, tables, tuple(segs), (star, star_status))
+
+    def _explain_partial(self, request: RequestLike, found: Found | None) -> LookupExplanation:
+        """Sub-block hits (:class:`~pagedkv.coordinator.PartialHitCoordinator`): the hit is
+        the coordinator's; the rest of the block it ends in, and every later block, read
+        the limiting group's own status (a block cached there but not hit: clamped by the
+        other group)."""
+        n = request.num_tokens
+        if found is None:
+            found = self.coordinator.find_longest_cache_hit(request.block_hashes, n - 1)
+            assert found is not None
+        tables, hit = found
+        star = self.full_groups[0] if self.full_groups else 0
+        bs = self.managers[star].block_size
+        limit = min(len(request.block_hashes) // self.strides[star], n // bs)
+        p_tokens = limit * bs
+        other = next((g for g in self.group_ids if g != star), star)
+        clamp: _Label = (Reason.CLAMPED, other, self.causes[other], None)
+        segs = [_seg((0, hit, _HIT, None, None, None))] if hit else []
+        if hit < p_tokens:
+            for a, b, label in self._scan(request, star, hit // bs, limit, inherit=True):
+                reason, group, cause, ev = label or clamp
+                start = max(a * bs, hit)
+                last = segs[-1] if segs else None
+                if last is not None and last.reason is reason and last.group == group \
+                        and last.cause is cause:
+                    segs[-1] = _seg((last.start, b * bs, reason, group, cause, last.eviction))
+                else:
+                    segs.append(_seg((start, b * bs, reason, group, cause, ev)))
+        if max(p_tokens, hit) < n:
+            segs.append(_seg((max(p_tokens, hit), n, _PARTIAL, None, None, None)))
+        return self._finish(request, hit, tables, tuple(segs))
 
     def _explain_no_full(
         self, request: RequestLike, tables: tuple[list[int], ...], hit: int,

@@ -8,7 +8,11 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pagedkv.coordinator import HybridCoordinator, NoPrefixCacheCoordinator
+from pagedkv.coordinator import (
+    HybridCoordinator,
+    NoPrefixCacheCoordinator,
+    PartialHitCoordinator,
+)
 from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.chunked_local import ChunkedLocalManager
 from pagedkv.managers.cross_attention import CrossAttentionManager
@@ -71,6 +75,8 @@ class ExplainerBase:
         self.managers = coord.managers
         self.caching_off = isinstance(coord, NoPrefixCacheCoordinator)
         self.hybrid = coord if isinstance(coord, HybridCoordinator) else None
+        #: Hits may end inside a block (sub-block hits): the hit is the coordinator's.
+        self.partial_hits = isinstance(coord, PartialHitCoordinator)
         self.hash_block_size = manager.pool.hash_block_size
         self.full_groups = [g for g, m in enumerate(self.managers)
                             if isinstance(m, FullAttentionManager)]
