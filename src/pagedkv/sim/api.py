@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
@@ -32,6 +32,9 @@ from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from pagedkv.observe.sim_observe import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run"]
 
@@ -132,11 +135,14 @@ def run(
     description: str | None = None,
     progress: Progress | None = None,
     phase: Callable[[str], None] | None = None,
+    observer: ReplayObserver | None = None,
 ) -> SimReport:
     """Replay ``workload`` as ``config`` says and report (hit rates beside the bounds,
     engine figures and a verdict in engine mode, the capacity sweep if asked).
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
+    ``observer``: an engine replay on an observed manager instead of the plain one
+    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -156,10 +162,16 @@ def run(
     say(f"replaying {len(workload.requests)} requests")
     result: SimResult
     if engine:
-        result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
-                                 config=_with_checks(cfg), manager_factory=cap.factory
-                                 ).run(progress)
+        factory = cap.factory if observer is None else observer.wrap(cap.factory)
+        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                              config=_with_checks(cfg), manager_factory=factory)
+        if observer is not None:
+            observer.attach(sim)
+        result = sim.run(progress)
     else:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics replay the "
+                                       "engine: use them with --mode engine")
         result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
                                 semantics=cfg.semantics, progress=progress,
                                 check_invariants=cfg.check_invariants,
