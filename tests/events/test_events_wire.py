@@ -183,6 +183,8 @@ stored_events = st.builds(
     group_idx=st.integers(0, 5),
     kv_cache_spec_kind=st.none() | st.sampled_from(["full_attention", "sliding_window"]),
     kv_cache_spec_sliding_window=st.none() | st.integers(1, 8192),
+    # The array form (vLLM <= 0.23) has no lookahead field: see the map-only test below.
+    lookahead_token_ids=st.none(),
 )
 removed_events = st.builds(
     BlockRemoved,
@@ -205,3 +207,16 @@ def test_round_trip_both_forms(events, ts, rank, form):
     batch = decode_batch(payload)
     assert batch == EventBatch(ts, [as_decoded(e) for e in events], rank)
     assert encode_batch(batch.events, timestamp_s=ts, data_parallel_rank=rank, form=form) == payload
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    event=stored_events,
+    ahead=st.lists(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=4), max_size=4),
+)
+def test_round_trip_map_form_with_lookahead_tokens(event, ahead):
+    event = event._replace(lookahead_token_ids=ahead)
+    payload = encode_batch([event], timestamp_s=0.0)
+    batch = decode_batch(payload)
+    assert batch.events == [as_decoded(event)]
+    assert encode_batch(batch.events, timestamp_s=0.0) == payload
