@@ -18,6 +18,8 @@ from typing import Any
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
 from pagedkv.sim.engine import EngineSimulator
+from pagedkv.sim.host_sweep import host_simulator, with_host_tier
+from pagedkv.sim.host_tier import HostMemoryConfig
 from pagedkv.sim.models import (
     DEFAULT_GPU_MEMORY,
     DEFAULT_MODEL,
@@ -72,6 +74,8 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
+    #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
+    host: HostMemoryConfig | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +101,9 @@ class SimConfig:
             raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        if self.host is not None and self.mode != "engine":
+            raise InvalidArgumentError("--host-memory simulates transfers in engine time: "
+                                       "use it with --mode engine")
         for cap in self.capacity_sweep:
             if cap is not None and cap < self.block_size:
                 raise InvalidArgumentError(
@@ -147,7 +154,11 @@ def run(
                                           jobs=cfg.jobs)
     say(f"replaying {len(workload.requests)} requests")
     result: SimResult
-    if engine:
+    host_sim = None
+    if engine and cfg.host is not None:
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
+        result = host_sim.run(progress)
+    elif engine:
         result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
                                  config=_with_checks(cfg), manager_factory=cap.factory
                                  ).run(progress)
@@ -185,7 +196,7 @@ def run(
                         decode_seq_s=s.step_time.decode_seq_s)
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
-    return build_report(
+    report = build_report(
         result, description=description or workload.description, semantics=cfg.semantics,
         capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
         warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
@@ -193,6 +204,11 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if host_sim is not None and cfg.host is not None:
+        if cfg.host.sweep_memory_bytes:
+            say("host memory sweep")
+        report = with_host_tier(report, host_sim, workload, cap, cfg.host, _with_checks(cfg))
+    return report
 
 
 def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:

@@ -18,6 +18,7 @@ from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
+from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
@@ -176,6 +177,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
     add_replica_flags(p)
+    add_host_arguments(p)
     p.set_defaults(func=main_run)
     return p
 
@@ -252,6 +254,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
         jobs=args.jobs, check_invariants=args.check_invariants,
+        host=host_config_from_args(args),
     )
 
 

@@ -1,0 +1,185 @@
+"""Executing the host tier's load and store plans with real tensors.
+
+:class:`HostKVTensors` is the host tier's memory: one ``[host_blocks, page_numel]`` tensor
+per KV-cache tensor of the plan (pinned when a GPU is present, so copies can run
+asynchronously), the twin of :class:`~pagedkv.torch.tensors.KVCacheTensors`. A block id
+names one page in every tensor, whatever its group, so a copy moves whole pages of every
+tensor:
+
+* a **store** (device -> host) is ``host.index_copy_(0, host_ids,
+  device.index_select(0, physical(device_ids)))``;
+* a **load** (host -> device) is ``device.index_copy_(0, physical(device_ids),
+  host.index_select(0, host_ids))``.
+
+``physical`` is the engine's :class:`~pagedkv.torch.tables.Placement` (manager ids ->
+pages). :class:`HostTierExecutor` drives one step in the order the plans require:
+
+1. ``before_forward``: eviction stores (copy out the device blocks just handed to another
+   request before anything writes them), then the engine poisons fresh blocks, then
+2. ``load``: every queued load plan is copied and confirmed (``complete_load(plan, True)``),
+   which registers its device blocks;
+3. the forward pass;
+4. ``after_forward``: write-through stores of blocks this step computed.
+
+Worked case: a 2-block pool plan with a 64-byte page per tensor, 3 host blocks; a store plan
+``device 1 -> host 2`` copies page 1 of every device tensor into row 2 of the matching host
+tensor; a later load ``host 2 -> device 4`` (identity placement) copies it back to page 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pagedkv import Request
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.host import BEFORE_FORWARD, HostTieredKVCacheManager
+from pagedkv.torch._deps import torch
+from pagedkv.torch.engine import Engine
+from pagedkv.torch.model import TinyDecoder
+from pagedkv.torch.tensors import KVCacheTensors
+
+__all__ = ["HostKVTensors", "HostTierEngine", "TransferStats"]
+
+
+class _GroupCopies(Protocol):
+    @property
+    def host_block_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def device_block_ids(self) -> tuple[int, ...]: ...
+
+
+class _Plan(Protocol):
+    @property
+    def groups(self) -> Sequence[_GroupCopies]: ...
+
+
+class HostKVTensors:
+    """Host memory for ``num_blocks`` host blocks of ``device``'s layout: one tensor per
+    planned tensor, ``[num_blocks, page_numel]`` of the device cache's dtype, on the CPU.
+    ``pin``: page-locked memory (default: when CUDA is available).
+
+    Raises:
+        InvalidArgumentError: ``num_blocks`` < 1.
+    """
+
+    def __init__(self, device: KVCacheTensors, num_blocks: int, *,
+                 pin: bool | None = None, fill: float | None = None) -> None:
+        if type(num_blocks) is not int or num_blocks < 1:
+            raise InvalidArgumentError(f"host tensors need >= 1 block, got {num_blocks!r}")
+        self.device_cache = device
+        self.num_blocks = num_blocks
+        self.pinned = torch.cuda.is_available() if pin is None else pin
+        self.pages: tuple[torch.Tensor, ...] = tuple(
+            torch.empty((num_blocks, device.page_numel), dtype=device.dtype,
+                        pin_memory=self.pinned)
+            for _ in device.pages
+        )
+        if fill is not None:
+            for p in self.pages:
+                p.fill_(fill)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.pages)
+
+    def store(self, device_pages: torch.Tensor, host_ids: torch.Tensor) -> None:
+        """Copy device pages ``device_pages`` (physical ids) into host rows ``host_ids``."""
+        for dev, host in zip(self.device_cache.pages, self.pages, strict=True):
+            rows = dev.index_select(0, device_pages.to(dev.device))
+            host.index_copy_(0, host_ids, rows.to("cpu", non_blocking=self.pinned))
+        if self.pinned:
+            torch.cuda.synchronize()
+
+    def load(self, host_ids: torch.Tensor, device_pages: torch.Tensor) -> None:
+        """Copy host rows ``host_ids`` into device pages ``device_pages`` (physical ids)."""
+        for dev, host in zip(self.device_cache.pages, self.pages, strict=True):
+            rows = host.index_select(0, host_ids)
+            if self.pinned:
+                rows = rows.pin_memory()
+            dev.index_copy_(0, device_pages.to(dev.device),
+                            rows.to(dev.device, non_blocking=self.pinned))
+
+    def check_invariants(self) -> None:
+        """One host tensor per device tensor, same dtype and page width, on the CPU."""
+        assert len(self.pages) == len(self.device_cache.pages)
+        for p in self.pages:
+            assert p.shape == (self.num_blocks, self.device_cache.page_numel)
+            assert p.dtype == self.device_cache.dtype and p.device.type == "cpu"
+
+
+@dataclass(slots=True, kw_only=True)
+class TransferStats:
+    """Copies executed (blocks, all groups) and plans confirmed."""
+
+    loads: int = 0
+    loaded_blocks: int = 0
+    stores: int = 0
+    stored_blocks: int = 0
+
+
+class HostTierEngine(Engine):
+    """:class:`~pagedkv.torch.engine.Engine` over a host-tiered manager
+    (:class:`pagedkv.host.HostTieredKVCacheManager`) that executes its plans on ``host``
+    tensors in the order of the module docstring; other arguments as ``Engine``.
+    ``transfers`` counts what was copied.
+    """
+
+    def __init__(self, manager: HostTieredKVCacheManager, model: TinyDecoder,
+                 cache: KVCacheTensors, host: HostKVTensors, **kwargs: Any) -> None:
+        super().__init__(manager, model, cache, **kwargs)
+        self.tiered = manager
+        self.host = host
+        self.transfers = TransferStats()
+        self._after: list[Any] = []
+
+    def _lookup(self, request: Request) -> Any:
+        return self.tiered.lookup(request)
+
+    def _ids(self, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+        host_ids = [b for g in plan.groups for b in g.host_block_ids]
+        dev_ids = [b for g in plan.groups for b in g.device_block_ids]
+        pages = self.placement.physical(torch.tensor(dev_ids, dtype=torch.long))
+        return torch.tensor(host_ids, dtype=torch.long), pages
+
+    def _store(self, plan: Any) -> None:
+        host_ids, pages = self._ids(plan)
+        self.host.store(pages, host_ids)
+        self.tiered.complete_store(plan, True)
+        self.transfers.stores += 1
+        self.transfers.stored_blocks += int(host_ids.numel())
+
+    def _copy_out_before_forward(self) -> None:
+        """Eviction stores now; write-through stores wait for the forward pass."""
+        for plan in self.tiered.take_store_plans():
+            if plan.timing == BEFORE_FORWARD:
+                self._store(plan)
+            else:
+                self._after.append(plan)
+
+    def _copy_in_before_forward(self) -> None:
+        """Every load planned this step, then ``complete_load`` (registers its blocks)."""
+        mgr = self.tiered
+        for plan in mgr.take_load_plans():
+            host_ids, pages = self._ids(plan)
+            self.host.load(host_ids, pages)
+            mgr.complete_load(plan, True)
+            self.transfers.loads += 1
+            self.transfers.loaded_blocks += int(host_ids.numel())
+        if self.host.pinned:
+            torch.cuda.synchronize()
+
+    def _copy_out_after_forward(self) -> None:
+        mgr = self.tiered
+        for plan in mgr.take_store_plans():
+            assert plan.timing != BEFORE_FORWARD, "an eviction store made after scheduling"
+            self._after.append(plan)
+        for plan in self._after:
+            self._store(plan)
+        self._after = []
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        self.host.check_invariants()
