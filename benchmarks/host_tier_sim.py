@@ -5,7 +5,8 @@ tier and TTFT p50/p99 on the Mooncake conversation trace.
 The device is the planner's capacity for ``--model`` on ``--gpu-memory`` (default
 Llama-3.1-8B on an 80 GiB GPU); each host size is a replay with a host tier of that size
 (``pagedkv simulate --host-memory``), bytes per block from the same plan, at
-``--host-bandwidth-gbps`` per direction. Prints one Markdown table row per replay.
+``--host-bandwidth-gbps`` per direction, under each write policy (store on eviction,
+write-through). Prints one Markdown table row per replay.
 
     python benchmarks/host_tier_sim.py
     python benchmarks/host_tier_sim.py --host-memory 256GiB,1TiB --limit 4000
@@ -23,8 +24,10 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
-from pagedkv.sim import SimConfig, load_trace, run
+from pagedkv.planner import format_bytes
+from pagedkv.sim import SimConfig, SimReport, load_trace, run
 from pagedkv.sim.host_tier import WRITE_POLICIES, HostMemoryConfig, parse_host_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,6 +36,17 @@ TRACE = os.path.join(HERE, "..", "..", "shared", "data", "traces", "conversation
 
 def _ms(x: float | None) -> str:
     return "—" if x is None else f"{x * 1000:,.0f} ms"
+
+
+def _row(what: str, report: SimReport) -> str:
+    tier = report.host_tier
+    hit = report.hit_rate or 0.0
+    host = tier.host_hit_tokens / report.prompt_tokens if tier and report.prompt_tokens else 0.0
+    e = report.engine
+    assert e is not None
+    return (f"| {what} | {tier.num_blocks if tier else 0:,} | {100 * hit:.1f} % | "
+            f"{100 * (hit - host):.1f} % | {100 * host:.1f} % | {_ms(e.ttft.p50)} | "
+            f"{_ms(e.ttft.p99)} | {report.preemptions:,} |")
 
 
 def main() -> None:
@@ -44,37 +58,44 @@ def main() -> None:
     ap.add_argument("--host-memory", default="256GiB,1TiB",
                     help="host sizes, comma-separated (default 256GiB,1TiB)")
     ap.add_argument("--host-bandwidth-gbps", type=float, default=25.0)
-    ap.add_argument("--host-write-policy", choices=WRITE_POLICIES, default="on-eviction")
+    ap.add_argument("--host-write-policy", default=",".join(WRITE_POLICIES),
+                    help="write policies, comma-separated (default: both)")
     args = ap.parse_args()
     sizes = parse_host_sizes(args.host_memory)
+    policies = args.host_write_policy.split(",")
     wl = load_trace(args.trace, limit=args.limit)
-    host = HostMemoryConfig(memory_bytes=sizes[0], bandwidth_gbps=args.host_bandwidth_gbps,
-                            write_policy=args.host_write_policy, sweep_memory_bytes=sizes[1:])
+    base = SimConfig(model=args.model, gpu_memory=args.gpu_memory, bounds=False, jobs=1)
     t0 = time.perf_counter()
-    report = run(wl, SimConfig(model=args.model, gpu_memory=args.gpu_memory, bounds=False,
-                               jobs=1, host=host))
+    rows = []
+    report = run(wl, base)
+    rows.append(_row("device only", report))
+    notes = []
+    for policy in policies:
+        for size in sizes:
+            host = HostMemoryConfig(memory_bytes=size, bandwidth_gbps=args.host_bandwidth_gbps,
+                                    write_policy=policy)
+            r = run(wl, replace(base, host=host))
+            rows.append(_row(f"+ {format_bytes(size)} host, {policy}", r))
+            t = r.host_tier
+            assert t is not None
+            notes.append(f"{format_bytes(size)} {policy}: {t.loads:,} loads of "
+                         f"{t.loaded_blocks:,} blocks ({t.load_s:.1f} s of copies), "
+                         f"{t.declined_host_tokens:,} host-hit tokens recomputed instead, "
+                         f"{t.stored_blocks:,} blocks stored, steps waited "
+                         f"{t.store_stall_s:.1f} s for stores")
     wall = time.perf_counter() - t0
     print(f"{wl.description}; device: {report.capacity.source}, "
           f"{report.capacity_tokens:,} tokens; host link {args.host_bandwidth_gbps:g} GB/s "
-          f"per direction, {args.host_write_policy}; {wall:.0f} s wall for "
-          f"{len(sizes) + 1} replays")
+          f"per direction; {wall:.0f} s wall for {len(rows)} replays")
     print()
     print("| KV memory | host blocks | hit rate | device hits | host hits | TTFT p50 | "
           "TTFT p99 | preemptions |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in report.host_sweep:
-        what = ("device only" if row.host_memory_bytes is None
-                else f"device + {row.host_memory_bytes / 2**30:,.0f} GiB host")
-        print(f"| {what} | {row.host_blocks:,} | {100 * row.hit_rate:.1f} % | "
-              f"{100 * row.device_hit_rate:.1f} % | {100 * row.host_hit_rate:.1f} % | "
-              f"{_ms(row.ttft_p50_s)} | {_ms(row.ttft_p99_s)} | {row.preemptions:,} |")
-    tier = report.host_tier
-    if tier is not None:
-        print()
-        print(f"first host size: {tier.loads:,} loads of {tier.loaded_blocks:,} blocks "
-              f"({tier.load_s:.1f} s of copies), {tier.declined_host_tokens:,} host-hit "
-              f"tokens recomputed instead, {tier.stored_blocks:,} blocks stored, steps "
-              f"waited {tier.store_stall_s:.1f} s for stores")
+    for line in rows:
+        print(line)
+    print()
+    for note in notes:
+        print(note)
 
 
 if __name__ == "__main__":

@@ -28,19 +28,41 @@ tensor; a later load ``host 2 -> device 4`` (identity placement) copies it back 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pagedkv import Request
+from pagedkv import CacheConfig, Request
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.host import BEFORE_FORWARD, HostTieredKVCacheManager
+from pagedkv.host import (
+    BEFORE_FORWARD,
+    HostTierConfig,
+    HostTieredKVCacheManager,
+    StoreOnEviction,
+    WriteThrough,
+)
 from pagedkv.torch._deps import torch
+from pagedkv.torch.check import _MODEL as MODEL
+from pagedkv.torch.check import (
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_RUNNING,
+    PREEMPT_EVERY_STEPS,
+    Layout,
+    RunResult,
+    workload,
+)
 from pagedkv.torch.engine import Engine
 from pagedkv.torch.model import TinyDecoder
+from pagedkv.torch.tables import Placement
 from pagedkv.torch.tensors import KVCacheTensors
 
-__all__ = ["HostKVTensors", "HostTierEngine", "TransferStats"]
+__all__ = [
+    "HostKVTensors",
+    "HostRunResult",
+    "HostTierEngine",
+    "TransferStats",
+    "run_layout_with_host",
+]
 
 
 class _GroupCopies(Protocol):
@@ -183,3 +205,57 @@ class HostTierEngine(Engine):
     def check_invariants(self) -> None:
         super().check_invariants()
         self.host.check_invariants()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class HostRunResult:
+    """A host-tier run of a check layout: the run (comparable with
+    :func:`~pagedkv.torch.check.compare_runs`), the copies executed, and the host tier's
+    own counters (``make_host_stats``)."""
+
+    run: RunResult
+    transfers: TransferStats
+    host_hit_tokens: int
+
+
+def run_layout_with_host(
+    layout: Layout,
+    *,
+    num_host_blocks: int,
+    device: torch.device | str = "cpu",
+    placement: Callable[[int], Placement] | None = None,
+    write_through: bool = False,
+    requests: Sequence[tuple[str, list[int], int]] | None = None,
+) -> HostRunResult:
+    """:func:`~pagedkv.torch.check.run_layout` with prefix caching **and** a host tier of
+    ``num_host_blocks`` blocks (host tensors NaN-filled, device fresh blocks NaN-poisoned,
+    so a wrong copy or a read before a load shows up in the logits).
+
+    Raises:
+        ConfigError: a layout the host tier does not support (full attention and MLA
+            only).
+    """
+    plan = layout.plan()
+    nan = float("nan")
+    cache = KVCacheTensors(plan, dtype=torch.float32, device=device, fill=nan)
+    null_before = cache.block_bytes(0)
+    policy = WriteThrough() if write_through else StoreOnEviction()
+    manager = HostTieredKVCacheManager(
+        CacheConfig(groups=tuple(g.spec for g in plan.groups), num_blocks=plan.num_blocks,
+                    max_model_len=MODEL.max_model_len),
+        HostTierConfig(num_blocks=num_host_blocks, write_policy=policy))
+    host = HostKVTensors(cache, num_host_blocks, fill=nan)
+    model = TinyDecoder(MODEL, cache, [name for name, _ in layout.layers])
+    engine = HostTierEngine(
+        manager, model, cache, host, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        max_num_running=MAX_NUM_RUNNING,
+        placement=placement(plan.num_blocks) if placement else None, poison_value=nan,
+        preempt_every_steps=PREEMPT_EVERY_STEPS)
+    for rid, prompt, max_new in requests if requests is not None else workload():
+        engine.add_request(rid, prompt, max_new)
+    engine.run()
+    run = RunResult(logits=engine.logits, outputs=engine.finished, stats=engine.stats,
+                    num_evicted_blocks=manager.num_evicted_blocks,
+                    null_block_untouched=cache.block_bytes(0) == null_before)
+    return HostRunResult(run=run, transfers=engine.transfers,
+                         host_hit_tokens=manager.make_host_stats().host_hit_tokens)
