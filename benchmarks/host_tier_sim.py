@@ -11,7 +11,7 @@ write-through). Prints one Markdown table row per replay.
     python benchmarks/host_tier_sim.py
     python benchmarks/host_tier_sim.py --host-memory 256GiB,1TiB --limit 4000
 
-The same figures come from one CLI run (its "Host memory sweep" table)::
+One policy's rows also come from one CLI run (its "Host memory" table)::
 
     pagedkv simulate --trace ../shared/data/traces/conversation_trace.jsonl \\
         --host-memory 256GiB,1TiB --no-bounds --no-plots
@@ -73,7 +73,7 @@ def main() -> None:
     for policy in policies:
         for size in sizes:
             host = HostMemoryConfig(memory_bytes=size, bandwidth_gbps=args.host_bandwidth_gbps,
-                                    write_policy=policy)
+                                    write_policy=policy, device_only_baseline=False)
             r = run(wl, replace(base, host=host))
             rows.append(_row(f"+ {format_bytes(size)} host, {policy}", r))
             t = r.host_tier

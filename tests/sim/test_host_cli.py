@@ -1,4 +1,4 @@
-"""``pagedkv simulate --host-memory``: the report's host section and sweep table, JSON
+"""``pagedkv simulate --host-memory``: the report's host section and host-memory table, JSON
 figures that add up, and every bad host flag as one stderr line with exit 2 (usage) or 1
 — run in a subprocess, as a user would."""
 
@@ -26,7 +26,8 @@ def test_text_report_has_the_host_section_and_sweep(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for text in ("Host tier", "hit tokens: device / host", "64.00 MiB = 32 blocks of 2.00 MiB",
-                 "25 GB/s per direction", "Host memory sweep", "device only", "1.00 GiB"):
+                 "25 GB/s per direction", "Host memory: effect on hits and TTFT",
+                 "device only", "1.00 GiB"):
         assert text in out, text
 
 
@@ -45,6 +46,13 @@ def test_json_per_tier_figures_add_up(tmp_path: Path) -> None:
     assert rows[1]["host_hit_rate"] > rows[0]["host_hit_rate"] == 0.0
     for r in rows:
         assert r["device_hit_rate"] + r["host_hit_rate"] == pytest.approx(r["hit_rate"])
+
+
+def test_no_host_baseline_skips_the_table(tmp_path: Path) -> None:
+    proc = _simulate(tmp_path, *GEN, "--json", "--host-memory", "1GiB", "--no-host-baseline")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    assert d["host_tier"]["num_blocks"] == 512 and "host_sweep" not in d
 
 
 def test_without_host_flags_the_report_has_no_host_figures(tmp_path: Path) -> None:
@@ -70,6 +78,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "holds no block"),
     ("bandwidth alone", ["--host-bandwidth-gbps", "25"], 1, "needs --host-memory"),
     ("policy alone", ["--host-write-policy", "write-through"], 1, "needs --host-memory"),
+    ("baseline alone", ["--no-host-baseline"], 1, "needs --host-memory"),
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
     ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
     ("hybrid model", ["--host-memory", "1GiB", "--model", "Gemma-3-27B-it"], 1,

@@ -62,6 +62,13 @@ def test_per_tier_hits_add_up_and_the_host_adds_hits(hosted: SimReport) -> None:
     assert hosted.hit_tokens > device_only.hit_tokens
     # the device part of the hits is what the device alone finds on this workload
     assert tier.device_hit_tokens == device_only.hit_tokens
+    # the table: the device-only replay, then this run
+    base_row, row = hosted.host_sweep
+    assert base_row.host_memory_bytes is None and row.host_memory_bytes == 4 << 30
+    assert base_row.hit_rate == pytest.approx(device_only.hit_rate or 0.0)
+    assert device_only.engine is not None
+    assert base_row.ttft_p50_s == device_only.engine.ttft.p50
+    assert row.host_hit_rate == pytest.approx(tier.host_hit_tokens / hosted.prompt_tokens)
     d = hosted.to_dict()
     assert d["host_tier"]["host_hit_tokens"] == tier.host_hit_tokens
 
@@ -74,7 +81,7 @@ def test_transfers_are_charged_by_bytes_over_bandwidth(hosted: SimReport) -> Non
     # eviction stores sit on the critical path: steps waited for some of them
     assert 0 < tier.store_stall_s <= tier.stored_blocks * per_block_s
     slower = run(multi_turn(), replace(BASE, host=HostMemoryConfig(
-        memory_bytes=4 << 30, bandwidth_gbps=5.0)))
+        memory_bytes=4 << 30, bandwidth_gbps=5.0, device_only_baseline=False)))
     assert slower.host_tier is not None and slower.host_tier.store_stall_s > tier.store_stall_s
     assert slower.engine is not None and hosted.engine is not None
     assert slower.engine.simulated_s > hosted.engine.simulated_s
@@ -82,7 +89,7 @@ def test_transfers_are_charged_by_bytes_over_bandwidth(hosted: SimReport) -> Non
 
 def test_write_through_overlaps_its_stores() -> None:
     rep = run(multi_turn(), replace(BASE, host=HostMemoryConfig(
-        memory_bytes=4 << 30, write_policy="write-through")))
+        memory_bytes=4 << 30, write_policy="write-through", device_only_baseline=False)))
     tier = rep.host_tier
     assert tier is not None and tier.stored_blocks > 0 and tier.host_hit_tokens > 0
     assert tier.store_stall_s == 0.0
@@ -91,7 +98,7 @@ def test_write_through_overlaps_its_stores() -> None:
 def test_a_slow_link_recomputes_instead_of_loading() -> None:
     """At 0.05 GB/s a 2 MiB block takes 42 ms to load, 16 tokens 0.32 ms to prefill."""
     rep = run(multi_turn(), replace(BASE, host=HostMemoryConfig(
-        memory_bytes=4 << 30, bandwidth_gbps=0.05)))
+        memory_bytes=4 << 30, bandwidth_gbps=0.05, device_only_baseline=False)))
     tier = rep.host_tier
     assert tier is not None
     assert tier.declined_host_tokens > 0 and tier.host_hit_tokens == 0 and tier.loads == 0
@@ -122,7 +129,8 @@ def test_always_load_moves_every_host_hit() -> None:
 def test_invariants_of_both_tiers_hold_every_step() -> None:
     wl = multi_turn(num_conversations=8, num_turns=4)
     rep = run(wl, replace(BASE, num_blocks=120, check_invariants=True,
-                          host=HostMemoryConfig(memory_bytes=256 << 20)))
+                          host=HostMemoryConfig(memory_bytes=256 << 20,
+                                                          device_only_baseline=False)))
     assert rep.host_tier is not None and rep.host_tier.stored_blocks > 0
 
 
@@ -169,3 +177,19 @@ def test_a_hybrid_model_is_refused_with_the_reason() -> None:
     with pytest.raises(ConfigError, match="full-attention"):
         run(wl, SimConfig(model="Gemma-3-27B-it", bounds=False, jobs=1,
                           host=HostMemoryConfig(memory_bytes=1 << 30)))
+
+
+def test_without_baseline_one_size_has_no_table() -> None:
+    wl = multi_turn(num_conversations=4, num_turns=3)
+    rep = run(wl, replace(BASE, num_blocks=120, host=HostMemoryConfig(
+        memory_bytes=1 << 30, device_only_baseline=False)))
+    assert rep.host_tier is not None and rep.host_sweep == ()
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    import pagedkv.sim.host_tier as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

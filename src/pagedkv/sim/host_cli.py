@@ -1,7 +1,7 @@
 """``pagedkv simulate`` flags of the host-memory tier (:mod:`pagedkv.sim.host_tier`).
 
 ``--host-memory SIZE[,SIZE...]`` turns the tier on (the first size is the run the report
-describes; further sizes add a sweep table with a device-only row);
+describes; a table compares it with a device-only replay and further sizes);
 ``--host-bandwidth-gbps`` sets the link (GB/s per direction). A size that does not parse
 is a usage error (exit 2); a host tier in pure-cache mode or with ``--replicas`` is a
 bad request (exit 1).
@@ -46,11 +46,13 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--host-memory", type=_sizes, default=None, metavar="SIZE[,SIZE...]",
                    help="keep blocks evicted from the GPU in this much CPU memory and load "
                    "hits from it (e.g. 256GiB; bytes per block from --model's page size, "
-                   "else 128 KiB per token); several sizes: also a sweep table with a "
-                   "device-only row (default: off)")
+                   "else 128 KiB per token); a table compares it with a device-only replay "
+                   "and any further sizes (default: off)")
     h.add_argument("--host-bandwidth-gbps", type=_bandwidth, default=None, metavar="GBPS",
                    help=f"host <-> GPU copy rate in GB/s per direction (default "
                    f"{DEFAULT_BANDWIDTH_GBPS:g})")
+    h.add_argument("--no-host-baseline", action="store_true",
+                   help="skip the device-only replay the host table compares with")
     h.add_argument("--host-write-policy", choices=WRITE_POLICIES, default=None,
                    help="on-eviction: copy a block out when the GPU evicts it (the step "
                    "reusing it waits; default); write-through: copy every block as it is "
@@ -66,8 +68,8 @@ def host_config_from_args(args: argparse.Namespace) -> HostMemoryConfig | None:
     """
     sizes = args.host_memory
     if sizes is None:
-        for flag in ("host_bandwidth_gbps", "host_write_policy"):
-            if getattr(args, flag) is not None:
+        for flag in ("host_bandwidth_gbps", "host_write_policy", "no_host_baseline"):
+            if getattr(args, flag) not in (None, False):
                 raise InvalidArgumentError(
                     f"--{flag.replace('_', '-')} needs --host-memory")
         return None
@@ -77,4 +79,5 @@ def host_config_from_args(args: argparse.Namespace) -> HostMemoryConfig | None:
     bandwidth = args.host_bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS
     return HostMemoryConfig(memory_bytes=sizes[0], bandwidth_gbps=bandwidth,
                             write_policy=args.host_write_policy or "on-eviction",
-                            sweep_memory_bytes=sizes[1:])
+                            sweep_memory_bytes=sizes[1:],
+                            device_only_baseline=not args.no_host_baseline)

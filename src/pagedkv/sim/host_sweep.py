@@ -4,8 +4,9 @@ its sections of the report (:mod:`pagedkv.sim.host_tier` has the model).
 A run with ``SimConfig(host=HostMemoryConfig(...))`` replays on a
 :class:`~pagedkv.sim.host_engine.HostEngineSimulator`; its report carries ``host_tier``
 (the tier's figures) and, when more host sizes were asked for
-(``--host-memory 64GiB,256GiB``), ``host_sweep``: one replay per size plus a device-only
-replay, each a row of hit rate per tier and TTFT. The first size's row is the main run.
+``host_sweep``: a device-only replay (unless ``device_only_baseline`` is off), the main run,
+and one replay per further size (``--host-memory 64GiB,256GiB``), each a row of hit rate
+per tier and TTFT: the tier's effect.
 """
 
 from __future__ import annotations
@@ -69,15 +70,17 @@ def _row(result: SimResult, stats: HostRunStats | None) -> HostSweepRow:
 def with_host_tier(report: SimReport, sim: HostEngineSimulator, workload: Workload,
                    cap: CapacityPlan, host: HostMemoryConfig,
                    scheduler: SchedulerConfig) -> SimReport:
-    """``report`` with the host tier's figures and, if ``host.sweep_memory_bytes``, the
-    sweep (a device-only replay and one replay per further size)."""
+    """``report`` with the host tier's figures and the host-memory table: this run, a
+    device-only replay (``host.device_only_baseline``) and one replay per further size
+    (``host.sweep_memory_bytes``)."""
     sweep: tuple[HostSweepRow, ...] = ()
-    if host.sweep_memory_bytes:
+    if host.sweep_memory_bytes or host.device_only_baseline:
         assert report.result is not None
-        rows = [_row(EngineSimulator(workload, block_size=cap.block_size,
-                                     num_blocks=cap.num_blocks, config=scheduler,
-                                     manager_factory=cap.factory).run(), None),
-                _row(report.result, sim.host_stats)]
+        rows = [_row(report.result, sim.host_stats)]
+        if host.device_only_baseline:
+            rows.insert(0, _row(EngineSimulator(
+                workload, block_size=cap.block_size, num_blocks=cap.num_blocks,
+                config=scheduler, manager_factory=cap.factory).run(), None))
         for size in host.sweep_memory_bytes:
             other = host_simulator(workload, cap, replace(host, memory_bytes=size,
                                                           sweep_memory_bytes=()), scheduler)
@@ -119,4 +122,4 @@ def host_sweep_table(s: dict[str, Any]) -> tuple[str, list[str], list[list[str]]
             f"{100 * r['device_hit_rate']:.1f} %", f"{100 * r['host_hit_rate']:.1f} %",
             _sec(r["ttft_p50_s"]), _sec(r["ttft_p99_s"]), f"{r['preemptions']:,}",
         ])
-    return "Host memory sweep (engine mode, hit rates of all prompt tokens)", _HEAD, out
+    return "Host memory: effect on hits and TTFT (hit rates of all prompt tokens)", _HEAD, out

@@ -72,8 +72,9 @@ class HostMemoryConfig:
     per direction; ``write_policy``: ``"on-eviction"`` (store a block when the device
     evicts it: the copy delays the step that reuses the block) or ``"write-through"``
     (store every block as the device caches it: the copy overlaps the next step);
-    ``sweep_memory_bytes``: further host sizes to replay for the host-capacity table (a
-    device-only row is always added to it).
+    ``sweep_memory_bytes``: further host sizes to replay for the host-memory table;
+    ``device_only_baseline``: also replay without the host tier (the table's first row:
+    the TTFT and hit-rate effect of the tier).
 
     Raises:
         InvalidArgumentError: a size below 1 byte, or a bandwidth that is not > 0.
@@ -83,6 +84,7 @@ class HostMemoryConfig:
     bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS
     write_policy: str = "on-eviction"
     sweep_memory_bytes: tuple[int, ...] = ()
+    device_only_baseline: bool = True
 
     def __post_init__(self) -> None:
         for size in (self.memory_bytes, *self.sweep_memory_bytes):

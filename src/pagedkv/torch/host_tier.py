@@ -12,18 +12,23 @@ tensor:
   host.index_select(0, host_ids))``.
 
 ``physical`` is the engine's :class:`~pagedkv.torch.tables.Placement` (manager ids ->
-pages). :class:`HostTierExecutor` drives one step in the order the plans require:
+pages). :class:`HostTierEngine` (an :class:`~pagedkv.torch.engine.Engine` over a
+:class:`~pagedkv.host.HostTieredKVCacheManager`) runs one step in the order the plans
+require:
 
-1. ``before_forward``: eviction stores (copy out the device blocks just handed to another
-   request before anything writes them), then the engine poisons fresh blocks, then
-2. ``load``: every queued load plan is copied and confirmed (``complete_load(plan, True)``),
-   which registers its device blocks;
-3. the forward pass;
-4. ``after_forward``: write-through stores of blocks this step computed.
+1. schedule (``lookup`` across tiers, ``allocate_slots``: evictions make store plans, host
+   hits make load plans);
+2. eviction stores (``before_forward``): copy out the device blocks just handed to another
+   request before anything writes them, ``complete_store``;
+3. the engine NaN-poisons the step's fresh blocks (loaded ones included);
+4. loads: copy into their fresh device blocks, ``complete_load`` (registers them);
+5. the forward pass;
+6. write-through stores (``after_forward``) of blocks the step computed.
 
-Worked case: a 2-block pool plan with a 64-byte page per tensor, 3 host blocks; a store plan
-``device 1 -> host 2`` copies page 1 of every device tensor into row 2 of the matching host
-tensor; a later load ``host 2 -> device 4`` (identity placement) copies it back to page 4.
+Worked case (identity placement): a store plan ``device 1 -> host 2`` copies page 1 of
+every device tensor into row 2 of the matching host tensor; a later load plan ``host 2 ->
+device 4`` copies it back to page 4, and a request adopting those tokens reads exactly
+the K/V that was computed for them.
 """
 
 from __future__ import annotations
@@ -111,12 +116,12 @@ class HostKVTensors:
         """Copy device pages ``device_pages`` (physical ids) into host rows ``host_ids``."""
         for dev, host in zip(self.device_cache.pages, self.pages, strict=True):
             rows = dev.index_select(0, device_pages.to(dev.device))
-            host.index_copy_(0, host_ids, rows.to("cpu", non_blocking=self.pinned))
-        if self.pinned:
-            torch.cuda.synchronize()
+            host.index_copy_(0, host_ids, rows.to("cpu"))  # synchronous: done on return
 
     def load(self, host_ids: torch.Tensor, device_pages: torch.Tensor) -> None:
-        """Copy host rows ``host_ids`` into device pages ``device_pages`` (physical ids)."""
+        """Copy host rows ``host_ids`` into device pages ``device_pages`` (physical ids).
+        With pinned memory the rows are gathered into a pinned buffer and copied
+        asynchronously: synchronize the device before reading them."""
         for dev, host in zip(self.device_cache.pages, self.pages, strict=True):
             rows = host.index_select(0, host_ids)
             if self.pinned:
