@@ -81,6 +81,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("baseline alone", ["--no-host-baseline"], 1, "needs --host-memory"),
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
     ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
+    ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
     ("hybrid model", ["--host-memory", "1GiB", "--model", "Gemma-3-27B-it"], 1,
      "full-attention"),
 ]

@@ -3,8 +3,8 @@
 ``--host-memory SIZE[,SIZE...]`` turns the tier on (the first size is the run the report
 describes; a table compares it with a device-only replay and further sizes);
 ``--host-bandwidth-gbps`` sets the link (GB/s per direction). A size that does not parse
-is a usage error (exit 2); a host tier in pure-cache mode or with ``--replicas`` is a
-bad request (exit 1).
+is a usage error (exit 2); a host tier in pure-cache mode, with ``--replicas`` or with
+``--find-capacity`` is a bad request (exit 1).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def host_config_from_args(args: argparse.Namespace) -> HostMemoryConfig | None:
     """The host tier the flags ask for, or None.
 
     Raises:
-        InvalidArgumentError: a bandwidth without ``--host-memory``, or a host tier with
-            ``--replicas``.
+        InvalidArgumentError: a host flag without ``--host-memory``, or a host tier with
+            ``--replicas`` or ``--find-capacity``.
     """
     sizes = args.host_memory
     if sizes is None:
@@ -76,6 +76,9 @@ def host_config_from_args(args: argparse.Namespace) -> HostMemoryConfig | None:
     if getattr(args, "replicas", None) is not None:
         raise InvalidArgumentError("--host-memory is simulated for one replica; drop "
                                    "--replicas")
+    if getattr(args, "find_capacity", False):
+        raise InvalidArgumentError("--find-capacity searches device memory without a host "
+                                   "tier; drop --host-memory")
     bandwidth = args.host_bandwidth_gbps or DEFAULT_BANDWIDTH_GBPS
     return HostMemoryConfig(memory_bytes=sizes[0], bandwidth_gbps=bandwidth,
                             write_policy=args.host_write_policy or "on-eviction",

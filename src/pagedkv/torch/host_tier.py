@@ -1,8 +1,8 @@
 """Executing the host tier's load and store plans with real tensors.
 
 :class:`HostKVTensors` is the host tier's memory: one ``[host_blocks, page_numel]`` tensor
-per KV-cache tensor of the plan (pinned when a GPU is present, so copies can run
-asynchronously), the twin of :class:`~pagedkv.torch.tensors.KVCacheTensors`. A block id
+per KV-cache tensor of the plan (pinned when the device cache is on a GPU, so loads can
+run asynchronously), the twin of :class:`~pagedkv.torch.tensors.KVCacheTensors`. A block id
 names one page in every tensor, whatever its group, so a copy moves whole pages of every
 tensor:
 
@@ -86,7 +86,7 @@ class _Plan(Protocol):
 class HostKVTensors:
     """Host memory for ``num_blocks`` host blocks of ``device``'s layout: one tensor per
     planned tensor, ``[num_blocks, page_numel]`` of the device cache's dtype, on the CPU.
-    ``pin``: page-locked memory (default: when CUDA is available).
+    ``pin``: page-locked memory (default: when the device cache is on a CUDA device).
 
     Raises:
         InvalidArgumentError: ``num_blocks`` < 1.
@@ -98,7 +98,7 @@ class HostKVTensors:
             raise InvalidArgumentError(f"host tensors need >= 1 block, got {num_blocks!r}")
         self.device_cache = device
         self.num_blocks = num_blocks
-        self.pinned = torch.cuda.is_available() if pin is None else pin
+        self.pinned = device.device.type == "cuda" if pin is None else pin
         self.pages: tuple[torch.Tensor, ...] = tuple(
             torch.empty((num_blocks, device.page_numel), dtype=device.dtype,
                         pin_memory=self.pinned)
@@ -195,8 +195,8 @@ class HostTierEngine(Engine):
             mgr.complete_load(plan, True)
             self.transfers.loads += 1
             self.transfers.loaded_blocks += int(host_ids.numel())
-        if self.host.pinned:
-            torch.cuda.synchronize()
+        if self.host.pinned and self.cache.device.type == "cuda":
+            torch.cuda.synchronize(self.cache.device)
 
     def _copy_out_after_forward(self) -> None:
         mgr = self.tiered
