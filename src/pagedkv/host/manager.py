@@ -294,7 +294,8 @@ class HostTieredKVCacheManager(KVCacheManager):
             InvalidArgumentError: ``plan`` is not a store plan in flight (never issued, or
                 completed already); nothing changes.
         """
-        if self.host.stores_in_flight.get(getattr(plan, "plan_id", -1)) is not plan:
+        if not isinstance(plan, StorePlan) or self.host.stores_in_flight.get(plan.plan_id) \
+                is not plan:
             raise InvalidArgumentError(
                 f"{plan!r} is not a store plan in flight (completed already, or not from "
                 "take_store_plans of this manager)")
@@ -312,7 +313,8 @@ class HostTieredKVCacheManager(KVCacheManager):
         Raises:
             InvalidArgumentError: ``plan`` is not a load plan in flight; nothing changes.
         """
-        if self.host.loads_in_flight.get(getattr(plan, "plan_id", -1)) is not plan:
+        if not isinstance(plan, LoadPlan) or self.host.loads_in_flight.get(plan.plan_id) \
+                is not plan:
             raise InvalidArgumentError(
                 f"{plan!r} is not a load plan in flight (completed already, or not from "
                 "this manager)")

@@ -3,8 +3,8 @@
 
 State per key (an entry): its host block id, whether it is *ready* (its store completed:
 loadable and evictable) and its *pin* count (loads in flight reading it). Host block ids
-are ``0 .. num_blocks - 1`` (no null block). A block id is either free or owned by exactly
-one entry.
+are ``0 .. num_blocks - 1`` (no null block), the lowest free one handed out first. A block
+id is either free or owned by exactly one entry.
 
 * ``reserve`` gives a new (not ready) entry a block, evicting the least recently used
   ready, unpinned entry when no block is free; it never evicts an entry that is not ready
@@ -26,6 +26,7 @@ one entry.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -63,8 +64,8 @@ class HostBlockPool:
                 "with pagedkv.host.host_blocks_for_bytes"
             )
         self.num_blocks = num_blocks
-        # Free ids, popped from the end: the lowest id first.
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free ids as a min-heap: the lowest free id is handed out first.
+        self._free: list[int] = list(range(num_blocks))
         self.entries: dict[HostKey, HostEntry] = {}
         #: Ready entries, least recently used first (pinned ones stay in place).
         self.lru: OrderedDict[HostKey, None] = OrderedDict()
@@ -97,7 +98,7 @@ class HostBlockPool:
         assert key not in self.entries, f"host key {key!r} reserved twice"
         evicted: tuple[HostKey, Any] | None = None
         if self._free:
-            b = self._free.pop()
+            b = heapq.heappop(self._free)
         else:
             victim = self._oldest_evictable()
             if victim is None:
@@ -128,7 +129,7 @@ class HostBlockPool:
         """The store of ``key`` failed: drop the entry, free its block."""
         e = self.entries.pop(key)
         assert not e.ready and not e.pins, f"host key {key!r} rolled back while ready"
-        self._free.append(e.block_id)
+        heapq.heappush(self._free, e.block_id)
 
     def pin(self, key: HostKey) -> None:
         """A load reads ``key``: it cannot be evicted until unpinned."""
@@ -155,7 +156,7 @@ class HostBlockPool:
         for k, _ in gone:
             e = self.entries.pop(k)
             del self.lru[k]
-            self._free.append(e.block_id)
+            heapq.heappush(self._free, e.block_id)
         return gone
 
     # ------------------------------------------------------------------ checks
@@ -173,6 +174,8 @@ class HostBlockPool:
         entries; pins only on ready entries. O(num_blocks)."""
         owned = [e.block_id for e in self.entries.values()]
         free = self._free
+        assert all(free[(i - 1) // 2] <= free[i] for i in range(1, len(free))), (
+            "the free host ids are not a heap")
         assert len(set(free)) == len(free), "a host block is free twice"
         assert len(set(owned)) == len(owned), "a host block is owned by two entries"
         assert not set(free) & set(owned), "a host block is both free and owned"
