@@ -23,10 +23,20 @@ load too).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from pagedkv import KVCacheManager
+from pagedkv.coordinator import ComputedBlocks
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.host import (
+    BEFORE_FORWARD,
+    HostTierConfig,
+    HostTieredKVCacheManager,
+    LoadPlan,
+    StoreOnEviction,
+    TieredHit,
+    WriteThrough,
+)
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_tier import (
     CostBasedLoad,
@@ -46,13 +56,6 @@ def host_manager_factory(inner: ManagerFactory, num_host_blocks: int,
     """A factory building what ``inner`` builds, as a host-tiered manager with
     ``num_host_blocks`` host blocks (the same groups, pool size and settings) storing
     blocks per ``write_policy`` (``"on-eviction"`` or ``"write-through"``)."""
-    from pagedkv.host import (
-        HostTierConfig,
-        HostTieredKVCacheManager,
-        StoreOnEviction,
-        WriteThrough,
-    )
-
     policy = WriteThrough() if write_policy == "write-through" else StoreOnEviction()
 
     def factory(workload: Workload, *, block_size: int, num_blocks: int,
@@ -87,8 +90,6 @@ class HostEngineSimulator(EngineSimulator):
         manager_factory: ManagerFactory | None = None,
         policy: LoadPolicy | None = None,
     ) -> None:
-        from pagedkv.errors import InvalidArgumentError
-
         num_host = host.num_blocks(block_bytes)
         if num_host < 1:
             raise InvalidArgumentError(
@@ -103,22 +104,24 @@ class HostEngineSimulator(EngineSimulator):
         self.host_stats = HostRunStats(
             memory_bytes=host.memory_bytes, block_bytes=block_bytes, num_blocks=num_host,
             bandwidth_gbps=host.bandwidth_gbps)
+        assert isinstance(self.manager, HostTieredKVCacheManager)
+        self.tiered: HostTieredKVCacheManager = self.manager
         self._prefill_token_s = self.config.step_time.prefill_token_s
-        self._step_loads: list[Any] = []
+        self._step_loads: list[LoadPlan] = []
 
     def _lookup_and_allocate(self, live: LiveRequest, budget: int) -> int | None:
-        mgr: Any = self.manager
+        mgr = self.tiered
         req = live.req
         hit = mgr.lookup(req)
         host_tokens = hit.num_host_tokens
-        use = hit
+        use: TieredHit | ComputedBlocks = hit
         if host_tokens:
             host_blocks = sum(len(ids) for ids in hit.host.host_block_ids)
             if not self.policy.worth_loading(
                     num_tokens=host_tokens, num_blocks=host_blocks, cost=self.cost,
                     prefill_token_s=self._prefill_token_s):
                 use = hit.device
-        num_hit: int = use.num_computed_tokens
+        num_hit = use.num_computed_tokens
         todo = req.num_tokens - num_hit
         num_new = todo if todo < budget else budget
         if mgr.allocate_slots(req, num_new, new_computed_blocks=use) is None:
@@ -135,13 +138,13 @@ class HostEngineSimulator(EngineSimulator):
 
     def _step_duration_s(self, num_prefill_tokens: int, num_decode_seqs: int) -> float:
         compute_s = super()._step_duration_s(num_prefill_tokens, num_decode_seqs)
-        mgr: Any = self.manager
+        mgr = self.tiered
         st = self.host_stats
         loads = self._step_loads
         self._step_loads = []
         stores = mgr.take_store_plans()
         load_blocks = sum(p.num_blocks for p in loads)
-        before = sum(p.num_blocks for p in stores if p.timing == "before_forward")
+        before = sum(p.num_blocks for p in stores if p.timing == BEFORE_FORWARD)
         after = sum(p.num_blocks for p in stores) - before
         load_s = self.cost.seconds(load_blocks)
         before_s = self.cost.seconds(before)
@@ -156,8 +159,8 @@ class HostEngineSimulator(EngineSimulator):
         st.stored_blocks += before + after
         st.load_s += load_s
         st.store_stall_s += stall_s
-        for plan in stores:
-            mgr.complete_store(plan, True)
-        for plan in loads:
-            mgr.complete_load(plan, True)
+        for store in stores:
+            mgr.complete_store(store, True)
+        for load in loads:
+            mgr.complete_load(load, True)
         return step_s
