@@ -173,6 +173,7 @@ class HostTieredKVCacheManager(KVCacheManager):
         delay_caching: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        full_sequence_must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         """As :meth:`KVCacheManager.allocate_slots`; ``new_computed_blocks`` may also be a
         :class:`TieredHit` from :meth:`lookup`. With a host part, ``num_new_tokens``
@@ -203,7 +204,8 @@ class HostTieredKVCacheManager(KVCacheManager):
                 num_lookahead_tokens=num_lookahead_tokens,
                 num_external_computed_tokens=num_external_computed_tokens,
                 num_encoder_tokens=num_encoder_tokens, delay_caching=delay_caching,
-                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs)
+                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs,
+                full_sequence_must_fit=full_sequence_must_fit)
             if new is not None and device_hit is not None and self._hit_tracker is not None:
                 self._count_hits(request, device_hit.num_computed_tokens, 0)
             return new
@@ -218,7 +220,8 @@ class HostTieredKVCacheManager(KVCacheManager):
                 num_lookahead_tokens=num_lookahead_tokens,
                 num_external_computed_tokens=host_hit.num_tokens,
                 num_encoder_tokens=num_encoder_tokens, delay_caching=True,
-                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs)
+                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs,
+                full_sequence_must_fit=full_sequence_must_fit)
         except BaseException:
             self.host.unpin(host_hit.keys)
             raise
