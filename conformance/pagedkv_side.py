@@ -16,6 +16,9 @@ __all__ = ["WATERMARK", "PagedSide"]
 #: vLLM's ``watermark`` on both sides: admissions keep this fraction of the pool free
 #: when other requests are scheduled.
 WATERMARK = 0.1
+#: vLLM's ``max_in_flight_tokens`` on both sides (the admission cap of windowed groups
+#: under ``full_sequence_must_fit``).
+MAX_IN_FLIGHT_TOKENS = 16
 
 
 def _lora(name: str, adapter_id: int, path: str) -> LoRA:
@@ -37,10 +40,12 @@ class PagedSide:
                 hash_block_size=layout.hash_block_size,
                 enable_events=True,
                 watermark=WATERMARK,
+                max_in_flight_tokens=MAX_IN_FLIGHT_TOKENS,
             )
         )
         self.reqs: dict[str, Any] = {}
         self._hits: dict[str, Any] = {}
+        self._deferred: list[list[int]] = []
 
     @staticmethod
     def _spec(g: GroupDesc) -> Any:
@@ -79,16 +84,45 @@ class PagedSide:
         self._hits[rid] = hit
         return hit.num_computed_tokens, hit.block_ids
 
+    def truncate(self, rid: str, num_tokens: int) -> tuple[int, tuple[list[int], ...]]:
+        cut = self.mgr.truncate_computed_blocks(self._hits[rid], num_tokens)
+        self._hits[rid] = cut
+        return cut.num_computed_tokens, cut.block_ids
+
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
-        reserved: int = 0, has_scheduled: bool = True,
+        reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         hit = self._hits.pop(rid) if use_hit else None
         out = self.mgr.allocate_slots(
             self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead,
             reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
+            full_sequence_must_fit=must_fit,
         )
         return out
+
+    def pop_for_free(self, rid: str) -> list[int]:
+        blocks = self.mgr.pop_blocks_for_free(self.reqs.pop(rid))
+        if blocks:
+            self._deferred.append(blocks)
+        return blocks
+
+    def release_deferred(self) -> None:
+        for blocks in self._deferred:
+            self.mgr.release_blocks(blocks[::-1])
+        self._deferred = []
+
+    def zero_from(self, rid: str, start_token: int) -> None:
+        self.mgr.record_blocks_for_zeroing(rid, start_token)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        taken = self.mgr.take_block_copies()
+        if taken.retained:
+            self.mgr.release_blocks(taken.retained)
+        return [(c.src_block_id, c.dst_block_id) for c in taken.copies]
+
+    def take_zeroing(self) -> list[int]:
+        return self.mgr.take_new_block_ids()
 
     def estimate(self, rid: str) -> int:
         return self.mgr.estimate_cached_tokens(self.reqs[rid])

@@ -81,11 +81,13 @@ class VllmSide:
             log_stats=True,
             enable_kv_cache_events=True,
             watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
+            max_in_flight_tokens=16,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
         )
         self.hasher = get_request_block_hasher(layout.hash_block_size, hash_fn)
         self.sp = SamplingParams(max_tokens=1 << 20)
         self.reqs: dict[str, Any] = {}
         self._hits: dict[str, Any] = {}
+        self._deferred: list[list[Any]] = []
 
     def _spec(self, g: GroupDesc) -> Any:
         from vllm.v1 import kv_cache_interface as kci
@@ -152,15 +154,22 @@ class VllmSide:
         self._hits[rid] = (blocks, num_hit)
         return num_hit, blocks.get_block_ids()
 
+    def truncate(self, rid: str, num_tokens: int) -> tuple[int, tuple[list[int], ...]]:
+        blocks, _num_hit = self._hits[rid]
+        cut = self.mgr.truncate_computed_blocks(blocks, num_tokens)
+        self._hits[rid] = (cut, num_tokens)
+        return num_tokens, cut.get_block_ids()
+
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
-        reserved: int = 0, has_scheduled: bool = True,
+        reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         req = self.reqs[rid]
         blocks, num_hit = self._hits.pop(rid) if use_hit else (None, 0)
         out = self.mgr.allocate_slots(
             req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead,
             reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
+            full_sequence_must_fit=must_fit,
         )
         if out is None:
             return None
@@ -176,6 +185,31 @@ class VllmSide:
 
     def free(self, rid: str) -> None:
         self.mgr.free(self.reqs.pop(rid))
+
+    def pop_for_free(self, rid: str) -> list[int]:
+        blocks = self.mgr.pop_blocks_for_free(self.reqs.pop(rid))
+        if blocks:
+            self._deferred.append(blocks)
+        return [b.block_id for b in blocks]
+
+    def release_deferred(self) -> None:
+        for blocks in self._deferred:
+            self.mgr.block_pool.free_blocks(reversed(blocks))
+        self._deferred = []
+
+    def zero_from(self, rid: str, start_token: int) -> None:
+        self.mgr.record_blocks_for_zeroing(rid, start_token)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The step's block copies; the retained blocks are released right away (the
+        copies run with the step), as vLLM's scheduler does without deferred frees."""
+        copies, retained = self.mgr.take_kv_cache_block_copies()
+        if retained:
+            self.mgr.block_pool.free_blocks(retained)
+        return [(c.src_block_id, c.dst_block_id) for c in copies]
+
+    def take_zeroing(self) -> list[int]:
+        return list(self.mgr.take_new_block_ids())
 
     def preempt(self, rid: str) -> None:
         req = self.reqs[rid]

@@ -43,10 +43,16 @@ class Side(Protocol):
     def new_request(self, d: ReqDesc) -> None: ...
     def append_token(self, rid: str, token: int) -> None: ...
     def lookup(self, rid: str) -> tuple[int, tuple[list[int], ...]]: ...
+    def truncate(self, rid: str, num_tokens: int) -> tuple[int, tuple[list[int], ...]]: ...
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
-        reserved: int = 0, has_scheduled: bool = True,
+        reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
     ) -> tuple[list[int], ...] | None: ...
+    def pop_for_free(self, rid: str) -> list[int]: ...
+    def release_deferred(self) -> None: ...
+    def zero_from(self, rid: str, start_token: int) -> None: ...
+    def take_zeroing(self) -> list[int]: ...
+    def take_copies(self) -> list[tuple[int, int]]: ...
     def estimate(self, rid: str) -> int: ...
     def commit(self, rid: str, num_tokens: int) -> None: ...
     def free(self, rid: str) -> None: ...
@@ -90,7 +96,7 @@ class _Mismatch(Exception):
     pass
 
 
-_UNTIMED = frozenset({"block_hashes", "commit", "estimate"})
+_UNTIMED = frozenset({"block_hashes", "commit", "estimate", "take_zeroing"})
 
 
 class _Pair:
@@ -180,6 +186,22 @@ def run_seed(
         reserved = 0 if hrng.random() < 0.7 else hrng.randint(1, 4)
         return reserved, hrng.random() < 0.6
 
+    # The rest of the manager surface (full_sequence_must_fit, truncated hits, deferred
+    # frees, blocks to zero) draws from a third stream, for the same reason.
+    xrng = random.Random(seed * 104729 + 2)
+    lcm = layout.scheduler_block_size
+    all_full = all(g.kind in ("full", "mla") for g in layout.groups)
+    unit = layout.prefix_match_unit
+
+    def to_tail_boundary(r: _Req, done: int, num_new: int) -> int:
+        """With a finer hash unit, often end a prefill chunk on the prompt's last hash
+        boundary (where a Mamba state is kept for sub-block hits), as vLLM's scheduler
+        does."""
+        if unit is None or xrng.random() >= 0.5:
+            return num_new
+        target = (len(r.desc.prompt) - 1) // unit * unit
+        return target - done if done < target < done + num_new else num_new
+
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
     finished: list[list[int]] = []
@@ -225,13 +247,21 @@ def run_seed(
                 r = rng.choice(waiting)
                 rid = r.desc.request_id
                 num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
+                cut = xrng.randrange(0, num_hit, lcm) if num_hit else 0
+                if all_full and num_hit and xrng.random() < 0.2:
+                    num_hit, _ids = pair.call(f"truncate hit of {rid} to {cut}", "truncate",
+                                              rid, cut)
+                must_fit = xrng.random() < 0.3
                 remaining = len(r.tokens) - num_hit
                 num_new = remaining if rng.random() < 0.6 else rng.randint(1, remaining)
                 lookahead = rng.randint(1, 4) if rng.random() < 0.2 else 0
+                if must_fit and xrng.random() < 0.7:  # chunked prefill: a small first chunk
+                    num_new = min(num_new, xrng.randint(1, 16))
+                num_new = to_tail_boundary(r, num_hit, num_new)
                 reserved, scheduled = headroom()
                 out = pair.call(
                     f"allocate {rid} new={num_new} hit={num_hit} la={lookahead} "
-                    f"reserved={reserved} has_scheduled={scheduled}",
+                    f"reserved={reserved} has_scheduled={scheduled} must_fit={must_fit}",
                     "allocate",
                     rid,
                     num_new,
@@ -239,6 +269,7 @@ def run_seed(
                     True,
                     reserved,
                     scheduled,
+                    must_fit,
                 )
                 if out is not None:
                     r.computed = num_hit + num_new
@@ -257,6 +288,7 @@ def run_seed(
                 elif r.computed < len(r.tokens):
                     rest = len(r.tokens) - r.computed
                     num_new = rest if rng.random() < 0.5 else rng.randint(1, rest)
+                    num_new = to_tail_boundary(r, r.computed, num_new)
                     op = "prefill-chunk"
                 else:
                     token = rng.randrange(1, 30000)
@@ -290,9 +322,18 @@ def run_seed(
                 else:
                     r.computed += num_new
                     pair.call("commit", "commit", rid, r.computed)
+                    if xrng.random() < 0.05:
+                        start = xrng.randint(0, r.computed // lcm) * lcm
+                        pair.call(f"record {rid} for zeroing from {start}", "zero_from",
+                                  rid, start)
             elif op == "finish" and running:
                 r = rng.choice(running)
-                pair.call(f"free {r.desc.request_id}", "free", r.desc.request_id)
+                if xrng.random() < 0.3:
+                    op = "finish-deferred"
+                    pair.call(f"pop blocks of {r.desc.request_id}", "pop_for_free",
+                              r.desc.request_id)
+                else:
+                    pair.call(f"free {r.desc.request_id}", "free", r.desc.request_id)
                 finished.append(r.tokens)
                 del reqs[r.desc.request_id]
             elif op == "preempt" and running:
@@ -301,6 +342,8 @@ def run_seed(
                 r.computed = 0
                 r.state = "waiting"
             elif op == "new-step":
+                pair.call("block copies of the step", "take_copies")
+                pair.call("release deferred frees", "release_deferred")
                 pair.call("new step starts", "new_step")
             elif op == "burst":
                 prompt = _make_prompt(rng, prefixes, finished, max_prompt)
@@ -332,6 +375,9 @@ def run_seed(
             counts[op] = counts.get(op, 0) + 1
             for rid in reqs:  # a read-only query: compared for every request, every op
                 pair.call(f"estimate cached tokens of {rid}", "estimate", rid)
+            pair.call("blocks to zero", "take_zeroing")
+            if xrng.random() < 0.3:  # copies taken mid-step too (their blocks then free)
+                pair.call("block copies", "take_copies")
             _compare(a.snapshot(), b.snapshot(), ignore)
     except _Mismatch as exc:
         return SeedResult(

@@ -64,10 +64,20 @@ class CacheConfig:
     :meth:`~pagedkv.KVCacheManager.publish_events`.
     ``retention``: priorities, pins and tenant quotas (``None``: vLLM's LRU, unchanged);
     see :mod:`pagedkv.retention`.
+    ``max_in_flight_tokens``: the most tokens scheduled but not yet settled (one batch per
+    concurrent step; vLLM's ``max_in_flight_tokens``); sets the admission cap of sliding
+    window and chunked local groups under ``allocate_slots(...,
+    full_sequence_must_fit=True)``. ``None`` (default): ``max_model_len``.
+    ``zero_new_blocks``: record the attention blocks each allocation takes, for the engine
+    to zero (:meth:`~pagedkv.KVCacheManager.take_new_block_ids`); ``None`` (default): when
+    the model has a Mamba group, as vLLM's ``needs_kv_cache_zeroing`` (pass ``True`` for a
+    cache mixing KV precisions across groups).
 
     Raises:
         InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
-            ``max_model_len``, an unknown ``hash_algo`` or a ``watermark`` outside [0, 1].
+            ``max_model_len``, an unknown ``hash_algo``, a ``watermark`` outside [0, 1], a
+            ``max_in_flight_tokens`` that is not a positive int, or a non-bool
+            ``zero_new_blocks``.
         ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
             ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
             machine's memory.
@@ -87,10 +97,23 @@ class CacheConfig:
     hash_memo_blocks: int = 16384
     watermark: float = 0.0
     retention: RetentionConfig | None = None
+    max_in_flight_tokens: int | None = None
+    zero_new_blocks: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        if self.max_in_flight_tokens is not None and (
+                type(self.max_in_flight_tokens) is not int or self.max_in_flight_tokens < 1):
+            raise InvalidArgumentError(
+                f"max_in_flight_tokens must be a positive int or None, got "
+                f"{self.max_in_flight_tokens!r}; pass the scheduler's token budget per step "
+                "times the steps in flight"
+            )
+        if self.zero_new_blocks not in (None, True, False):
+            raise InvalidArgumentError(
+                f"zero_new_blocks must be None, True or False, got {self.zero_new_blocks!r}"
+            )
         if (type(self.watermark) not in (int, float) or not 0.0 <= self.watermark <= 1.0):
             raise InvalidArgumentError(
                 f"watermark must be a fraction of num_blocks in [0, 1], got "

@@ -21,7 +21,8 @@ from collections.abc import Iterator, KeysView, Sequence
 from typing import NamedTuple
 
 from pagedkv.managers.base import SingleTypeManager
-from pagedkv.managers.full import FullAttentionManager
+from pagedkv.managers.full import FullAttentionManager, PartialHitFullManager
+from pagedkv.managers.mamba import MambaAlignManager
 from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
 from pagedkv.specs import lcm_block_size
@@ -31,6 +32,7 @@ __all__ = [
     "Coordinator",
     "HybridCoordinator",
     "NoPrefixCacheCoordinator",
+    "PartialHitCoordinator",
     "UnitaryCoordinator",
 ]
 
@@ -79,6 +81,13 @@ class Coordinator:
         self._droppers = [m for m in self.managers if m.drops_blocks]
         self._cacheable = [m for m in self.managers if m.cacheable]
         self._no_hit: BlockTables = tuple([] for _ in self.managers)
+        #: Per group: whether its new blocks are recorded for zeroing (set by the façade,
+        #: see :meth:`pagedkv.KVCacheManager.take_new_block_ids`).
+        self.zeroing: list[bool] = [False] * len(self.managers)
+        #: Per group: block ids the engine must zero, since the last take.
+        self.new_block_ids: list[list[int]] = [[] for _ in self.managers]
+        #: Per group: the admission cap in blocks of ``full_sequence_must_fit`` (None: none).
+        self.admission_cap_blocks: list[int | None] = [None] * len(self.managers)
 
     # ----------------------------------------------------------------- lookup
 
@@ -124,6 +133,7 @@ class Coordinator:
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
     ) -> BlockTables | None:
         """Give the request slots for ``num_tokens`` tokens in every group.
 
@@ -133,7 +143,9 @@ class Coordinator:
         ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
         ignore lookahead, Mamba, are sized by; default ``num_tokens``);
         ``headroom_blocks``: free blocks the allocation must leave (vLLM's
-        ``reserved_blocks`` plus the watermark; the façade computes it).
+        ``reserved_blocks`` plus the watermark; the façade computes it);
+        ``num_local_computed_tokens``: computed plus hit tokens (external ones apart; only
+        sub-block hits need it, see :class:`PartialHitCoordinator`).
 
         Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
         are never read again, whatever this call decides), then check capacity for every
@@ -166,10 +178,45 @@ class Coordinator:
             for g, m in enumerate(managers):
                 pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
         new_blocks = []
+        zeroing = self.zeroing
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
-            new_blocks.append(m.allocate_new_blocks(request_id, slots[g]))
+            new = m.allocate_new_blocks(request_id, slots[g])
+            if zeroing[g] and new:
+                self.new_block_ids[g].extend(b for b in new if b)
+            new_blocks.append(new)
         return tuple(new_blocks)
+
+    def num_blocks_for_full_sequence(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> int:
+        """Free blocks the request needs to hold all its ``num_tokens`` tokens at once
+        (``allocate_slots(..., full_sequence_must_fit=True)``, vLLM 0.33's admission gate
+        for chunked prefill), each group's need capped at its admission cap
+        (:attr:`admission_cap_blocks`: sliding window and chunked local recycle blocks, so
+        a request never holds more). Counted before any skipped block is released. No
+        state change.
+
+        Worked case (sliding window 8 at block 4, cap 5 blocks): a new 40-token request
+        needs ``min(10, 5) = 5`` blocks, not 10.
+        """
+        table_hit = hit if hit is not None else self._no_hit
+        caps = self.admission_cap_blocks
+        n = 0
+        for g, m in enumerate(self.managers):
+            slots = num_tokens if m.ignores_lookahead else m.slots_needed(
+                num_tokens, num_encoder_tokens)
+            cap = caps[g]
+            if cap is not None and slots > cap * m.block_size:
+                slots = cap * m.block_size
+            n += m.get_num_blocks_to_allocate(request_id, slots, table_hit[g],
+                                              total_computed_tokens)
+        return n
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``
@@ -188,6 +235,15 @@ class Coordinator:
         no-op. O(blocks held)."""
         for m in self.managers:
             m.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """Forget the request in every group without releasing its blocks: the tables
+        concatenated in group order, each without its leading null blocks (vLLM 0.33's
+        ``pop_blocks_for_free``). The caller releases them later, last first."""
+        out: list[int] = []
+        for m in self.managers:
+            out.extend(m.pop_blocks_for_free(request_id))
+        return out
 
     def block_ids(self, request_id: str) -> BlockTables:
         """Copies of the request's block tables. Precondition: it holds blocks."""
@@ -222,11 +278,15 @@ class Coordinator:
         for m in self.managers:
             yield from m.iter_held_blocks()
 
-    def check_invariants(self) -> None:
+    def check_invariants(self, held_outside: dict[int, int] | None = None) -> None:
         """Each group's checks; every group tracks the same requests; every block's ref
-        count equals the number of tables holding it. O(num_blocks + held blocks)."""
+        count equals the number of tables holding it plus ``held_outside[b]`` (references
+        the engine holds outside tables: popped or copy-retained blocks).
+        O(num_blocks + held blocks)."""
         pool = self.pool
         counts = [0] * pool.num_blocks
+        for b, n in (held_outside or {}).items():
+            counts[b] += n
         tracked: set[str] | None = None
         for m in self.managers:
             m.check_invariants()
@@ -237,7 +297,8 @@ class Coordinator:
             counts[b] += 1
         for b in range(1, pool.num_blocks):
             assert pool.ref_cnt[b] == counts[b], (
-                f"block {b}: ref count {pool.ref_cnt[b]}, held by {counts[b]} block tables"
+                f"block {b}: ref count {pool.ref_cnt[b]}, held {counts[b]} times (block "
+                "tables and references held outside them)"
             )
 
 
@@ -266,10 +327,11 @@ class NoPrefixCacheCoordinator(Coordinator):
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
     ) -> BlockTables | None:
         return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
                                 num_tokens, num_encoder_tokens, num_tokens_main_model,
-                                headroom_blocks)
+                                headroom_blocks, num_local_computed_tokens)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         return
@@ -300,6 +362,7 @@ class UnitaryCoordinator(Coordinator):
         num_encoder_tokens: int,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, for the one group."""
         m = self._manager
@@ -317,7 +380,10 @@ class UnitaryCoordinator(Coordinator):
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
         m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
-        return (m.allocate_new_blocks(request_id, slots),)
+        new = m.allocate_new_blocks(request_id, slots)
+        if self.zeroing[0] and new:
+            self.new_block_ids[0].extend(b for b in new if b)
+        return (new,)
 
 
 class HybridCoordinator(Coordinator):
@@ -411,3 +477,193 @@ class HybridCoordinator(Coordinator):
         for i in self._others:
             assert len(hits[i]) * managers[i].block_size == length, "hybrid hit not stable"
         return tuple(hits), length
+
+
+class PartialHitCoordinator(HybridCoordinator):
+    """A hybrid model with sub-block ("partial") prefix hits, as vLLM 0.33 enables them: an
+    align-mode Mamba group's block is larger than the hash block and every other caching
+    group is full attention or has the hash block as its block. Hits land on hash-block
+    boundaries (not the lcm), so they may end inside a block; the full-attention and Mamba
+    groups then copy that block on write (:meth:`pagedkv.KVCacheManager.take_block_copies`).
+
+    Lookup, as vLLM's fixed point with the hash block as alignment: full attention first
+    (once; later only truncated), then every other group within the candidate; a model of
+    one full-attention and one other group stops after one pass. Registration is not
+    rounded down to the lcm.
+
+    Worked case (full attention 16 + Mamba 16, hash block 4): a request whose first 40
+    tokens were computed by a request with a 41-token prompt (its state at 40 registered
+    as a partial entry) hits 40 tokens: full attention ``[b0, b1, b2]`` (b2 partially) and
+    Mamba ``[0, 0, s]``; both b2 and s are copied at allocation.
+    """
+
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
+        super().__init__(managers, pool)
+        hbs = pool.hash_block_size
+        for m in self.managers:
+            m.hit_alignment_tokens = hbs
+            if isinstance(m, MambaAlignManager):
+                m.partial_hits = True
+        self._partial_groups = [g for g, m in enumerate(self.managers)
+                                if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
+        self._order = self._full + self._others
+        self._simple = len(self.managers) == 2 and len(self._full) == 1
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Every group up to ``num_tokens`` (no rounding: a hit may end anywhere on a hash
+        block boundary)."""
+        Coordinator.cache_blocks(self, request, num_tokens)
+
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        """As :meth:`Coordinator.hit_problem`, for hits on hash-block boundaries: in the
+        full-attention and Mamba groups the last block must hold the key of the hit's
+        prefix (the block it ends inside, or its last full block); full attention's
+        earlier blocks are checked as usual, Mamba's must be null. No state change."""
+        if type(hit) is not tuple or len(hit) != len(self.managers):
+            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
+        hbs = self.pool.hash_block_size
+        if type(num_hit_tokens) is not int or num_hit_tokens % hbs:
+            return f"a hit of {num_hit_tokens!r} tokens is not a multiple of {hbs}"
+        pool = self.pool
+        for g, (m, blocks) in enumerate(zip(self.managers, hit, strict=True)):
+            if type(blocks) is not list or not all(type(b) is int for b in blocks):
+                return f"group {g}: block ids come as a list of ints, got {blocks!r}"
+            if g not in self._partial_groups or not num_hit_tokens:
+                why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
+                if why is not None:
+                    return why
+                continue
+            n = -(-num_hit_tokens // m.block_size)
+            if len(blocks) != n:
+                return (f"group {g}: a {num_hit_tokens}-token hit takes {n} blocks of "
+                        f"{m.block_size}, got {len(blocks)}")
+            i = num_hit_tokens // hbs - 1
+            last = blocks[-1]
+            key = block_hashes[i] if i < len(block_hashes) else None
+            if key is None or not pool.has_entry(g, key, last):
+                return (f"group {g}: block {last} no longer holds this request's first "
+                        f"{num_hit_tokens} tokens (evicted or reused since the lookup)")
+            head = blocks[:-1]
+            if isinstance(m, MambaAlignManager):
+                if any(head):
+                    return f"group {g}: a Mamba hit holds one state, after null blocks"
+            else:
+                why = m.hit_problem(block_hashes, head, len(head) * m.block_size)
+                if why is not None:
+                    return why
+        return None
+
+    def _find(self, g: int, block_hashes: list[bytes], length: int) -> tuple[list[int], int]:
+        m = self.managers[g]
+        if isinstance(m, (PartialHitFullManager, MambaAlignManager)):
+            return m.find_partial_hit(block_hashes, length)
+        blocks = m.find_longest_cache_hit(block_hashes, length)
+        return blocks, len(blocks) * m.block_size
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int
+    ) -> tuple[BlockTables, int] | None:
+        managers = self.managers
+        if self._never_hits:
+            return tuple([] for _ in managers), 0
+        full = self._full
+        hits: list[list[int] | None] = [None] * len(managers)
+        lengths = [0] * len(managers)
+        length = max_length
+        while True:
+            cur = length
+            for g in self._order:
+                if g in full and hits[g] is not None:
+                    cur = min(cur, lengths[g])
+                    continue
+                hits[g], cur = self._find(g, block_hashes, cur)
+                lengths[g] = cur
+            if cur >= length:
+                break
+            length = cur
+            if self._simple:
+                break
+        for g in full:
+            blocks = hits[g]
+            if blocks is not None:
+                del blocks[-(-length // managers[g].block_size):]
+        return tuple(h if h is not None else [] for h in hits), length
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+        num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
+    ) -> BlockTables | None:
+        """As :meth:`Coordinator.allocate`, plus the copy block of a hit ending inside a
+        block (counted in the capacity check, taken first at allocation)."""
+        managers = self.managers
+        table_hit = hit if hit is not None else self._no_hit
+        local = (total_computed_tokens if num_local_computed_tokens is None
+                 else num_local_computed_tokens)
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
+                 for m in managers]
+        num_needed = 0
+        for g, m in enumerate(managers):
+            num_needed += m.get_num_blocks_to_allocate(
+                request_id, slots[g], table_hit[g], total_computed_tokens)
+        if hit is not None:
+            for g in self._partial_groups:
+                m = managers[g]
+                assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
+                num_needed += m.count_partial(table_hit[g], local)
+        pool = self.pool
+        if num_needed + headroom_blocks > pool.free_queue.num_free:
+            return None
+        if hit is not None:
+            for g, m in enumerate(managers):
+                pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
+        for g, m in enumerate(managers):
+            m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
+        if hit is not None:
+            for g in self._partial_groups:
+                m = managers[g]
+                assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
+                m.adopt_partial_hit(request_id, table_hit[g], local)
+        new_blocks = []
+        zeroing = self.zeroing
+        for g, m in enumerate(managers):
+            copies = len(m.pending_copies) if isinstance(m, PartialHitFullManager) else 0
+            new = m.allocate_new_blocks(request_id, slots[g])
+            if zeroing[g]:
+                self.new_block_ids[g].extend(b for b in new if b)
+            elif copies != (len(m.pending_copies) if isinstance(m, PartialHitFullManager)
+                            else 0):
+                self.new_block_ids[g].append(new[0])  # vLLM records a copy block always
+            new_blocks.append(new)
+        return tuple(new_blocks)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The ``(source, copy)`` block pairs queued since the last call, group by group."""
+        out: list[tuple[int, int]] = []
+        for g in self._partial_groups:
+            m = self.managers[g]
+            assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
+            out.extend(m.pending_copies)
+            m.pending_copies = []
+        return out
+
+    def iter_pending_copy_blocks(self) -> Iterator[int]:
+        """Both blocks of every queued copy (each holds one reference for the copy)."""
+        for g in self._partial_groups:
+            m = self.managers[g]
+            assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
+            for src, cow in m.pending_copies:
+                yield src
+                yield cow

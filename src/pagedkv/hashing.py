@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, NamedTuple, NoReturn
 
 from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
@@ -160,6 +161,12 @@ def event_extra_keys(keys: list[Any] | None) -> list[Any] | None:
     return [key[1:] if key[0] == "mm" else key[1] for key in keys]
 
 
+@lru_cache(maxsize=256)
+def _lora_keys_cbor(name: str, path: str) -> bytes:
+    """The encoded extra keys of a block whose only key is its LoRA adapter."""
+    return canonical_cbor([["lora", name, path]])
+
+
 def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
     """The hash object constructor for ``algo``; ``ctor(data).digest()`` is the digest."""
     if algo == "sha256_cbor":
@@ -187,7 +194,8 @@ class BlockHasher:
     since every entry is keyed by its full input.
     """
 
-    __slots__ = ("_ctor", "_memo", "_memo_old", "algo", "block_size", "memo_blocks", "seed")
+    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "algo", "block_size",
+                 "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -212,6 +220,10 @@ class BlockHasher:
         )
         #: The parent hash of a request's first block.
         self.seed: bytes = self._ctor(canonical_cbor(seed_input)).digest()
+        # The constant parts of a block's hash input: the 3-array head with the parent's
+        # bytes head (a digest's length), and the token array's head.
+        self._head = b"\x83" + cbor_head(2, len(self.seed))
+        self._array_head = cbor_head(4, block_size)
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -247,12 +259,20 @@ class BlockHasher:
             return
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
+        if len(parent) != len(self.seed):
+            # A caller-supplied parent of another length: its block the checked way, then
+            # every parent is a digest of this hasher.
+            self._extend_checked(hashes, token_ids, start, start, parent, extras, keys_out)
+            start += bs
+            if start > end:
+                return
+            parent = hashes[-1]
         if extras is None:
             # Fast path, in chunks of about 1,024 tokens (a cache-sized working set): the
             # chunk's block payloads (see block_payloads), then one digest per block.
             table = token_table()
-            head = b"\x83" + cbor_head(2, len(parent))
-            array_head = cbor_head(4, bs)
+            head = self._head
+            array_head = self._array_head
             tail = b"\xf6"  # the null extra keys
             join = b"".join
             append = hashes.append
@@ -294,6 +314,31 @@ class BlockHasher:
             except (IndexError, TypeError):
                 # An id outside the table: the checked path below encodes it or raises.
                 start = len(hashes) * bs
+        else:
+            try:
+                self._extend_keyed(hashes, token_ids, extras, keys_out)
+                return
+            except (IndexError, TypeError):
+                # As above (raised before the failing chunk's first block, so the hashes
+                # and the recorded keys are still in step).
+                start = len(hashes) * bs
+        parent = hashes[-1] if hashes else self.seed
+        self._extend_checked(hashes, token_ids, start, end, parent, extras, keys_out)
+
+    def _extend_checked(
+        self,
+        hashes: list[bytes],
+        token_ids: Sequence[int],
+        start: int,
+        end: int,
+        parent: bytes,
+        extras: HashExtras | None,
+        keys_out: list[list[Any] | None] | None,
+    ) -> None:
+        """The blocks starting at tokens ``start .. end`` (step ``block_size``) after
+        ``parent``, each encoded on its own: any token id (``encode_tokens`` takes ids of
+        2**17 and more, and raises on ids that are not ids) and any parent length."""
+        bs = self.block_size
         # Consecutive blocks often carry equal keys (a LoRA adapter on every block):
         # their CBOR encoding is reused instead of re-encoded.
         last_keys: list[Any] | None = None
@@ -311,3 +356,81 @@ class BlockHasher:
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)
 
+    def _extend_keyed(
+        self,
+        hashes: list[bytes],
+        token_ids: Sequence[int],
+        extras: HashExtras,
+        keys_out: list[list[Any] | None] | None,
+    ) -> None:
+        """:meth:`extend` with extras, on the fast token encoding: per block, its keys,
+        then one digest or one memo hit.
+
+        Most blocks carry only the LoRA key (or nothing): those *plain* blocks reuse one
+        encoding; only blocks a multimodal item overlaps, the salted first block and
+        blocks with prompt embeddings go through :meth:`HashExtras.block_keys`.
+
+        The memo key is parent + payload, plus the encoded keys when the block has any:
+        CBOR items are self-delimiting, so a key with extra keys never equals one without.
+
+        Raises:
+            IndexError, TypeError: a token id outside the encoding table (from
+                ``block_payloads``, before the chunk's first block is hashed).
+        """
+        bs = self.block_size
+        start = len(hashes) * bs
+        stop = len(token_ids) // bs * bs
+        ctor = self._ctor
+        parent = hashes[-1] if hashes else self.seed
+        table = token_table()
+        head = self._head
+        array_head = self._array_head
+        join = b"".join
+        append = hashes.append
+        record = keys_out.append if keys_out is not None else None
+        lora = extras.lora
+        plain_tail = b"\xf6" if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        # Token offsets of the blocks that are not plain (every block with embeddings).
+        special = (
+            None if extras.prompt_embeds is not None
+            else {s for item in extras.mm_items
+                  for s in range(item.offset // bs * bs, item.offset + item.length, bs)}
+        )
+        if special is not None and extras.cache_salt:
+            special.add(0)
+        chunk = max(1, _CHUNK_TOKENS // bs) * bs
+        memo_cap = self.memo_blocks
+        looking = memo_cap > 0
+        for c in range(start, stop, chunk):
+            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+            memo = self._memo
+            s = c
+            for payload in payloads:
+                if special is None or s in special:
+                    keys = extras.block_keys(s, s + bs)
+                    tail = b"\xf6" if keys is None else canonical_cbor(keys)
+                else:
+                    keys = None if lora is None else [["lora", lora.name, lora.path]]
+                    tail = plain_tail
+                s += bs
+                if record is not None:
+                    record(keys)
+                if not memo_cap:
+                    parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                    append(parent)
+                    continue
+                key = parent + payload if keys is None else parent + payload + tail
+                if looking:
+                    h = memo.get(key) or self._memo_old.get(key)
+                    if h is not None:
+                        memo[key] = h
+                        parent = h
+                        append(h)
+                        continue
+                    looking = False
+                parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                append(parent)
+                memo[key] = parent
+                if len(memo) >= memo_cap:
+                    self._memo_old = memo
+                    self._memo = memo = {}

@@ -34,6 +34,7 @@ from pagedkv.coordinator import (
     Coordinator,
     HybridCoordinator,
     NoPrefixCacheCoordinator,
+    PartialHitCoordinator,
     UnitaryCoordinator,
 )
 from pagedkv.errors import UnknownRequestError
@@ -41,14 +42,24 @@ from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.recorder import EventBuffer, EventRecorder, GroupInfo
 from pagedkv.events.records import BlockStored, KVCacheEvent
 from pagedkv.hashing import BlockHasher, HashExtras
+from pagedkv.manager_surface import ManagerSurface
 from pagedkv.managers import SingleTypeManager, manager_class_for
+from pagedkv.managers.full import FullAttentionManager, PartialHitFullManager
 from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
+from pagedkv.partial_hits import partial_hits_enabled
 from pagedkv.pool import BlockPool
 from pagedkv.request import Request, RequestLike
 from pagedkv.retention.control import RetentionControl
 from pagedkv.retention.policy import RequestRetention, RetentionConfig
 from pagedkv.retention.pool import RetentionPool
-from pagedkv.specs import KVCacheSpec, SlidingWindowSpec
+from pagedkv.specs import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    cdiv,
+)
 
 if TYPE_CHECKING:
     from pagedkv.events.publisher import ZmqEventPublisher
@@ -56,11 +67,12 @@ if TYPE_CHECKING:
 __all__ = ["ComputedBlocks", "KVCacheManager"]
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerSurface):
     """Block tables, prefix caching and events for every KV-cache group of one model.
 
     Not thread-safe: one scheduler thread calls it. Every per-request operation costs
-    O(blocks it touches), independent of the pool size.
+    O(blocks it touches), independent of the pool size. Deferred frees, truncated hits
+    and blocks to zero: :mod:`pagedkv.manager_surface`.
     """
 
     def __init__(self, config: CacheConfig) -> None:
@@ -81,18 +93,27 @@ class KVCacheManager:
         self.recorder = self.pool.recorder
         self.hasher = BlockHasher(hash_bs, algo=config.hash_algo, secret_seed=config.secret_seed,
                                   memo_blocks=config.hash_memo_blocks)
+        classes = [manager_class_for(s, enable_caching=config.enable_caching) for s in specs]
+        #: Whether hits may end inside a block (see :class:`PartialHitCoordinator`).
+        self.partial_hits = config.enable_caching and partial_hits_enabled(
+            specs, classes, hash_bs, drop_last_hit=config.drop_last_hit)
+        if self.partial_hits:
+            classes = [PartialHitFullManager if c is FullAttentionManager else c
+                       for c in classes]
         self.managers: list[SingleTypeManager] = [
-            manager_class_for(s, enable_caching=config.enable_caching)(
-                s, self.pool, g, drop_last_hit=config.drop_last_hit)
-            for g, s in enumerate(specs)
+            cls(s, self.pool, g, drop_last_hit=config.drop_last_hit)
+            for g, (cls, s) in enumerate(zip(classes, specs, strict=True))
         ]
         self.coordinator: Coordinator
         if not config.enable_caching:
             self.coordinator = NoPrefixCacheCoordinator(self.managers, self.pool)
         elif len(self.managers) == 1:
             self.coordinator = UnitaryCoordinator(self.managers, self.pool)
+        elif self.partial_hits:
+            self.coordinator = PartialHitCoordinator(self.managers, self.pool)
         else:
             self.coordinator = HybridCoordinator(self.managers, self.pool)
+        self._setup_surface(config, specs)
         #: Pins and per-request retention (``None`` without ``CacheConfig.retention``).
         self.retention: RetentionControl | None = (
             RetentionControl(self.pool, self.managers)
@@ -113,6 +134,26 @@ class KVCacheManager:
             self.publisher = ZmqEventPublisher(
                 config.kv_events, snapshot_fn=self.prefix_index_snapshot
             )
+
+    def _setup_surface(self, config: CacheConfig, specs: list[KVCacheSpec]) -> None:
+        """Blocks to zero per group, admission caps, references held outside tables."""
+        self.held_outside = {}
+        zero = config.zero_new_blocks
+        if zero is None:
+            zero = any(isinstance(s, MambaSpec) for s in specs)
+        in_flight = config.max_in_flight_tokens or config.max_model_len
+        mml = config.max_model_len
+        coord = self.coordinator
+        for g, s in enumerate(specs):
+            coord.zeroing[g] = zero and isinstance(s, AttentionSpec)
+            if isinstance(s, SlidingWindowSpec):
+                coord.admission_cap_blocks[g] = s.max_admission_blocks(
+                    mml, max_num_batched_tokens=in_flight)
+            elif isinstance(s, ChunkedLocalAttentionSpec):
+                # vLLM 0.33's runtime cap: the chunk plus the tokens in flight (the
+                # planner's bound keeps one block more).
+                coord.admission_cap_blocks[g] = cdiv(
+                    min(s.attention_chunk_size + in_flight, mml), s.block_size)
 
     def _make_pool(
         self, config: CacheConfig, groups: list[GroupInfo], hash_block_size: int,
@@ -268,6 +309,7 @@ class KVCacheManager:
         delay_caching: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        full_sequence_must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens.
 
@@ -282,6 +324,11 @@ class KVCacheManager:
         requests are scheduled this step; then a request's first allocation (it holds no
         blocks: new or preempted) must also leave ``watermark_blocks`` free. Both as vLLM
         0.33: the pool must have ``needed + reserved + watermark`` free blocks.
+        ``full_sequence_must_fit``: admit only if the pool could hold the whole request
+        (all ``num_tokens``, hit blocks counted, sliding-window and chunked-local groups
+        capped at their admission cap, see ``CacheConfig.max_in_flight_tokens``) plus the
+        watermark, before anything is released: vLLM 0.33's gate that keeps chunked
+        prefill from admitting requests whose later chunks cannot fit.
 
         Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
         chunked local: never read again), check capacity for every group at once, claim
@@ -310,14 +357,18 @@ class KVCacheManager:
             rid = request.request_id
             num_computed = request.num_computed_tokens
             num_request_tokens = request.num_tokens
-            # The common call (a live request, no hit, no extra counts) passes these few
-            # tests; anything else gets validation.check_allocate's full check.
+            # The common call (a live request, no hit, no external or encoder tokens, any
+            # valid lookahead and headroom) passes these few tests; anything else gets
+            # validation.check_allocate's full check.
             first = (
                 self.live_requests.get(rid) is not request
                 or new_computed_blocks is not None
                 or num_new_computed_tokens is not None
-                or num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
-                or reserved_blocks or has_scheduled_reqs is not True
+                or num_external_computed_tokens or num_encoder_tokens
+                or type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0
+                or type(reserved_blocks) is not int or reserved_blocks < 0
+                or type(has_scheduled_reqs) is not bool
+                or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
                 or num_computed + num_new_tokens > num_request_tokens
@@ -326,12 +377,13 @@ class KVCacheManager:
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,
                  num_external_computed_tokens, num_encoder_tokens),
-                (reserved_blocks, has_scheduled_reqs))
+                (reserved_blocks, has_scheduled_reqs, full_sequence_must_fit))
         except (AttributeError, TypeError):
             validation.check_allocate(self, request, num_new_tokens, new_computed_blocks,
                                       (num_new_computed_tokens, num_lookahead_tokens,
                                        num_external_computed_tokens, num_encoder_tokens),
-                                      (reserved_blocks, has_scheduled_reqs))
+                                      (reserved_blocks, has_scheduled_reqs,
+                                       full_sequence_must_fit))
             raise
         if new_computed_blocks is not None:
             hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
@@ -343,12 +395,15 @@ class KVCacheManager:
         max_len = self.max_model_len
         total_computed = local_computed + num_external_computed_tokens
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
-        headroom = reserved_blocks
-        if first and has_scheduled_reqs:  # an admission: keep the watermark free
-            headroom += self.watermark_blocks
+        watermark = self.watermark_blocks if first and has_scheduled_reqs else 0
+        if full_sequence_must_fit and coordinator.num_blocks_for_full_sequence(
+            rid, hit, total_computed, min(num_request_tokens, max_len), num_encoder_tokens
+        ) + watermark > self.pool.free_queue.num_free:
+            return None
+        headroom = reserved_blocks + watermark  # watermark: only when admitting
         new_blocks = coordinator.allocate(
             rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens, headroom,
+            total_computed + num_new_tokens, headroom, local_computed,
         )
         if new_blocks is not None:
             if first:
@@ -529,6 +584,8 @@ class KVCacheManager:
             ],
             "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
             "live_requests": list(self.live_requests),
+            "held_outside": dict(self.held_outside),
+            "new_block_ids": [list(ids) for ids in self.coordinator.new_block_ids],
             "stats": self.lookups.snapshot(),
             "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
                                 self.hit_rate_window.num_requests),
@@ -538,6 +595,10 @@ class KVCacheManager:
         """Walk all state: the pool, each group, and that every block's ref count equals
         the number of block tables holding it. O(num_blocks + held blocks)."""
         self.pool.check_invariants()
-        self.coordinator.check_invariants()
+        held = dict(self.held_outside)
+        if isinstance(self.coordinator, PartialHitCoordinator):
+            for b in self.coordinator.iter_pending_copy_blocks():
+                held[b] = held.get(b, 0) + 1
+        self.coordinator.check_invariants(held)
         assert self.coordinator.request_ids() == self.live_requests.keys(), (
             "the live requests and the requests holding block tables differ")

@@ -88,6 +88,14 @@ class BlockPool:
         block keeps the hash it had. O(1)."""
         return self.num_evicted_blocks + self._num_rehashed
 
+    def has_entry(self, group: int, key: bytes, block: int) -> bool:
+        """Whether the index maps ``(key, group)`` to ``block`` (as primary, duplicate or
+        partial-prefix entry). O(duplicates of the key)."""
+        if self.index[group].get(key) == block:
+            return True
+        dups = self._dups[group].get(key)
+        return dups is not None and block in dups
+
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
         n = sum(len(d) for d in self.index)
@@ -279,6 +287,11 @@ class BlockPool:
         dups = self._dups[group].get(h)
         if index.get(h) == block or (dups is not None and block in dups):
             return h
+        old = self.block_hash[block]
+        if old is not None and self._key_tokens(request, block, old, group_bs, i) < num_tokens:
+            # vLLM 0.33: a longer prefix replaces a shorter partial key (its entries go).
+            self._evict(block, count=False)
+            dups = self._dups[group].get(h)
         if self.block_hash[block] is None:
             self.block_hash[block] = h
             self.block_group[block] = group
@@ -290,6 +303,46 @@ class BlockPool:
             self._dups[group].setdefault(h, []).append(block)
         self.recorder.stored_partial(request, block, i, group, primary)
         return h
+
+    def _key_tokens(
+        self, request: RequestLike, block: int, key: bytes, group_bs: int, i: int
+    ) -> int:
+        """Tokens covered by ``key``, the primary key of ``block``, which holds hash block
+        ``i`` of ``request`` (so its keys are hashes of ``request``'s own prefixes within
+        that block); a key from outside the block's span counts as the whole block."""
+        hbs = self.hash_block_size
+        k = group_bs // hbs
+        first = i // k * k
+        hashes = request.block_hashes
+        for j in range(first, min(first + k, len(hashes))):
+            if hashes[j] == key:
+                return (j + 1) * hbs
+        return (first + k) * hbs
+
+    def move_block_hashes(self, src: int, dst: int) -> None:
+        """Re-point every index entry of ``src`` to ``dst`` (which has none), as vLLM 0.33's
+        ``move_block_hashes``: the primary key stays primary, entries keep their order
+        among duplicates except that ``dst`` joins the end; no events (the entries stay
+        live). Used when a request keeps writing ``src`` and the cache keeps a copy. O(keys).
+        """
+        h = self.block_hash[src]
+        if h is None:
+            return
+        assert self.block_hash[dst] is None and dst not in self._secondary
+        keys = [(self.block_group[src], h), *self._secondary.pop(src, ())]
+        for g, key in keys:
+            self._unregister(g, key, src)
+        self.block_hash[src] = None
+        self._num_rehashed += 1
+        g, key = keys[0]
+        self.block_hash[dst] = key
+        self.block_group[dst] = g
+        for n, (g, key) in enumerate(keys):
+            if n:
+                self._secondary.setdefault(dst, []).append((g, key))
+            if self.index[g].setdefault(key, dst) != dst:
+                self._dups[g].setdefault(key, []).append(dst)
+        self.recorder.moved(src, dst)
 
     def _unregister(self, group: int, h: bytes, b: int) -> None:
         """Drop the entry ``(h, group) -> b``; a duplicate becomes primary if ``b`` was."""

@@ -161,7 +161,7 @@ def check_allocate(
     num_new_tokens: object,
     hit: ComputedBlocks | None,
     counts: tuple[object, object, object, object],
-    headroom: tuple[object, object] = (0, True),
+    headroom: tuple[object, ...] = (0, True, False),
 ) -> bool:
     """All checks of :meth:`KVCacheManager.allocate_slots`; ``counts`` are
     ``num_new_computed_tokens`` (``None``: the hit's), ``num_lookahead_tokens``,
@@ -203,7 +203,12 @@ def check_allocate(
         lookahead = check_count("num_lookahead_tokens", lookahead)
         external = check_count("num_external_computed_tokens", external)
         check_count("num_encoder_tokens", encoder)
-    reserved, has_scheduled = headroom
+    reserved, has_scheduled = headroom[0], headroom[1]
+    must_fit = headroom[2] if len(headroom) > 2 else False
+    if type(must_fit) is not bool:
+        raise InvalidArgumentError(
+            f"full_sequence_must_fit must be a bool, got {must_fit!r}"
+        )
     if type(reserved) is not int or reserved < 0:
         check_count("reserved_blocks", reserved)
     if type(has_scheduled) is not bool:

@@ -16,6 +16,7 @@ from pagedkv import (
     InvalidArgumentError,
     LoRA,
     MissingDependencyError,
+    MultiModalItem,
     Request,
 )
 from pagedkv.hashing import canonical_cbor
@@ -139,7 +140,7 @@ def test_token_fast_path_matches_generic_encoding(tokens: list[int]) -> None:
     assert h.hash_block(h.seed, tokens) == expected
 
 
-@given(st.lists(st.integers(0, 2**33), min_size=0, max_size=23), st.integers(1, 5))
+@given(st.lists(st.integers(0, 2**33), min_size=0, max_size=160), st.integers(1, 17))
 def test_incremental_hashing_equals_block_by_block(tokens: list[int], block_size: int) -> None:
     """The fast path (table encoding, large ids falling back) equals hashing each full block
     on its own, and never hashes a partial block."""
@@ -202,3 +203,66 @@ def test_a_hasher_shared_by_threads_gives_the_same_digests() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+@st.composite
+def _tokens_and_extras(draw: st.DrawFn) -> tuple[list[int], HashExtras]:
+    """Up to 160 token ids (short inputs and the array encoding) and extras: LoRA, salt,
+    multimodal items, per-token embeddings."""
+    top = draw(st.sampled_from([300, 65535, 2**18]))  # ids < 256 encode shorter
+    n = draw(st.integers(0, 160))
+    tokens = draw(st.lists(st.integers(0, top), min_size=n, max_size=n))
+    mm = draw(st.lists(st.tuples(st.integers(0, 150), st.integers(1, 20)), max_size=3))
+    extras = HashExtras(
+        lora=draw(st.sampled_from([None, LoRA("a", 1, "/p"), LoRA("a", 1, "/q"), LoRA("b", 2)])),
+        cache_salt=draw(st.sampled_from([None, "", "tenant"])),
+        mm_items=[MultiModalItem(f"img-{k}", off, n) for k, (off, n) in enumerate(mm)],
+        prompt_embeds=[bytes([i % 251]) for i in range(len(tokens))]
+        if draw(st.booleans()) else None,
+    )
+    return tokens, extras
+
+
+@given(_tokens_and_extras(), st.integers(1, 17), st.sampled_from([0, 3, 64]),
+       st.integers(0, 160))
+def test_hashing_with_extras_equals_block_by_block(
+    case: tuple[list[int], HashExtras], block_size: int, memo_blocks: int, cut: int
+) -> None:
+    """With extras (LoRA, salt, multimodal items, embeddings), incremental hashing in two
+    calls, with or without a memo (each prompt hashed twice so the memo is hit), equals
+    hashing each full block on its own with its own keys, and records those keys."""
+    tokens, extras = case
+    h = BlockHasher(block_size, memo_blocks=memo_blocks)
+    expected: list[bytes] = []
+    expected_keys: list[object] = []
+    parent = h.seed
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        keys = extras.block_keys(s, s + block_size)
+        parent = h.hash_block(parent, tokens[s : s + block_size], keys)
+        expected.append(parent)
+        expected_keys.append(keys)
+    for _ in range(2):
+        got: list[bytes] = []
+        got_keys: list[object] = []
+        h.extend(got, tokens[:cut], extras, got_keys)
+        h.extend(got, tokens, extras, got_keys)
+        assert got == expected
+        assert got_keys == expected_keys
+
+
+@pytest.mark.parametrize("extras", [None, HashExtras(lora=LoRA("a", 1, "/p"), cache_salt="s")])
+def test_a_supplied_parent_of_another_length_chains_like_hash_block(
+    extras: HashExtras | None,
+) -> None:
+    """A caller-supplied last hash shorter than a digest heads only its own child's
+    input; every later block's parent is a 32-byte digest."""
+    h = BlockHasher(4, memo_blocks=0)
+    tokens = list(range(1, 17))
+    got = [b"x" * 16]
+    h.extend(got, tokens, extras)
+    parent, expected = b"x" * 16, [b"x" * 16]
+    for s in range(4, 16, 4):
+        keys = None if extras is None else extras.block_keys(s, s + 4)
+        parent = h.hash_block(parent, tokens[s : s + 4], keys)
+        expected.append(parent)
+    assert got == expected

@@ -19,8 +19,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 class TwoTierModel:
-    def __init__(self, num_blocks: int, host_blocks: int, write_through: bool) -> None:
+    def __init__(self, num_blocks: int, host_blocks: int, write_through: bool,
+                 min_hits: int = 0, max_tracked: int = 0) -> None:
         self.write_through = write_through
+        # admission: hit counts of the most recently hit keys (oldest first)
+        self.min_hits = min_hits
+        self.max_tracked = max_tracked
+        self.hit_counts: list[list[Any]] = []                # [hash, count]
         # device
         self.free = list(range(1, num_blocks))
         self.ref = dict.fromkeys(range(1, num_blocks), 0)
@@ -70,6 +75,8 @@ class TwoTierModel:
             if h in self.entries:
                 present.append(h)
                 continue
+            if self.min_hits and self._hits(h) < self.min_hits:
+                continue
             if self.host_free:
                 hb = self.host_free.pop(0)
             else:
@@ -85,6 +92,18 @@ class TwoTierModel:
         self._host_touch(present)
         if plan_dev:
             self.stores.append((timing, plan_dev, plan_host, plan_hashes))
+
+    def _hits(self, h: bytes) -> int:
+        return next((c for k, c in self.hit_counts if k == h), 0)
+
+    def count_hits(self, keys: list[bytes]) -> None:
+        if not self.min_hits:
+            return
+        for h in keys:
+            n = self._hits(h) + 1
+            self.hit_counts = [kc for kc in self.hit_counts if kc[0] != h] + [[h, n]]
+            if len(self.hit_counts) > self.max_tracked:
+                self.hit_counts.pop(0)
 
     def complete_store(self, i: int, success: bool) -> None:
         _, _, _, hashes = self.stores.pop(i)
@@ -145,6 +164,7 @@ class TwoTierModel:
             self.offer(victims, "before_forward")
         self.tables[rid] = device_hit + new
         self.num_cached[rid] = len(device_hit)
+        self.count_hits(hashes[:len(device_hit) + len(host_hit)])
         if host_hit:
             self._host_touch(list(reversed(keys)))
             self.loads[rid] = (keys, host_hit, new[:len(host_hit)], d * BS)

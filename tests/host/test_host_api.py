@@ -96,3 +96,40 @@ def test_host_events_without_device_events():
     assert events and all(isinstance(e, BlockStored) and e.medium == "CPU" for e in events)
     assert sorted(e.token_ids for e in events) == [list(range(4)), list(range(4, 8))]
     m.check_invariants()
+
+
+def test_cpu_events_on_the_wire_with_lora():
+    from pagedkv import HashExtras, LoRA
+    from pagedkv.events.records import BlockRemoved
+    from pagedkv.events.wire import decode_batch, encode_batch, wire_hash
+
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    m = HostTieredKVCacheManager(
+        CacheConfig(groups=(spec,), num_blocks=4, max_model_len=64, enable_events=True),
+        HostTierConfig(num_blocks=1))
+    lora = HashExtras(lora=LoRA("sql", 7))
+    a = m.new_request("a", list(range(9)), hash_extras=lora)
+    m.allocate_slots(a, 9, new_computed_blocks=m.lookup(a))
+    m.free(a)
+    b = m.new_request("b", list(range(50, 59)))
+    m.allocate_slots(b, 9, new_computed_blocks=m.lookup(b))     # evicts a's 2 blocks
+    (store,) = m.take_store_plans()                             # room for one only
+    assert store.num_blocks == 1 and m.make_host_stats().no_room_blocks == 1
+    m.complete_store(store, True)
+    m.free(b)
+    c = m.new_request("c", list(range(80, 89)))
+    m.allocate_slots(c, 9, new_computed_blocks=m.lookup(c))     # the host block is reused
+    for s in m.take_store_plans():
+        m.complete_store(s, True)
+    cpu = [e for e in m.take_events() if e.medium == "CPU"]
+    stored, removed = cpu[0], cpu[1]
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    assert stored.lora_id == 7 and stored.lora_name == "sql"
+    assert stored.block_hashes[0] == removed.block_hashes[0]
+    batch = decode_batch(encode_batch(cpu, timestamp_s=1.0))
+    assert [e.medium for e in batch.events] == ["CPU"] * len(cpu)
+    first = batch.events[0]
+    assert isinstance(first, BlockStored)
+    assert first.token_ids == stored.token_ids and first.extra_keys == stored.extra_keys
+    assert wire_hash(first.block_hashes[0]) == wire_hash(stored.block_hashes[0])
+    m.check_invariants()

@@ -302,3 +302,82 @@ def test_make_manager_without_host_is_the_plain_class():
     cfg = CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64)
     assert type(make_manager(cfg)) is KVCacheManager
     assert type(make_manager(cfg, HostTierConfig(num_blocks=2))) is HostTieredKVCacheManager
+
+
+def test_two_full_attention_groups_load_every_group():
+    mla = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=16, dtype_bytes=2)
+    m = HostTieredKVCacheManager(
+        CacheConfig(groups=(spec(), mla), num_blocks=13, max_model_len=64),
+        HostTierConfig(num_blocks=16))
+    a = m.new_request("a", list(range(13)))                # 3 full blocks + 1 per group
+    assert m.allocate_slots(a, 13, new_computed_blocks=m.lookup(a)) == (
+        [1, 2, 3, 4], [5, 6, 7, 8])
+    a.num_computed_tokens = 13
+    m.free(a)
+    b = m.new_request("b", list(range(100, 121)))          # 6 blocks per group: evicts a's
+    assert m.allocate_slots(b, 21, new_computed_blocks=m.lookup(b)) is not None
+    (store,) = m.take_store_plans()
+    assert [gs.group for gs in store.groups] == [0, 1]
+    assert sorted(store.groups[0].device_block_ids + store.groups[1].device_block_ids) == \
+        [1, 2, 3, 5, 6, 7]
+    m.complete_store(store, True)
+    m.check_invariants()
+    b.num_computed_tokens = 21
+    m.free(b)
+    a2 = m.new_request("a2", list(range(13)))
+    hit = m.lookup(a2)
+    assert hit.num_host_tokens == 12 and len(hit.host.host_block_ids) == 2
+    m.allocate_slots(a2, 1, new_computed_blocks=hit)
+    (plan,) = m.take_load_plans()
+    tables = m.get_block_ids("a2")
+    assert [gl.group for gl in plan.groups] == [0, 1]
+    for gl in plan.groups:
+        assert gl.device_block_ids == tuple(tables[gl.group][:3]) and gl.num_tokens == 12
+    m.check_invariants()
+    for s in m.take_store_plans():
+        m.complete_store(s, True)
+    m.complete_load(plan, True)
+    m.check_invariants()
+    assert m.lookup(m.new_request("x", list(range(13)))).num_device_tokens == 12
+
+
+def test_the_worked_example_of_docs_host_tier():
+    m = HostTieredKVCacheManager(
+        CacheConfig(groups=(spec(),), num_blocks=8, max_model_len=64, enable_events=True),
+        HostTierConfig(num_blocks=16))
+    a = m.new_request("a", list(range(21)))
+    assert m.allocate_slots(a, 21, new_computed_blocks=m.lookup(a)) == ([1, 2, 3, 4, 5, 6],)
+    a.num_computed_tokens = 21
+    m.free(a)
+    b = m.new_request("b", list(range(100, 125)))
+    assert m.allocate_slots(b, 25, new_computed_blocks=m.lookup(b)) == (
+        [6, 7, 5, 4, 3, 2, 1],)
+    (store,) = m.take_store_plans()
+    assert (store.plan_id, store.timing) == (1, BEFORE_FORWARD)
+    assert store.groups[0].device_block_ids == (5, 4, 3, 2, 1)
+    assert store.groups[0].host_block_ids == (0, 1, 2, 3, 4)
+    m.take_events()
+    m.complete_store(store, True)
+    events = m.take_events()
+    assert len(events) == 5 and (events[0].medium, events[0].token_ids) == (
+        "CPU", [16, 17, 18, 19])
+    b.num_computed_tokens = 25
+    m.free(b)
+    a2 = m.new_request("a2", list(range(21)))
+    hit = m.lookup(a2)
+    assert (hit.num_device_tokens, hit.num_host_tokens, hit.host.host_block_ids) == (
+        0, 20, ((4, 3, 2, 1, 0),))
+    assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([1, 2, 3, 4, 5, 7],)
+    (load,) = m.take_load_plans()
+    assert load.plan_id == 3 and load.groups == (GroupLoad(
+        group=0, host_block_ids=(4, 3, 2, 1, 0), device_block_ids=(1, 2, 3, 4, 5),
+        first_block=0, num_tokens=20),)
+    (store2,) = m.take_store_plans()
+    assert store2.plan_id == 2
+    assert store2.groups[0].device_block_ids == (2, 3, 4, 5, 7)
+    assert store2.groups[0].host_block_ids == (5, 6, 7, 8, 9)
+    m.complete_store(store2, True)
+    a2.num_computed_tokens = 21
+    m.complete_load(load, True)
+    assert m.lookup(m.new_request("x", list(range(21)))).num_device_tokens == 20
+    m.check_invariants()

@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedkv import CacheConfig, FullAttentionSpec
-from pagedkv.host import HostTierConfig, HostTieredKVCacheManager, StoreOnEviction, WriteThrough
+from pagedkv.host import (
+    AdmitAfterHits,
+    AdmitAll,
+    HostTierConfig,
+    HostTieredKVCacheManager,
+    StoreOnEviction,
+    WriteThrough,
+)
 
 FAMILIES = [[1000 + i for i in range(40)], [2000 + i for i in range(40)],
             [1000 + i for i in range(12)] + [3000 + i for i in range(28)]]
@@ -24,15 +31,19 @@ HOST_BLOCKS = 9
 
 class TwoTiers(RuleBasedStateMachine):
     write_through = False
+    min_hits = 0
 
     def __init__(self) -> None:
         super().__init__()
         spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype_bytes=2)
         policy = WriteThrough() if self.write_through else StoreOnEviction()
+        admission = (AdmitAfterHits(min_hits=self.min_hits, max_tracked_keys=6)
+                     if self.min_hits else AdmitAll())
         self.mgr = HostTieredKVCacheManager(
             CacheConfig(groups=(spec,), num_blocks=NUM_BLOCKS, max_model_len=64),
-            HostTierConfig(num_blocks=HOST_BLOCKS, write_policy=policy))
-        self.model = TwoTierModel(NUM_BLOCKS, HOST_BLOCKS, self.write_through)
+            HostTierConfig(num_blocks=HOST_BLOCKS, write_policy=policy, admission=admission))
+        self.model = TwoTierModel(NUM_BLOCKS, HOST_BLOCKS, self.write_through,
+                                  self.min_hits, 6)
         self.reqs: dict[str, Any] = {}
         self.stores: list[Any] = []
         self.n = 0
@@ -122,9 +133,15 @@ class TwoTiersWriteThrough(TwoTiers):
     write_through = True
 
 
+class TwoTiersAdmitAfterHits(TwoTiers):
+    min_hits = 1
+
+
 _SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 TestTwoTiers = TwoTiers.TestCase
 TestTwoTiers.settings = _SETTINGS
 TestTwoTiersWriteThrough = TwoTiersWriteThrough.TestCase
 TestTwoTiersWriteThrough.settings = _SETTINGS
+TestTwoTiersAdmitAfterHits = TwoTiersAdmitAfterHits.TestCase
+TestTwoTiersAdmitAfterHits.settings = _SETTINGS

@@ -78,6 +78,9 @@ class EventRecorder:
     def removed(self, hashes: list[bytes], group: int) -> None:
         """The index entries ``(hash, group)`` were dropped (the list is handed over)."""
 
+    def moved(self, src: int, dst: int) -> None:
+        """Block ``src``'s index entries now point to ``dst`` (no event: they stay live)."""
+
     def cleared(self) -> None:
         """The whole index was reset."""
 
@@ -201,6 +204,11 @@ class EventBuffer(EventRecorder):
         if primary:
             self._announced[block] = (event, 0, 0, hashes[i - 1] if i else None)
         self._events.append(event)
+
+    def moved(self, src: int, dst: int) -> None:
+        entry = self._announced.pop(src, None)
+        if entry is not None:
+            self._announced[dst] = entry
 
     def removed(self, hashes: list[bytes], group: int) -> None:
         # One record per hash, as vLLM's pool emits them.

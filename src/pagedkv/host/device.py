@@ -124,6 +124,12 @@ class HostFeedingRecorder(EventRecorder):
     def removed(self, hashes: list[bytes], group: int) -> None:
         self.inner.removed(hashes, group)
 
+    def moved(self, src: int, dst: int) -> None:
+        self.inner.moved(src, dst)
+        meta = self.meta.pop(src, None)
+        if meta is not None:
+            self.meta[dst] = meta
+
     def cleared(self) -> None:
         self.inner.cleared()
 

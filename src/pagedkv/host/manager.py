@@ -21,7 +21,8 @@ step before anything writes into that step's blocks (loads included). (2) A requ
 load in flight is neither allocated nor freed until ``complete_load`` (both raise
 :class:`~pagedkv.errors.InvalidArgumentError`). (3) After ``complete_load(plan, False)``
 the request's tokens past ``plan.num_device_tokens`` are not computed: the engine
-recomputes them (its blocks are there, unregistered) or frees the request.
+recomputes them (its blocks are there, unregistered) or frees the request. (4) A
+write-through (``after_forward``) store runs before its block's request is freed.
 
 Supported layouts: every group full attention (MLA, sinks included) with the group block
 size equal to the hash block size; caching on; no retention; no ``drop_last_hit``.
@@ -172,6 +173,7 @@ class HostTieredKVCacheManager(KVCacheManager):
         delay_caching: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        full_sequence_must_fit: bool = False,
     ) -> tuple[list[int], ...] | None:
         """As :meth:`KVCacheManager.allocate_slots`; ``new_computed_blocks`` may also be a
         :class:`TieredHit` from :meth:`lookup`. With a host part, ``num_new_tokens``
@@ -192,27 +194,23 @@ class HostTieredKVCacheManager(KVCacheManager):
             raise InvalidArgumentError(
                 f"request {rid!r} has a load in flight; call complete_load(plan, success) "
                 "before allocating for it again")
-        if not isinstance(new_computed_blocks, TieredHit):
-            return super().allocate_slots(
-                request, num_new_tokens, new_computed_blocks=new_computed_blocks,
+        if not isinstance(new_computed_blocks, TieredHit) or not \
+                new_computed_blocks.host.num_tokens:
+            device_hit = (new_computed_blocks.device
+                          if isinstance(new_computed_blocks, TieredHit) else new_computed_blocks)
+            new = super().allocate_slots(
+                request, num_new_tokens, new_computed_blocks=device_hit,
                 num_new_computed_tokens=num_new_computed_tokens,
                 num_lookahead_tokens=num_lookahead_tokens,
                 num_external_computed_tokens=num_external_computed_tokens,
                 num_encoder_tokens=num_encoder_tokens, delay_caching=delay_caching,
-                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs)
+                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs,
+                full_sequence_must_fit=full_sequence_must_fit)
+            if new is not None and device_hit is not None and self._hit_tracker is not None:
+                self._count_hits(request, device_hit.num_computed_tokens, 0)
+            return new
         hit = new_computed_blocks
         host_hit = hit.host
-        if not host_hit.num_tokens:
-            new = super().allocate_slots(
-                request, num_new_tokens, new_computed_blocks=hit.device,
-                num_new_computed_tokens=num_new_computed_tokens,
-                num_lookahead_tokens=num_lookahead_tokens,
-                num_external_computed_tokens=num_external_computed_tokens,
-                num_encoder_tokens=num_encoder_tokens, delay_caching=delay_caching,
-                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs)
-            if new is not None:
-                self._count_hits(request, hit.device.num_computed_tokens, 0)
-            return new
         self._check_host_hit(request, hit, num_new_computed_tokens,
                              num_external_computed_tokens, delay_caching)
         self.host.pin(host_hit)  # before the device allocation can evict into the host
@@ -222,7 +220,8 @@ class HostTieredKVCacheManager(KVCacheManager):
                 num_lookahead_tokens=num_lookahead_tokens,
                 num_external_computed_tokens=host_hit.num_tokens,
                 num_encoder_tokens=num_encoder_tokens, delay_caching=True,
-                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs)
+                reserved_blocks=reserved_blocks, has_scheduled_reqs=has_scheduled_reqs,
+                full_sequence_must_fit=full_sequence_must_fit)
         except BaseException:
             self.host.unpin(host_hit.keys)
             raise

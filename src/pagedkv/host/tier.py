@@ -197,13 +197,16 @@ class HostTier:
         ids: list[list[int]] = [[] for _ in range(num_groups)]
         keys: list[list[HostKey]] = [[] for _ in range(num_groups)]
         i = first_block
+        groups = range(num_groups)
         while i < end:
             h = block_hashes[i]
-            if any(state((h, g)) is not LookupState.HIT for g in range(num_groups)):
+            found = [entries.get((h, g)) for g in groups]
+            if not all(e is not None and e.ready for e in found):
                 break
-            for g in range(num_groups):
+            for g, e in enumerate(found):
+                assert e is not None
                 keys[g].append((h, g))
-                ids[g].append(entries[(h, g)].block_id)
+                ids[g].append(e.block_id)
             i += 1
         pending = 0
         while i < end and all(state((block_hashes[i], g)) is not LookupState.MISS

@@ -281,6 +281,19 @@ class SingleTypeManager:
             blocks.reverse()
             self.pool.free_blocks(blocks)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """Forget the request without releasing its blocks: its table without the leading
+        null blocks, in table order (the caller releases them last first). ``[]`` for an
+        unknown id."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_blocks.pop(request_id, None)
+        if not blocks:
+            return []
+        i = 0
+        while i < len(blocks) and not blocks[i]:
+            i += 1
+        return blocks[i:] if i else blocks
+
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace blocks the request no longer needs by the null block and free them."""
 
@@ -343,7 +356,11 @@ class SkippingManager(SingleTypeManager):
         blocks = self.req_to_blocks.get(request_id)
         if not blocks:
             return
-        end = min(self._num_skipped_blocks(num_computed_tokens), len(blocks))
+        end = self.num_skipped_tokens(num_computed_tokens) // self.block_size
+        if end > len(blocks):
+            end = len(blocks)
+        if end <= 0 or not blocks[end - 1]:
+            return  # nothing newly skipped (the nulls form a prefix)
         freed: list[int] = []
         for i in range(end - 1, -1, -1):
             b = blocks[i]

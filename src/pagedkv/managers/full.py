@@ -29,10 +29,11 @@ is aligned, nothing; a 90-token prompt: boundary 88 -> block 2 gets the hash of 
 from __future__ import annotations
 
 from pagedkv.managers.base import SingleTypeManager, register_manager
+from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
-from pagedkv.specs import FullAttentionSpec
+from pagedkv.specs import FullAttentionSpec, KVCacheSpec
 
-__all__ = ["FullAttentionManager"]
+__all__ = ["FullAttentionManager", "PartialHitFullManager"]
 
 
 @register_manager(FullAttentionSpec)
@@ -77,3 +78,90 @@ class FullAttentionManager(SingleTypeManager):
                 break
             n += 1
         return n
+
+
+class PartialHitFullManager(FullAttentionManager):
+    """Sub-block ("partial") prefix hits for a full-attention group (vLLM 0.33's
+    fine-grained lookup, enabled in a hybrid model whose align-mode Mamba block is larger
+    than the hash block). The façade uses this class for full-attention groups of such
+    models only, so no other model pays for it.
+
+    * Lookup (:meth:`find_partial_hit`): cached full blocks left to right, then the hash
+      blocks inside the next block, longest first: a hit may end inside a block.
+    * A request adopting a hit that ends inside block ``i`` (:meth:`adopt_partial_hit`)
+      needs one block more: at allocation its table gets a fresh block ``c`` at position
+      ``i`` (copy on write) and the pair ``(source, c)`` is queued for the engine, which
+      copies the block and then releases both (:meth:`pagedkv.KVCacheManager.take_block_copies`).
+
+    Worked case (block 16, hash block 4): blocks ``b0`` (tokens 0..15) cached and a partial
+    key of tokens 0..23 on ``b1``: a request sharing 26 tokens hits ``[b0, b1]``, 24 tokens;
+    allocating it returns ``[c, ...]`` with its table ``[b0, c, ...]`` and the copy
+    ``b1 -> c``.
+    """
+
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
+                 drop_last_hit: bool = False) -> None:
+        super().__init__(spec, pool, group, drop_last_hit=drop_last_hit)
+        self._partial: dict[str, tuple[int, int]] = {}
+        #: (source, copy) pairs queued since the last take, in allocation order.
+        self.pending_copies: list[tuple[int, int]] = []
+
+    def find_partial_hit(self, block_hashes: list[bytes], max_length: int) -> tuple[list[int], int]:
+        """The hit blocks and the hit length in tokens (a multiple of the hash block size).
+        No state change. O(hit blocks + hash blocks per block) lookups."""
+        k = self.hash_stride
+        hbs = self.pool.hash_block_size
+        get = self.pool.index[self.group].get
+        out: list[int] = []
+        for i in range(min(max_length // self.block_size, len(block_hashes) // k)):
+            b = get(block_hashes[(i + 1) * k - 1])
+            if b is None:
+                break
+            out.append(b)
+        hit = len(out) * self.block_size
+        first = len(out) * k
+        for j in range(min(first + k - 1, max_length // hbs, len(block_hashes)) - 1,
+                       first - 1, -1):
+            b = get(block_hashes[j])
+            if b is not None:
+                out.append(b)
+                hit = (j + 1) * hbs
+                break
+        return out, hit
+
+    def count_partial(self, new_computed: list[int], num_local_computed_tokens: int) -> int:
+        """The copy block a partial hit needs (1), else 0. No state change."""
+        return 1 if new_computed and num_local_computed_tokens % self.block_size else 0
+
+    def adopt_partial_hit(
+        self, request_id: str, new_computed: list[int], num_local_computed_tokens: int
+    ) -> None:
+        """After the hit blocks joined the table: remember a hit ending inside its last
+        block for the copy at allocation; that position is registered again once full."""
+        if new_computed and num_local_computed_tokens % self.block_size:
+            i = num_local_computed_tokens // self.block_size
+            self._partial[request_id] = (i, new_computed[-1])
+            self.num_cached_blocks[request_id] = i
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
+        """The copy block first (a partial hit's), then the table's new blocks."""
+        p = self._partial.pop(request_id, None) if self._partial else None
+        if p is None:
+            return super().allocate_new_blocks(request_id, num_tokens)
+        i, src = p
+        pool = self.pool
+        cow = pool.get_new_blocks(1)[0]
+        self.req_to_blocks[request_id][i] = cow
+        pool.ref_cnt[cow] += 1  # the copy's own reference, released after the copy
+        self.pending_copies.append((src, cow))
+        out = [cow]
+        out.extend(super().allocate_new_blocks(request_id, num_tokens))
+        return out
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        self._partial.pop(request_id, None)
+        return super().pop_blocks_for_free(request_id)
+
+    def free(self, request_id: str) -> None:
+        self._partial.pop(request_id, None)
+        super().free(request_id)

@@ -164,6 +164,14 @@ class MambaAlignManager(SkippingManager):
         self._last_state: dict[str, int] = {}
         self._released: dict[str, int] = {}
         self._registered_this_step: set[bytes] = set()
+        # Requests that had a successful allocation (a partial state then moves, not copies).
+        self._allocated: set[str] = set()
+        #: Sub-block hits (set by the coordinator; see mamba_partial.py): request -> (table
+        #: position, block) of a state to copy at its next allocation.
+        self.partial_hits = False
+        self._partial: dict[str, tuple[int, int]] = {}
+        #: (source, copy) pairs queued since the last take, in allocation order.
+        self.pending_copies: list[tuple[int, int]] = []
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Every token but the last: a state summarises its whole prefix."""
@@ -199,8 +207,14 @@ class MambaAlignManager(SkippingManager):
         held = self.req_to_blocks.get(request_id)
         n = cdiv(num_tokens, self.block_size) - len(new_computed) - (len(held) if held else 0)
         n = min(n, 1) if n > 0 else 0
+        if self._partial and request_id in self._partial:  # a producer's state to move
+            n = min(n + 1, 2)
         ref = pool.ref_cnt
         return n + sum(1 for b in new_computed if b and ref[b] == 0)
+
+    def count_partial(self, new_computed: list[int], num_local_computed_tokens: int) -> int:
+        """The copy block a new request's sub-block hit needs (1), else 0."""
+        return 1 if new_computed and num_local_computed_tokens % self.block_size else 0
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Pad with nulls up to the live position and take its block; returns the padding
@@ -208,15 +222,74 @@ class MambaAlignManager(SkippingManager):
         table = self.req_to_blocks[request_id]
         required = cdiv(num_tokens, self.block_size)
         prev = len(table)
-        if required <= prev:
+        p = self._partial.pop(request_id, None) if self._partial else None
+        if required <= prev and p is None:
+            self._allocated.add(request_id)
             return []
         if prev:
             self._last_state[request_id] = prev - 1
         if prev < required - 1:
             table.extend([0] * (required - 1 - prev))
-        new = self.pool.get_new_blocks(required - len(table))
+        pool = self.pool
+        n = max(required - len(table), 0)
+        if p is None:
+            new = pool.get_new_blocks(n)
+            out = table[prev:]
+        else:
+            new = pool.get_new_blocks(n + 1)
+            out = self._copy_partial_state(request_id, table, p, new.pop(0), prev)
         table.extend(new)
-        return table[prev:]
+        out.extend(new)
+        self._allocated.add(request_id)
+        return out
+
+    def _copy_partial_state(
+        self, request_id: str, table: list[int], p: tuple[int, int], cow: int, prev: int
+    ) -> list[int]:
+        """Queue the copy ``source -> cow`` of a sub-block state; returns the start of the
+        new blocks. A new request (it adopted the hit) puts ``cow`` in its table; a running
+        one (it registered the state itself and overwrites it next) keeps writing its
+        block and the cache entries move to ``cow``, which then counts as registered in
+        this step (the copy fills it)."""
+        i, src = p
+        pool = self.pool
+        self.pending_copies.append((src, cow))
+        if request_id in self._allocated:
+            pool.move_block_hashes(src, cow)
+            pool.ref_cnt[src] += 1
+            h = pool.block_hash[cow]
+            if h is not None:
+                self._registered_this_step.add(h)
+            return table[prev:]
+        table[i] = cow
+        pool.ref_cnt[cow] += 1
+        out = [cow]
+        out.extend(table[prev:])
+        return out
+
+    def adopt_partial_hit(
+        self, request_id: str, new_computed: list[int], num_local_computed_tokens: int
+    ) -> None:
+        """After a new request's hit joined its table: a hit ending inside the state's
+        block is copied at allocation (the position is registered again once full)."""
+        if new_computed and num_local_computed_tokens % self.block_size:
+            i = num_local_computed_tokens // self.block_size
+            self._partial[request_id] = (i, new_computed[-1])
+            self.num_cached_blocks[request_id] = i
+
+    def find_partial_hit(self, block_hashes: list[bytes], max_length: int) -> tuple[list[int], int]:
+        """The rightmost cached state at any hash-block boundary within ``max_length``
+        tokens, nulls before its block; and the hit length. No state change."""
+        hbs = self.pool.hash_block_size
+        k = self.hash_stride
+        get = self.pool.index[self.group].get
+        for j in range(min(max_length // hbs, len(block_hashes)) - 1, -1, -1):
+            b = get(block_hashes[j])
+            if b is not None:
+                out = [0] * (j // k)
+                out.append(b)
+                return out, (j + 1) * hbs
+        return [], 0
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free real blocks below position ``(c - 1) // bs`` not released yet (deepest
@@ -243,11 +316,14 @@ class MambaAlignManager(SkippingManager):
             table[k] = 0
 
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
-        """Register full positions as usual and remember their hashes for this step."""
+        """Register full positions as usual and remember their hashes for this step; with
+        sub-block hits, also the state at the prompt's last hash boundary."""
         before = self.num_cached_blocks[request_id]
         num_full = min(num_tokens, len(request.block_hashes) * self.pool.hash_block_size)
         super().cache_blocks(request, request_id, num_full)
         after = self.num_cached_blocks[request_id]
+        if self.partial_hits:
+            self._cache_partial_tail(request, request_id, num_tokens)
         if after > before:
             bh = self.pool.block_hash
             for b in self.req_to_blocks[request_id][before:after]:
@@ -255,13 +331,47 @@ class MambaAlignManager(SkippingManager):
                 if h is not None:
                     self._registered_this_step.add(h)
 
+    def _cache_partial_tail(self, request: RequestLike, request_id: str, n: int) -> None:
+        """When exactly ``n`` = the prompt's last hash boundary before its last token
+        (``(num_prompt_tokens - 1) // hbs * hbs``) is computed, register the live state
+        under that prefix's hash; if ``n`` is inside the block, the request's next
+        allocation moves the entry to a copy (it overwrites the state next step)."""
+        hbs = self.pool.hash_block_size
+        if n <= 0 or n % hbs or n != (request.num_prompt_tokens - 1) // hbs * hbs:
+            return
+        bs = self.block_size
+        table = self.req_to_blocks[request_id]
+        i = cdiv(n, bs) - 1
+        if i >= len(table) or not table[i] or not n % bs:
+            return
+        src = table[i]
+        pool = self.pool
+        if pool.block_hash[src] == request.block_hashes[n // hbs - 1] and (
+                pool.block_group[src] == self.group):
+            return  # keyed here already (a hit or an earlier step)
+        h = pool.cache_partial_block(request, src, n, self.group)
+        if h is not None:
+            self._registered_this_step.add(h)
+            self._partial[request_id] = (i, src)
+            self.num_cached_blocks[request_id] = i
+
     def new_step_starts(self) -> None:
         self._registered_this_step.clear()
 
-    def free(self, request_id: str) -> None:
+    def _forget(self, request_id: str) -> None:
         self._last_state.pop(request_id, None)
         self._released.pop(request_id, None)
+        self._allocated.discard(request_id)
+        if self._partial:
+            self._partial.pop(request_id, None)
+
+    def free(self, request_id: str) -> None:
+        self._forget(request_id)
         super().free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        self._forget(request_id)
+        return super().pop_blocks_for_free(request_id)
 
     def check_invariants(self) -> None:
         """The base checks (a table may hold the last state and the live block, with

@@ -74,6 +74,13 @@ class SinkFullAttentionManager(FullAttentionManager):
         if sinks:
             self.pool.free_blocks(sinks)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """The sink blocks, then the table without its leading nulls (released last
+        first, so the table tail goes first)."""
+        out = self.req_to_sink_blocks.pop(request_id, [])
+        out.extend(super().pop_blocks_for_free(request_id))
+        return out
+
     def iter_held_blocks(self) -> Iterator[int]:
         yield from super().iter_held_blocks()
         for blocks in self.req_to_sink_blocks.values():

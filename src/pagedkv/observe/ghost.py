@@ -169,6 +169,9 @@ class GhostRecorder(EventRecorder):
                             del self.shadow_index[(group, sh)]
         self.inner.removed(hashes, group)
 
+    def moved(self, src: int, dst: int) -> None:
+        self.inner.moved(src, dst)  # the keys stay the same: nothing of the ghost changes
+
     def cleared(self) -> None:
         self._shadow_of.clear()
         self.shadow_index.clear()

@@ -225,6 +225,9 @@ class EngineSimulator:
         budget, preempted = self._schedule_running(budget, decode, prefill)
         if not preempted:
             self._admit_waiting(budget, prefill)
+        copies = self.manager.take_block_copies()  # sub-block hits: copied with the step
+        if copies.retained:
+            self.manager.release_blocks(copies.retained)
         self._advance_clock(decode, prefill)
         self._sample()
 
