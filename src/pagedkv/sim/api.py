@@ -12,8 +12,8 @@ Everything ``pagedkv simulate`` computes lives here; the CLI parses, calls and r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
@@ -34,6 +34,9 @@ from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from pagedkv.observe.sim_observe import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run"]
 
@@ -74,6 +77,8 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
+    #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
+    retention: str | None = None
     #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
     host: HostMemoryConfig | None = None
 
@@ -101,6 +106,12 @@ class SimConfig:
             raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        if self.retention is not None:
+            from pagedkv.retention.sim_support import check_policy
+
+            check_policy(self.retention)
+            if self.semantics != "vllm":
+                raise InvalidArgumentError("--retention replays with --semantics vllm")
         if self.host is not None and self.mode != "engine":
             raise InvalidArgumentError("--host-memory simulates transfers in engine time: "
                                        "use it with --mode engine")
@@ -131,11 +142,14 @@ def run(
     description: str | None = None,
     progress: Progress | None = None,
     phase: Callable[[str], None] | None = None,
+    observer: ReplayObserver | None = None,
 ) -> SimReport:
     """Replay ``workload`` as ``config`` says and report (hit rates beside the bounds,
     engine figures and a verdict in engine mode, the capacity sweep if asked).
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
+    ``observer``: an engine replay on an observed manager instead of the plain one
+    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -156,13 +170,22 @@ def run(
     result: SimResult
     host_sim = None
     if engine and cfg.host is not None:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics do not observe "
+                                       "a host tier yet: drop --host-memory or them")
         host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
         result = host_sim.run(progress)
     elif engine:
-        result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
-                                 config=_with_checks(cfg), manager_factory=cap.factory
-                                 ).run(progress)
+        factory = cap.factory if observer is None else observer.wrap(cap.factory)
+        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                              config=_with_checks(cfg), manager_factory=factory)
+        if observer is not None:
+            observer.attach(sim)
+        result = sim.run(progress)
     else:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics replay the "
+                                       "engine: use them with --mode engine")
         result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
                                 semantics=cfg.semantics, progress=progress,
                                 check_invariants=cfg.check_invariants,
@@ -208,6 +231,15 @@ def run(
         if cfg.host.sweep_memory_bytes:
             say("host memory sweep")
         report = with_host_tier(report, host_sim, workload, cap, cfg.host, _with_checks(cfg))
+    if cfg.retention is not None:
+        say(f"retention policy {cfg.retention} vs LRU")
+        from pagedkv.retention.sim_support import compare_retention
+
+        cmp = compare_retention(
+            workload, policy=cfg.retention, block_size=bs, num_blocks=cap.num_blocks,
+            warmup_fraction=cfg.warmup_fraction, with_belady=cfg.bounds,
+            note="pool sized as one full-attention group" if cap.is_hybrid else None)
+        report = replace(report, retention=cmp.to_dict())
     return report
 
 
