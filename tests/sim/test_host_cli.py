@@ -82,6 +82,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
     ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
     ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
+    ("explain misses", ["--host-memory", "1GiB", "--explain-misses"], 1, "host tier yet"),
     ("hybrid model", ["--host-memory", "1GiB", "--model", "Gemma-3-27B-it"], 1,
      "full-attention"),
 ]
