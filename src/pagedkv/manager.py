@@ -368,7 +368,7 @@ class KVCacheManager(ManagerSurface):
                 or type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0
                 or type(reserved_blocks) is not int or reserved_blocks < 0
                 or type(has_scheduled_reqs) is not bool
-                or full_sequence_must_fit is not False
+                or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
                 or num_computed + num_new_tokens > num_request_tokens
