@@ -2,14 +2,15 @@
 """Hit rates of retention policies in the simulator's pure-cache mode, beside LRU, the
 offline-optimal (Belady) bound and the infinite-cache ceiling, at two capacities.
 
-Workloads: the Mooncake conversation trace (first ``--trace-limit`` requests), the
-simulator's shared-system-prompt generator, and a two-tenant mix of it (tenant ``chat``:
-the system-prompt requests; tenant ``batch``: one-off long documents between them).
+Workloads: the Mooncake conversation trace (first ``--trace-limit`` requests), Mooncake's
+synthetic trace (first ``--synthetic-limit``), the simulator's shared-system-prompt
+generator, and a two-tenant mix of it (tenant ``chat``: the system-prompt requests;
+tenant ``batch``: one-off long documents between them), each at two capacities.
 Capacities are fractions of the blocks an unlimited cache would end up holding.
 
     python benchmarks/retention_sim.py
     python benchmarks/retention_sim.py --trace ../shared/data/traces/conversation_trace.jsonl \\
-        --trace-limit 3000
+        --trace-limit 3000 --only conversation_trace system-prompts
 
 Uses only public APIs: ``pagedkv.sim`` (workloads, bounds) and
 ``pagedkv.retention.replay`` (policies and the replay).
@@ -33,7 +34,9 @@ from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
 from pagedkv.sim.pure_cache import unlimited_num_blocks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRACE = os.path.join(HERE, "..", "..", "shared", "data", "traces", "conversation_trace.jsonl")
+TRACES = os.path.join(HERE, "..", "..", "shared", "data", "traces")
+TRACE = os.path.join(TRACES, "conversation_trace.jsonl")
+SYNTHETIC = os.path.join(TRACES, "synthetic_trace.jsonl")
 
 
 def tenant_mix(num_docs_per_question: int = 1, doc_tokens: int = 3000) -> Workload:
@@ -71,10 +74,16 @@ def main() -> None:
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--trace-limit", type=int, default=3000)
     ap.add_argument("--trace-block-size", type=int, default=64)
+    ap.add_argument("--synthetic", default=SYNTHETIC)
+    ap.add_argument("--synthetic-limit", type=int, default=1000)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="workloads to run, by name prefix (e.g. conversation_trace)")
     a = ap.parse_args()
     workloads = [
         (load_trace(a.trace, limit=a.trace_limit), a.trace_block_size, False, (0.1, 0.3)),
+        (load_trace(a.synthetic, limit=a.synthetic_limit), a.trace_block_size, False,
+         (0.1, 0.3)),
         (system_prompts(num_groups=8, questions_per_group=40), a.block_size, False,
          (0.1, 0.15)),
         (tenant_mix(), a.block_size, True, (0.012, 0.02)),
@@ -85,6 +94,8 @@ def main() -> None:
     print(f"{'workload':<16} {'cap':>5} {'blocks':>7} " + " ".join(f"{n[:16]:>16}" for n in names)
           + f" {'belady':>7} {'infinite':>8}")
     for w, bs, tenants, fractions in workloads:
+        if a.only and not any(w.name.startswith(o) for o in a.only):
+            continue
         seq = access_sequence(w, bs)
         full = unlimited_num_blocks(seq)
         inf = infinite_cache_hits(seq).hit_rate()

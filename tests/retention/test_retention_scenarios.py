@@ -8,9 +8,15 @@ from typing import Any
 import pytest
 from retention_support import BS, FakeClock, free_order, hit_tokens, make_manager, prompt, run
 
-from pagedkv import FullAttentionSpec, InvalidArgumentError, KVCacheManager
+from pagedkv import FullAttentionSpec, HashExtras, InvalidArgumentError, KVCacheManager
 from pagedkv.errors import PinBudgetError
-from pagedkv.retention import RequestRetention, RetentionConfig, TokenRangeRetention
+from pagedkv.retention import (
+    PriorityFreeQueue,
+    RequestRetention,
+    RetentionConfig,
+    RetentionPool,
+    TokenRangeRetention,
+)
 
 HIGH = RequestRetention(ranges=(TokenRangeRetention(priority=90),), decode_priority=90)
 LOW = RequestRetention(ranges=(TokenRangeRetention(priority=10),), decode_priority=10)
@@ -270,3 +276,25 @@ def test_retention_on_with_nothing_asked_allocates_the_same_block_ids() -> None:
             ret.evict_blocks([])
             ret.check_invariants()
     assert plain.debug_state()["pool"]["free_queue"] == free_order(ret)
+
+
+def test_moved_block_hashes_take_their_pin_mark_along() -> None:
+    """``move_block_hashes`` (a running request keeps writing ``src``, the cache entries
+    move to ``dst``): the pin mark and the tenant follow the primary key."""
+    clock = FakeClock()
+    mgr = make_manager(12, clock, tenant_quota_blocks={"a": 4})
+    req = mgr.new_request("r", prompt(1, 2), hash_extras=HashExtras(cache_salt="a"))
+    assert mgr.allocate_slots(req, req.num_tokens) is not None
+    assert mgr.retention is not None
+    mgr.retention.pin_prefix(req, ttl_s=10.0)
+    pool = mgr.pool
+    assert isinstance(pool, RetentionPool)
+    src = mgr.get_block_ids("r")[0][1]
+    queue = pool.free_queue
+    assert isinstance(queue, PriorityFreeQueue)
+    assert queue.pinned[src] and queue.tenant[src] >= 0
+    (dst,) = pool.get_new_blocks(1)
+    pool.move_block_hashes(src, dst)
+    assert queue.pinned[dst] and not queue.pinned[src]
+    assert queue.tenant[dst] >= 0 and queue.tenant[src] == -1
+    pool.check_invariants()

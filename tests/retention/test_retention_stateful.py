@@ -8,11 +8,16 @@ each step. After every step the manager must agree with it on hits, new block id
 eviction order, the parked blocks and every ref count, and ``check_invariants()`` must
 pass. Times are chosen so no two expiries coincide (durations end in .5 / .25, lease TTLs
 in .75, the clock moves by whole seconds).
+
+Without quotas a retention pool starts in *uniform mode* (vLLM's single queue, a block
+losing its hash stays in place) until the first request carrying retention is freed or
+the first pin succeeds; ``UniformFirstVsReference`` runs that path (mostly plain
+requests, some with retention) and the reference converts at the same moment.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -76,6 +81,8 @@ class Reference:
     def __init__(self, num_blocks: int, preempt: bool, quotas: dict[str | None, int],
                  budget: int) -> None:
         self.preempt, self.quotas, self.budget = preempt, quotas, budget
+        #: Uniform mode: no quotas, and no retention or pin used yet.
+        self.uniform = not quotas
         self.now = 0.0
         self.ref = dict.fromkeys(range(1, num_blocks), 0)
         self.hash_of: dict[int, bytes] = {}
@@ -132,6 +139,16 @@ class Reference:
                 mine.remove(victim)
                 self.free[victim] = (OVER, 0, self.next_seq())
                 self.expires.pop(victim, None)
+
+    def convert(self) -> None:
+        """Leave uniform mode: free blocks that lost their hash in place join the
+        unhashed class, keeping their order."""
+        if not self.uniform:
+            return
+        self.uniform = False
+        for b, k in self.free.items():
+            if k is not None and k[0] == LEVEL and b not in self.hash_of:
+                self.free[b] = (UNHASHED, 0, k[2])
 
     def unfree(self, b: int) -> None:
         del self.free[b]
@@ -226,6 +243,7 @@ class Reference:
     def release_request(self, rid: str, retention: Any, num_prompt: int) -> None:
         table = self.tables.pop(rid, [])
         if retention is not None:
+            self.convert()
             for i, b in enumerate(table):
                 self.prio[b], self.dur[b] = plain_block_retention(retention, i, num_prompt)
         front, back = [], []
@@ -244,7 +262,7 @@ class Reference:
         for b in ids:
             if b in self.hash_of:
                 self.uncache(b)
-                if b in self.free:
+                if b in self.free and not self.uniform:  # uniform: stays in place
                     self.expires.pop(b, None)
                     self.free[b] = (UNHASHED, 0, self.next_seq())
 
@@ -265,6 +283,7 @@ class Reference:
             return False
         if len(self.pinned_keys() | set(keys)) > self.budget:
             return False
+        self.convert()
         self.next_lid += 1
         before = self.pinned_keys()
         self.leases[self.next_lid] = Lease(self.next_lid, keys, ttl, self.now + ttl, refresh)
@@ -293,17 +312,22 @@ class Reference:
 
 class RetentionVsReference(RuleBasedStateMachine):
     PREEMPT = False
+    QUOTAS: ClassVar[dict[str | None, int]] = QUOTAS
+    #: What new requests carry, picked by index (``i % len``).
+    RETENTION_CHOICES: ClassVar[list[RequestRetention | None]] = RETENTIONS
+    #: Pins start once this many requests were created.
+    PINS_AFTER_REQUESTS = 0
 
     def __init__(self) -> None:
         super().__init__()
         spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=4, dtype_bytes=2)
         self.clock = FakeClock()
         cfg = RetentionConfig(clock=self.clock, preempt_pins=self.PREEMPT,
-                              tenant_quota_blocks=QUOTAS, pin_budget_fraction=0.4)
+                              tenant_quota_blocks=self.QUOTAS, pin_budget_fraction=0.4)
         self.mgr = KVCacheManager(CacheConfig(groups=(spec,), num_blocks=NUM_BLOCKS,
                                               max_model_len=64, retention=cfg))
         assert self.mgr.retention is not None
-        self.ref = Reference(NUM_BLOCKS, self.PREEMPT, QUOTAS,
+        self.ref = Reference(NUM_BLOCKS, self.PREEMPT, self.QUOTAS,
                              self.mgr.retention.pin_budget_blocks)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -319,9 +343,10 @@ class RetentionVsReference(RuleBasedStateMachine):
         self.ref.advance(self.clock.now)
 
     @rule(prefix=st.sampled_from(range(len(PREFIXES))), salt=st.sampled_from(SALTS),
-          retention=st.sampled_from(RETENTIONS),
+          choice=st.integers(0, 5),
           suffix=st.lists(st.integers(0, 3), min_size=1, max_size=9))
-    def new_request(self, prefix: int, salt: Any, retention: Any, suffix: list[int]) -> None:
+    def new_request(self, prefix: int, salt: Any, choice: int, suffix: list[int]) -> None:
+        retention = self.RETENTION_CHOICES[choice % len(self.RETENTION_CHOICES)]
         self.counter += 1
         extras = HashExtras(cache_salt=salt) if salt is not None else None
         req = self.mgr.new_request(f"r{self.counter}", PREFIXES[prefix] + suffix,
@@ -383,6 +408,14 @@ class RetentionVsReference(RuleBasedStateMachine):
         self.mgr.evict_blocks(ids)
         self.ref.evict([b for b in ids if b])
 
+    @precondition(lambda self: any(b in self.ref.hash_of for b in self.ref.free))
+    @rule(i=st.integers(0, 100))
+    def evict_cached(self, i: int) -> None:
+        """Drop the hash of a free cached block (moves it, except in uniform mode)."""
+        cached = sorted(b for b in self.ref.free if b in self.ref.hash_of)
+        self.evict([cached[i % len(cached)]])
+
+    @precondition(lambda self: self.counter >= self.PINS_AFTER_REQUESTS)
     @rule(prefix=st.sampled_from([0, 1]), salt=st.sampled_from(SALTS),
           num_blocks=st.integers(1, 3), ttl=st.sampled_from([1.75, 3.75]),
           refresh=st.booleans())
@@ -421,10 +454,20 @@ class RetentionVsReference(RuleBasedStateMachine):
         assert cached == self.ref.hash_of
         assert set(pool["retention"]["pinned_keys"]) == {
             (0, k) for k in self.ref.pinned_keys()}
+        assert pool["retention"]["uniform"] == self.ref.uniform
 
 
 class PreemptPinsVsReference(RetentionVsReference):
     PREEMPT = True
+
+
+class UniformFirstVsReference(RetentionVsReference):
+    """No quotas: the pool starts in uniform mode; most requests carry no retention."""
+
+    QUOTAS: ClassVar[dict[str | None, int]] = {}
+    RETENTION_CHOICES: ClassVar[list[RequestRetention | None]] = [None, None, None, None,
+                                                                  *RETENTIONS[1:]]
+    PINS_AFTER_REQUESTS = 8
 
 
 SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
@@ -433,3 +476,5 @@ TestRetentionVsReference = RetentionVsReference.TestCase
 TestRetentionVsReference.settings = SETTINGS
 TestPreemptPinsVsReference = PreemptPinsVsReference.TestCase
 TestPreemptPinsVsReference.settings = SETTINGS
+TestUniformFirstVsReference = UniformFirstVsReference.TestCase
+TestUniformFirstVsReference.settings = SETTINGS

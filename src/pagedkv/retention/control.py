@@ -129,7 +129,7 @@ class RetentionControl:
     @property
     def num_parked_blocks(self) -> int:
         """Free blocks held out of eviction by pins (not counted as free)."""
-        return self.pool.free_queue.num_parked
+        return self.pool.num_parked
 
     # ------------------------------------------------------------------ requests
 
@@ -157,7 +157,7 @@ class RetentionControl:
         assert isinstance(retention, RequestRetention)
         rid = request.request_id
         num_prompt = getattr(request, "num_prompt_tokens", request.num_tokens)
-        queue = self.pool.free_queue
+        queue = self.pool.specialise()  # the first request with retention ends uniform mode
         prio, dur = queue.priority, queue.duration_s
         for m in self.managers:
             blocks = m.req_to_blocks.get(rid)

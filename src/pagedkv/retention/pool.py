@@ -17,9 +17,16 @@ What the pool adds to the base pool's rules:
 * **quotas**: the tenant of a block is the cache salt of the request that registered it
   (salts isolate hashes, so every request that can hit a block has the same tenant).
 
+**Uniform mode.** Until retention is first used — a request carrying a
+:class:`~pagedkv.retention.policy.RequestRetention` is freed, or a prefix is pinned — and
+when no tenant has a quota, every block would sit at the default level: the pool then
+keeps the base pool's single :class:`~pagedkv.free_queue.FreeBlockQueue` and its code
+(vLLM's order and speed exactly, ``evict_blocks`` included). The first use converts the
+queue once (:meth:`RetentionPool.specialise`, O(num_blocks)); it never goes back.
+
 Complexity: every operation stays O(blocks it touches), plus O(log levels) per level
-visited and O(1) per expiry; no operation scans the pool except ``reset_prefix_cache``
-and the checks (as in the base pool).
+visited and O(1) per expiry; no operation scans the pool except ``reset_prefix_cache``,
+the checks (as in the base pool) and the one conversion out of uniform mode.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pagedkv.events.recorder import EventRecorder, GroupInfo
+from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
 from pagedkv.retention.pins import PinKey, PinLease, PinTable
@@ -42,7 +50,7 @@ _INF = float("inf")
 class RetentionPool(BlockPool):
     """A block pool evicting by retention (module docstring)."""
 
-    free_queue: PriorityFreeQueue
+    free_queue: FreeBlockQueue
 
     def __init__(
         self,
@@ -57,11 +65,8 @@ class RetentionPool(BlockPool):
         super().__init__(num_blocks, enable_caching=enable_caching,
                          hash_block_size=hash_block_size, groups=groups, recorder=recorder)
         self.retention = retention
-        self.free_queue = PriorityFreeQueue(
-            num_blocks, clock=retention.clock, default_priority=retention.default_priority,
-            preempt_pins=retention.preempt_pins,
-        )
-        self.free_queue.on_deadline = self._on_deadline
+        #: The retention queue once out of uniform mode (then also ``free_queue``).
+        self._pq: PriorityFreeQueue | None = None
         #: Pinned keys and their leases.
         self.pins = PinTable(
             budget_keys=int(retention.pin_budget_fraction * (num_blocks - 1))
@@ -69,7 +74,34 @@ class RetentionPool(BlockPool):
         self._tenant_ids: dict[str | None, int] = {}
         self._quotas_on = retention.has_quotas
         if self._quotas_on:
-            self.free_queue.plain = False
+            self.specialise().plain = False
+
+    # ------------------------------------------------------------------ mode
+
+    @property
+    def uniform(self) -> bool:
+        """Whether the pool is still in uniform mode (module docstring)."""
+        return self._pq is None
+
+    def specialise(self) -> PriorityFreeQueue:
+        """The retention queue, converting the free queue out of uniform mode first if
+        needed (keeping the eviction order; blocks that lost their hash in place move to
+        the unhashed list). O(num_blocks) the first time, O(1) afterwards."""
+        pq = self._pq
+        if pq is None:
+            r = self.retention
+            pq = PriorityFreeQueue.adopt(
+                self.free_queue.to_list(), [h is not None for h in self.block_hash],
+                self.num_blocks, clock=r.clock, default_priority=r.default_priority,
+                preempt_pins=r.preempt_pins)
+            pq.on_deadline = self._on_deadline
+            self.free_queue = self._pq = pq
+        return pq
+
+    @property
+    def num_parked(self) -> int:
+        """Free blocks held out of eviction by pins."""
+        return 0 if self._pq is None else self._pq.num_parked
 
     # ------------------------------------------------------------------ tenants
 
@@ -77,7 +109,7 @@ class RetentionPool(BlockPool):
         """The queue's id for tenant ``salt`` (registered with its quota on first use)."""
         t = self._tenant_ids.get(salt)
         if t is None:
-            t = self._tenant_ids[salt] = self.free_queue.add_tenant(
+            t = self._tenant_ids[salt] = self.specialise().add_tenant(
                 self.retention.quota_of(salt)
             )
         return t
@@ -87,8 +119,11 @@ class RetentionPool(BlockPool):
     def touch(self, ids: Iterable[int]) -> None:
         """As the base pool; a hit on a pinned block also refreshes its refresh-on-hit
         leases. O(n)."""
+        queue = self._pq
+        if queue is None:
+            super().touch(ids)
+            return
         ref = self.ref_cnt
-        queue = self.free_queue
         if queue.deadline != _INF:
             queue.tick()  # expiries first, so they happen in time order
         remove = queue.remove
@@ -133,7 +168,7 @@ class RetentionPool(BlockPool):
         pins = self.pins.keys
         if not pins and not self._quotas_on:
             return
-        queue = self.free_queue
+        queue = self.specialise()  # pins or quotas: out of uniform mode already
         t = -1
         if self._quotas_on:
             extras = request.hash_extras
@@ -152,8 +187,9 @@ class RetentionPool(BlockPool):
         """As the base pool; a block that got its primary key here learns its tenant and
         pin as in :meth:`cache_full_blocks`."""
         h = super().cache_partial_block(request, block, num_tokens, group)
-        if h is not None and self.block_hash[block] == h and self.block_group[block] == group:
-            queue = self.free_queue
+        if (h is not None and self.block_hash[block] == h and self.block_group[block] == group
+                and self._pq is not None):
+            queue = self._pq
             if self._quotas_on:
                 extras = request.hash_extras
                 queue.tenant[block] = self.tenant_id(
@@ -164,20 +200,36 @@ class RetentionPool(BlockPool):
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
         """As the base pool; a free block losing its hash moves to the back of the
-        unhashed blocks (it can never be hit again)."""
-        queue = self.free_queue
-        if queue.deadline != _INF:
+        unhashed blocks (it can never be hit again); in uniform mode it stays in place,
+        as in vLLM."""
+        queue = self._pq
+        if queue is not None and queue.deadline != _INF:
             queue.tick()
         super().evict_blocks(ids)
 
     def _evict(self, b: int, *, count: bool = True) -> None:
         super()._evict(b, count=count)
-        self.free_queue.make_unhashed(b)
+        if self._pq is not None:
+            self._pq.make_unhashed(b)
+
+    def move_block_hashes(self, src: int, dst: int) -> None:
+        """As the base pool; out of uniform mode ``dst`` also takes ``src``'s pin mark and
+        tenant, and ``src`` forgets its retention (it has no hash any more). O(keys)."""
+        pq = self._pq
+        if pq is None or self.block_hash[src] is None:
+            super().move_block_hashes(src, dst)
+            return
+        pinned, tenant = pq.pinned[src], pq.tenant[src]
+        super().move_block_hashes(src, dst)
+        pq.make_unhashed(src)
+        pq.pinned[dst], pq.tenant[dst] = pinned, tenant
 
     def reset_prefix_cache(self) -> bool:
         """As the base pool (only when no block is in use; parked pinned blocks are free);
         pins stay (they name content), their blocks lose them with their hashes."""
-        queue = self.free_queue
+        queue = self._pq
+        if queue is None:
+            return super().reset_prefix_cache()
         if queue.num_free + queue.num_parked != self.num_blocks - 1:
             return False
         queue.rebuild_unhashed()
@@ -203,9 +255,12 @@ class RetentionPool(BlockPool):
             PinBudgetError: over the pin budget; nothing changed.
             InvalidArgumentError: a bad ``ttl_s`` or no keys; nothing changed.
         """
-        queue = self.free_queue
-        now = queue.tick()
+        was_uniform = self._pq is None
+        now = self.retention.clock() if self._pq is None else self._pq.tick()
         lease, new = self.pins.pin(keys, ttl_s=ttl_s, now=now, refresh_on_hit=refresh_on_hit)
+        queue = self.specialise()
+        if was_uniform:
+            queue.now_s = now
         queue.plain = False
         for key in new:
             for b in self._blocks_of(key):
@@ -215,25 +270,31 @@ class RetentionPool(BlockPool):
 
     def unpin(self, lease: PinLease) -> None:
         """End ``lease`` now (no-op if it ended); keys no other lease holds are released."""
-        self.free_queue.tick()
+        if self._pq is not None:
+            self._pq.tick()
         self._release(lease)
 
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
         """Make ``lease`` expire ``ttl_s`` seconds from now (see :meth:`PinTable.renew`)."""
-        queue = self.free_queue
-        self.pins.renew(lease, ttl_s=ttl_s, now=queue.tick())
-        queue.deadline = min(queue.deadline, lease.expires_at)
+        queue = self._pq
+        now = self.retention.clock() if queue is None else queue.tick()
+        self.pins.renew(lease, ttl_s=ttl_s, now=now)
+        if queue is not None:
+            queue.deadline = min(queue.deadline, lease.expires_at)
 
     def _release(self, lease: PinLease) -> None:
-        queue = self.free_queue
-        for key in self.pins.release(lease):
+        keys = self.pins.release(lease)
+        if not keys:
+            return
+        queue = self.specialise()  # keys were pinned: out of uniform mode already
+        for key in keys:
             for b in self._blocks_of(key):
                 queue.set_pinned(b, False)
 
     def _on_deadline(self, now: float) -> None:
         """Let every lease expiry and duration revert due by ``now`` happen, earliest
         first, then arm the queue for the next one."""
-        queue = self.free_queue
+        queue = self.specialise()  # deadlines exist only out of uniform mode
         pins = self.pins
         while True:
             t_pin = pins.next_expiry()
@@ -253,8 +314,18 @@ class RetentionPool(BlockPool):
     def debug_state(self) -> dict[str, Any]:
         """The base pool's state plus the retention state."""
         state = super().debug_state()
-        queue = self.free_queue
+        queue = self._pq
+        if queue is None:
+            n = self.num_blocks
+            hashed_free = sum(1 for b in self.free_queue if self.block_hash[b] is not None)
+            state["retention"] = {
+                "uniform": True, "parked": [], "priority": [self.retention.default_priority] * n,
+                "duration_s": [None] * n, "pinned": [], "pinned_keys": sorted(self.pins.keys),
+                "levels": {self.retention.default_priority: hashed_free} if hashed_free else {},
+            }
+            return state
         state["retention"] = {
+            "uniform": False,
             "parked": queue.parked(),
             "priority": list(queue.priority),
             "duration_s": list(queue.duration_s),
@@ -269,7 +340,12 @@ class RetentionPool(BlockPool):
         pinned iff its primary key is pinned. O(num_blocks)."""
         super().check_invariants()
         self.pins.check_invariants()
-        queue = self.free_queue
+        queue = self._pq
+        if queue is None:
+            assert not self.pins.keys, "uniform mode with pinned keys"
+            assert not self._quotas_on, "uniform mode with tenant quotas"
+            return
+        assert self.free_queue is queue, "the pool's free queue is not its retention queue"
         for b in range(1, self.num_blocks):
             h = self.block_hash[b]
             want = h is not None and (self.block_group[b], h) in self.pins.keys

@@ -104,6 +104,46 @@ class PriorityFreeQueue(FreeBlockQueue):
         self._tmask: list[int] = [0] * len(self._quota)
         self._tcount: list[int] = [0] * len(self._quota)
 
+    @classmethod
+    def adopt(
+        cls,
+        order: list[int],
+        hashed: list[bool],
+        num_blocks: int,
+        *,
+        clock: Callable[[], float],
+        default_priority: int = DEFAULT_PRIORITY,
+        preempt_pins: bool = False,
+    ) -> PriorityFreeQueue:
+        """A queue holding the free ids ``order`` (vLLM's single list, front first):
+        unhashed ones (``hashed[b]`` false) form the unhashed list, the others the
+        default level, each keeping its relative order. The eviction order is unchanged
+        except that blocks that lost their hash in place (``evict_blocks``) now go
+        before every hashed block. O(num_blocks), once: how a retention pool leaves its
+        uniform mode (see :class:`~pagedkv.retention.pool.RetentionPool`).
+
+        >>> q = PriorityFreeQueue.adopt([3, 1, 2], [False, True, False, False], 4,
+        ...                             clock=lambda: 0.0)
+        >>> list(q), q.num_free, q.level_counts()
+        ([3, 2, 1], 3, {35: 1})
+        """
+        q = cls(num_blocks, clock=clock, default_priority=default_priority,
+                preempt_pins=preempt_pins)
+        n = q._n
+        q._next[n], q._prev[n + 1] = n + 1, n  # empty the unhashed list
+        q._count[_UNHASHED] = 0
+        q._where = [-1] * n
+        q._num_free = 0
+        level = _LEVEL0 + default_priority
+        for b in order:
+            if hashed[b]:
+                q._link_back(level, b)
+                q._mask |= 1 << default_priority
+            else:
+                q._link_back(_UNHASHED, b)
+        q._num_free = len(order)
+        return q
+
     # ------------------------------------------------------------------ counts
 
     @property

@@ -12,8 +12,8 @@ Everything ``pagedkv simulate`` computes lives here; the CLI parses, calls and r
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
@@ -32,6 +32,9 @@ from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from pagedkv.observe.sim_observe import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run"]
 
@@ -72,6 +75,8 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
+    #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
+    retention: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +102,12 @@ class SimConfig:
             raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        if self.retention is not None:
+            from pagedkv.retention.sim_support import check_policy
+
+            check_policy(self.retention)
+            if self.semantics != "vllm":
+                raise InvalidArgumentError("--retention replays with --semantics vllm")
         for cap in self.capacity_sweep:
             if cap is not None and cap < self.block_size:
                 raise InvalidArgumentError(
@@ -124,11 +135,14 @@ def run(
     description: str | None = None,
     progress: Progress | None = None,
     phase: Callable[[str], None] | None = None,
+    observer: ReplayObserver | None = None,
 ) -> SimReport:
     """Replay ``workload`` as ``config`` says and report (hit rates beside the bounds,
     engine figures and a verdict in engine mode, the capacity sweep if asked).
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
+    ``observer``: an engine replay on an observed manager instead of the plain one
+    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -148,10 +162,16 @@ def run(
     say(f"replaying {len(workload.requests)} requests")
     result: SimResult
     if engine:
-        result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
-                                 config=_with_checks(cfg), manager_factory=cap.factory
-                                 ).run(progress)
+        factory = cap.factory if observer is None else observer.wrap(cap.factory)
+        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                              config=_with_checks(cfg), manager_factory=factory)
+        if observer is not None:
+            observer.attach(sim)
+        result = sim.run(progress)
     else:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics replay the "
+                                       "engine: use them with --mode engine")
         result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
                                 semantics=cfg.semantics, progress=progress,
                                 check_invariants=cfg.check_invariants,
@@ -185,7 +205,7 @@ def run(
                         decode_seq_s=s.step_time.decode_seq_s)
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
-    return build_report(
+    report = build_report(
         result, description=description or workload.description, semantics=cfg.semantics,
         capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
         warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
@@ -193,6 +213,16 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if cfg.retention is not None:
+        say(f"retention policy {cfg.retention} vs LRU")
+        from pagedkv.retention.sim_support import compare_retention
+
+        cmp = compare_retention(
+            workload, policy=cfg.retention, block_size=bs, num_blocks=cap.num_blocks,
+            warmup_fraction=cfg.warmup_fraction, with_belady=cfg.bounds,
+            note="pool sized as one full-attention group" if cap.is_hybrid else None)
+        report = replace(report, retention=cmp.to_dict())
+    return report
 
 
 def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:

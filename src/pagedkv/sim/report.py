@@ -67,6 +67,10 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
              " / ".join(_sec(q.get(k)) for k in ("p50", "p90", "p99"))),
             ("TTFT p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in ("p50", "p90", "p99"))),
         ]))
+    if s.get("retention"):
+        from pagedkv.retention.sim_support import render_rows
+
+        sections.append(render_rows(s["retention"]))
     return sections
 
 

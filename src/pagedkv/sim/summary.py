@@ -147,6 +147,8 @@ class SimReport:
     engine: EngineStats | None = None
     verdict: Verdict | None = None
     sweep: tuple[SweepRow, ...] = ()
+    #: ``--retention``: :meth:`pagedkv.retention.sim_support.RetentionComparison.to_dict`.
+    retention: dict[str, Any] | None = None
     result: SimResult | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
