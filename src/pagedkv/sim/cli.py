@@ -20,6 +20,7 @@ from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
 from pagedkv.retention.sim_support import add_arguments as add_retention_arguments
 from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
+from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
@@ -180,6 +181,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="debug: walk the manager's state after every step (slow)")
     add_replica_flags(p)
     add_observe_flags(p)
+    add_host_arguments(p)
     p.set_defaults(func=main_run)
     return p
 
@@ -256,6 +258,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
         jobs=args.jobs, check_invariants=args.check_invariants, retention=args.retention,
+        host=host_config_from_args(args),
     )
 
 
