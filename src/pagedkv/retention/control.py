@@ -19,6 +19,7 @@ prompt keeps its priority when plain requests share it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from pagedkv.errors import InvalidArgumentError
@@ -171,6 +172,7 @@ class RetentionControl:
                 blocks = [b for b in blocks if b]
             if retention.has_durations:
                 queue.plain = False
-            for b, p, d in zip(blocks, ps, ds, strict=True):
-                prio[b] = p
-                dur[b] = d
+            # Per-block writes in C (map), not a Python loop; lengths match (asserted by
+            # blocks_retention's contract).
+            deque(map(prio.__setitem__, blocks, ps), maxlen=0)
+            deque(map(dur.__setitem__, blocks, ds), maxlen=0)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.errors import InvalidArgumentError, PinBudgetError
@@ -149,6 +149,15 @@ class PinTable:
         for lease in self.keys.get(key, ()):
             if lease.refresh_on_hit:
                 lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
+
+    def refresh_keys(self, keys: Iterable[PinKey], now: float) -> None:
+        """:meth:`refresh` for each of ``keys`` (a touch's pinned hits), in one call.
+        O(keys + leases holding them)."""
+        get = self.keys.get
+        for key in keys:
+            for lease in get(key, ()):
+                if lease.refresh_on_hit:
+                    lease.expires_at = now + lease.ttl_s
 
     def next_expiry(self) -> float:
         """The earliest expiry among active leases (``inf`` if none)."""

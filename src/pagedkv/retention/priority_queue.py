@@ -430,16 +430,24 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
             self._num_free -= n
             return out
-        for b in out:
-            if side_lists:
-                if self._xlists.where[b] != -1:
+        if side_lists:  # before the resets: _untenant reads priority and tenant
+            xw, tw = self._xlists.where, self._tenant_lists.where
+            for b in out:
+                if xw[b] != -1:
                     self._xlists.remove(b)
-                if self._tenant_lists.where[b] != -1:
+                if tw[b] != -1:
                     self._untenant(b)
-            prio[b] = default
-            dur[b] = None
-            tenant[b] = -1
-            pinned[b] = False
+        if self._quota:
+            for b in out:
+                prio[b] = default
+                dur[b] = None
+                tenant[b] = -1
+                pinned[b] = False
+        else:  # no tenant registered: every tenant mark is already -1
+            for b in out:
+                prio[b] = default
+                dur[b] = None
+                pinned[b] = False
         self._num_free -= n
         return out
 
