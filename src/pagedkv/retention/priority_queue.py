@@ -430,14 +430,18 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
             self._num_free -= n
             return out
-        if side_lists:  # before the resets: _untenant reads priority and tenant
+        if side_lists:
             xw, tw = self._xlists.where, self._tenant_lists.where
             for b in out:
                 if xw[b] != -1:
                     self._xlists.remove(b)
                 if tw[b] != -1:
-                    self._untenant(b)
-        if self._quota:
+                    self._untenant(b)  # before the resets: it reads priority and tenant
+                prio[b] = default
+                dur[b] = None
+                tenant[b] = -1
+                pinned[b] = False
+        elif self._quota:
             for b in out:
                 prio[b] = default
                 dur[b] = None
