@@ -26,6 +26,8 @@ dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import is_
 
 from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
@@ -301,6 +303,12 @@ class PriorityFreeQueue(FreeBlockQueue):
             return
         self.tick()  # timers start now, and due expiries go first
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        if not (any(map(pinned.__getitem__, ids))
+                or not all(map(is_, map(dur.__getitem__, ids), repeat(None)))
+                or (self._quota and max(map(tenant.__getitem__, ids)) >= 0)):
+            # No block is pinned, timed or tenant-tracked (checked in C): as if plain.
+            self._append_plain(ids)
+            return
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
         tail0 = self._n + 2 * _LEVEL0 + 1
         mask = self._mask
