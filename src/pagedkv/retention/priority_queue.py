@@ -404,33 +404,40 @@ class PriorityFreeQueue(FreeBlockQueue):
         count, nxt, prv, where = self._count, self._next, self._prev, self._where
         base = self._n
         side_lists = bool(self._xkey) or bool(self._tkey)
-        lst = _UNHASHED
         left = n
         while left:
-            if lst == _PARKED:
-                lst = _LEVEL0 if self._mask else _PINNED
-            elif lst >= _LEVEL0:
+            # The first non-empty list in eviction order (module docstring).
+            if count[_UNHASHED]:
+                lst = _UNHASHED
+            elif count[_OVER]:
+                lst = _OVER
+            elif self._mask:
                 m = self._mask
-                lst = _LEVEL0 + (m & -m).bit_length() - 1 if m else _PINNED
+                lst = _LEVEL0 + (m & -m).bit_length() - 1
+            elif count[_PINNED]:
+                lst = _PINNED
+            else:
+                raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
             c = count[lst]
-            if c:
+            head = base + 2 * lst
+            b = nxt[head]
+            if left == 1:  # the common decode case
+                out.append(b)
+                where[b] = -1
+                b = nxt[b]
+                k = 1
+            else:
                 k = c if c < left else left
-                head = base + 2 * lst
-                b = nxt[head]
                 for _ in range(k):
                     out.append(b)
                     where[b] = -1
                     b = nxt[b]
-                nxt[head] = b
-                prv[b] = head
-                count[lst] = c - k
-                left -= k
-                if lst >= _LEVEL0 and c == k:
-                    self._mask &= ~(1 << (lst - _LEVEL0))
-            elif lst == _PINNED:
-                raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
-            if lst < _PARKED:
-                lst += 1
+            nxt[head] = b
+            prv[b] = head
+            count[lst] = c - k
+            left -= k
+            if lst >= _LEVEL0 and c == k:
+                self._mask &= ~(1 << (lst - _LEVEL0))
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         default = self.default_priority
         if self.plain:
