@@ -14,8 +14,9 @@ step, reset). Per layout two ratios, vLLM time / pagedkv time (higher: pagedkv f
 * ``best``: each operation's fastest of the reps, summed (what the code costs);
 * ``median``: the median over reps of each rep's total (what a run costs, pauses in).
 
-With ``--before``, each round runs both checkouts (order rotating) and the table shows
-the median over rounds of each checkout's ``best`` ratio, and every round's value.
+With ``--before`` (repeatable), each round runs every checkout (order rotating) and the
+table shows the median over rounds of each checkout's ``best`` ratio, and every round's
+value. Checkouts are named by their directory.
 
     python benchmarks/hybrid_speed.py --vllm-python /path/to/venv-vllm/bin/python \\
         --before /tmp/pagedkv-main --after . --rounds 3 --seeds 20
@@ -166,7 +167,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--vllm-python", help="python of a venv with vLLM 0.33")
-    ap.add_argument("--before", help="pagedkv checkout to compare with (optional)")
+    ap.add_argument("--before", action="append", default=[],
+                    help="pagedkv checkout to compare with (optional, repeatable)")
     ap.add_argument("--after", default=".", help="pagedkv checkout (default: this one)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seeds", type=int, default=20)
@@ -180,9 +182,10 @@ def main() -> None:
         return
     if not a.vllm_python:
         ap.error("--vllm-python is required")
-    sides = {"after": os.path.abspath(a.after)}
-    if a.before:
-        sides = {"before": os.path.abspath(a.before), **sides}
+    paths = [os.path.abspath(p) for p in (*a.before, a.after)]
+    sides = {os.path.basename(p) or p: p for p in paths}
+    if len(sides) != len(paths):
+        sides = {f"side{i}": p for i, p in enumerate(paths)}
     names = list(sides)
     extra = _msgpack_dir()
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -194,7 +197,7 @@ def main() -> None:
                 file=sys.stderr, flush=True)
     print(f"vLLM 0.33 time / pagedkv time on the suite's calls ({a.seeds} seeds x {a.ops} "
           f"ops, best of {a.reps} replays per operation); median of {a.rounds} rounds")
-    print(f"{'layout':<16}" + "".join(f" {n:>8}" for n in names) + "   per round (best"
+    print(f"{'layout':<16}" + "".join(f" {n[:9]:>9}" for n in names) + "   per round (best"
           " / median-of-replays)")
     for lay in runs[names[-1]][0]:
         meds = [statistics.median(run[lay]["best"] for run in runs[n]) for n in names]
@@ -202,7 +205,7 @@ def main() -> None:
             n + " " + ", ".join(f"{run[lay]['best']:.2f}/{run[lay]['median']:.2f}"
                                 for run in runs[n]) for n in names
         )
-        print(f"{lay:<16}" + "".join(f" {m:>7.2f}x" for m in meds) + f"   {rounds}")
+        print(f"{lay:<16}" + "".join(f" {m:>8.2f}x" for m in meds) + f"   {rounds}")
 
 
 if __name__ == "__main__":

@@ -149,12 +149,26 @@ def main() -> None:
     groups = (SPEC, SlidingWindowSpec(block_size=16, sliding_window=256, num_kv_heads=8,
                                       head_size=128, dtype_bytes=2))
     hcfg = CacheConfig(groups=groups, num_blocks=4000, max_model_len=8192)
-    hplain, hobs = KVCacheManager(hcfg), ObservedKVCacheManager(hcfg)
-    for m in (hplain, hobs):
-        r = m.new_request("seed", shared + list(range(7, 300)))
-        m.allocate_slots(r, r.num_tokens)
+    seeded = []
+    for _ in range(2):
+        plain_h, obs_h = KVCacheManager(hcfg), ObservedKVCacheManager(hcfg)
+        for m in (plain_h, obs_h):
+            r = m.new_request("seed", shared + list(range(7, 300)))
+            m.allocate_slots(r, r.num_tokens)
+        seeded.append((plain_h, obs_h))
+    hplain, hobs = seeded[0]
     print(f"  {'hybrid full + window, cached prefix':<38} "
           f"{explain_ratio(hplain, hobs, shared + list(range(9, 400))):5.2f}x")
+    # Window blocks 56..59 evicted: the window group clamps the hit from 1,024 to 896.
+    cplain, cobs = seeded[1]
+    for m in (cplain, cobs):
+        window_ids = m.coordinator.block_ids("seed")[1]
+        m.pool.evict_blocks(window_ids[56:60])
+    probe = shared + list(range(9, 400))
+    assert cobs.explain_lookup(cobs.new_request("p", probe)).segments[1].label == \
+        "clamped_window_run_not_found"
+    print(f"  {'hybrid full + window, window clamps':<38} "
+          f"{explain_ratio(cplain, cobs, probe):5.2f}x")
     # After the probes: the cycles change the plain and observed pools differently.
     print("per request (shared prefix + new suffix), observed / plain (median of 3 rounds "
           "of best-of-200, alternating):")

@@ -53,6 +53,22 @@ def _encode_float(value: float) -> bytes:
 
 
 def _encode(obj: Any, out: list[bytes]) -> None:
+    # The common types first, by exact type (bool is not int here; it takes the general
+    # path below): extra keys are lists of str and int.
+    t = type(obj)
+    if t is str:
+        data = obj.encode("utf-8")
+        out.append(cbor_head(3, len(data)))
+        out.append(data)
+        return
+    if t is list:
+        out.append(cbor_head(4, len(obj)))
+        for item in obj:
+            _encode(item, out)
+        return
+    if t is int and 0 <= obj < 24:
+        out.append(bytes((obj,)))
+        return
     if obj is None:
         out.append(b"\xf6")
     elif obj is True:

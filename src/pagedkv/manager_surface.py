@@ -61,6 +61,9 @@ class BlockCopies:
     retained: tuple[int, ...] = ()
 
 
+_NO_COPIES = BlockCopies()
+
+
 class ManagerSurface:
     """Mixed into :class:`pagedkv.KVCacheManager` (module docstring). Every method leaves
     state unchanged when it raises."""
@@ -120,8 +123,27 @@ class ManagerSurface:
             raise InvalidArgumentError(
                 f"release_blocks takes a list of block ids, got {type(block_ids).__name__}"
             )
-        want = Counter(b for b in block_ids if not (type(b) is int and b == 0))
         held = self.held_outside
+        # Common case in one pass: every id an int held outside the tables; undone and
+        # explained below if one is not.
+        taken: list[int] = []
+        for b in block_ids:
+            if type(b) is not int or b not in held:
+                if type(b) is int and b == 0:
+                    continue
+                break
+            n = held[b]
+            if n == 1:
+                del held[b]
+            else:
+                held[b] = n - 1
+            taken.append(b)
+        else:
+            self.pool.free_blocks(block_ids)
+            return
+        for b in taken:
+            held[b] = held.get(b, 0) + 1
+        want = Counter(b for b in block_ids if not (type(b) is int and b == 0))
         for b, n in want.items():
             if type(b) is not int or held.get(b, 0) < n:
                 raise InvalidArgumentError(
@@ -149,8 +171,10 @@ class ManagerSurface:
         """
         coord = self.coordinator
         if not isinstance(coord, PartialHitCoordinator):
-            return BlockCopies()
+            return _NO_COPIES
         pairs = coord.take_copies()
+        if not pairs:
+            return _NO_COPIES
         held = self.held_outside
         retained: list[int] = []
         for src, dst in pairs:

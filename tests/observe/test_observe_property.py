@@ -28,6 +28,8 @@ CONFIGS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     ((full(4), MambaSpec(block_size=8, state_bytes=64, cache_checkpoints=True)), {}),
     ((full(4), ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **HEADS)),
      {"drop_last_hit": True}),
+    # Sub-block hits (an align-mode Mamba group, hashes at 2 tokens): hits inside blocks.
+    ((full(8), MambaSpec(block_size=8, state_bytes=64)), {"hash_block_size": 2}),
 ]
 
 PREFIXES = [list(range(100, 140)), list(range(200, 230)), list(range(100, 116)) + [7] * 20]

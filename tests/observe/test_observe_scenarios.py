@@ -127,6 +127,34 @@ def test_hybrid_clamped_by_a_sliding_window_group_and_lcm_alignment() -> None:
     assert full_g.blocks()[2].cause is ClampCause.LCM_ALIGNMENT
 
 
+def test_group_detail_read_later_is_what_the_lookup_saw() -> None:
+    """The per-group detail is built on first read, from what explain_lookup read: the
+    manager changing in between (blocks cached again, others evicted) changes nothing."""
+    groups = [full(32), SlidingWindowSpec(block_size=16, sliding_window=32, **HEADS)]
+    seen = []
+    for read_now in (True, False):
+        mgr = observed(groups, num_blocks=24, observe=ObserveConfig(clock=Clock()))
+        prompt = list(range(129))
+        a = mgr.new_request("a", prompt)
+        compute(mgr, a)
+        sw_table = mgr.get_block_ids("a")[1]
+        mgr.free(a)
+        mgr.evict_blocks(sw_table[5:7])
+        e = mgr.explain_lookup(mgr.new_request("b", prompt))
+        if read_now:
+            seen.append([g.blocks() for g in e.groups])
+            continue
+        compute(mgr, mgr.new_request("c", prompt))          # window blocks 5, 6 cached again
+        compute(mgr, mgr.new_request("d", list(range(1000, 1100))))   # evicts others
+        assert [r.reason for r in mgr.explain_lookup(
+            mgr.new_request("b2", prompt)).groups[1].blocks()[4:7]] != (
+            [Reason.CLAMPED] + [Reason.EVICTED] * 2)
+        seen.append([g.blocks() for g in e.groups])
+    assert seen[0] == seen[1]
+    assert [r.reason for r in seen[1][1][4:]] == (
+        [Reason.CLAMPED] + [Reason.EVICTED] * 2 + [Reason.CLAMPED])
+
+
 def test_hybrid_lcm_alignment_makes_a_short_prompt_miss() -> None:
     mgr = observed([full(16), MambaSpec(block_size=64, state_bytes=4096,
                                         cache_checkpoints=True)])
@@ -183,7 +211,8 @@ def test_explain_lookup_leaves_debug_state_byte_identical(events: bool) -> None:
                                  list(mgr.ghost._shadow_cache)))
     for probe in (list(range(70)), list(range(7, 77)), list(range(500, 600))):
         for extras in (None, HashExtras(cache_salt="x")):
-            mgr.explain_lookup(mgr.new_request("p", probe, hash_extras=extras))
+            e = mgr.explain_lookup(mgr.new_request("p", probe, hash_extras=extras))
+            assert [g.blocks() for g in e.groups]  # the group detail, built on first read
     assert pickle.dumps(mgr.debug_state()) == before
     assert pickle.dumps((dict(mgr.ghost.ghost), mgr.ghost.shadow_index,
                          list(mgr.ghost._shadow_cache))) == ghost_before
@@ -227,9 +256,16 @@ def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
 def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
-    from pagedkv.observe import manager, reasons, residency, sim_support
+    from pagedkv.observe import (
+        attribution_scan,
+        manager,
+        reasons,
+        residency,
+        sim_observe,
+        sim_support,
+    )
 
-    for module in (manager, reasons, residency, sim_support):
+    for module in (attribution_scan, manager, reasons, residency, sim_observe, sim_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
@@ -287,3 +323,27 @@ def test_residency_sampling_with_retention_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
         observed([full(16)], retention=RetentionConfig(),
                  observe=ObserveConfig(residency_sample_every=1))
+
+
+def test_sub_block_hit_is_explained_as_the_coordinator_finds_it() -> None:
+    """Full attention 16 + align-mode Mamba 16 hashed at 4: a hit ending inside a block
+    (40 tokens, vLLM 0.33's partial hits) is the explanation's hit; the rest of the
+    prompt (46 tokens: block 2 is not full) reads partial_block."""
+    mgr = observed([full(16), MambaSpec(block_size=16, state_bytes=64)], num_blocks=40,
+                   max_model_len=256, hash_block_size=4)
+    a = mgr.new_request("a", list(range(1, 42)))
+    assert mgr.allocate_slots(a, 40) is not None
+    a.num_computed_tokens = 40
+    mgr.new_step_starts()
+    assert mgr.allocate_slots(a, 1) is not None
+    a.num_computed_tokens = 41
+    mgr.release_blocks(mgr.take_block_copies().retained)
+    mgr.new_step_starts()
+    b = mgr.new_request("b", list(range(1, 41)) + [900, 901, 902, 903, 904, 905])
+    e = mgr.explain_lookup(b)
+    check_partition(e)
+    hit = mgr.get_computed_blocks(b)
+    assert e.num_hit_tokens == hit.num_computed_tokens == 40
+    assert [list(g.hit_block_ids) for g in e.groups] == [list(t) for t in hit.block_ids]
+    assert spans(e) == [(0, 40, "hit"), (40, 46, "partial_block")]
+    mgr.check_invariants()

@@ -52,6 +52,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="wait for a replay or snapshot answer (default 1)")
     serve.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
                        help="stop after this long (default: run until SIGTERM)")
+    serve.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                       help="serve Prometheus metrics (index size, events ingested, gaps, "
+                       "resyncs) on 127.0.0.1:PORT (0: a free port, printed); needs "
+                       "pagedkv[metrics]")
     serve.set_defaults(func=_serve)
 
     query = sub.add_parser("query", help="which replica holds the longest prefix")
@@ -101,6 +105,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.status_every <= 0 or args.request_timeout <= 0:
         raise InvalidArgumentError("--status-every and --request-timeout must be > 0")
     sources = [parse_source(text) for text in args.subscribe]
+    port = args.metrics_port
+    if port is not None and not 0 <= port <= 65535:
+        raise InvalidArgumentError(f"--metrics-port must be in [0, 65535], got {port}")
     index = _open_index(args)
     stop = {"now": False}
 
@@ -109,17 +116,38 @@ def _serve(args: argparse.Namespace) -> int:
 
     previous = [signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)]
     service = IndexService(index, sources, request_timeout_s=args.request_timeout)
+    exporter = None
     try:
         print(f"pagedkv index serve: {len(sources)} publisher(s) -> {args.redis} "
               f"(model {args.model})", file=sys.stderr, flush=True)
+        if port is not None:
+            exporter = _serve_metrics(port)
         service.run(should_stop=lambda: stop["now"], status_every_s=args.status_every,
-                    stream=sys.stderr, max_seconds=args.max_seconds)
+                    stream=sys.stderr, max_seconds=args.max_seconds,
+                    on_step=None if exporter is None else lambda: exporter.update(service))
     finally:
+        if exporter is not None:
+            exporter.close()
         service.close()
         index.close()
         for s, handler in zip((signal.SIGTERM, signal.SIGINT), previous, strict=True):
             signal.signal(s, handler)
     return 0
+
+
+def _serve_metrics(port: int) -> Any:
+    """Start the index service's metrics server (its address on stderr)."""
+    from pagedkv.observe.index_metrics import IndexServiceExporter
+
+    exporter = IndexServiceExporter()
+    try:
+        bound = exporter.serve(port)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
+            f"({exc.strerror or exc}); choose another port or 0 for a free one") from None
+    print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
+    return exporter
 
 
 def _groups(texts: list[str] | None, block_size: int) -> list[KVCacheSpec]:

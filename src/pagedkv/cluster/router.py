@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pagedkv import InvalidArgumentError, KVCacheSpec
 from pagedkv.cluster.hit_rules import PrefixRule, hybrid_hit_blocks, rules_for
 from pagedkv.cluster.index import ANY_TIER, ClusterIndex, IndexUnavailableError, Replica
+from pagedkv.errors import UnsupportedModelError
+from pagedkv.events.records import MEDIUM_GPU
 
 __all__ = [
     "POLICIES",
@@ -204,6 +206,25 @@ class Router:
 
     ``specs``: the model's KV-cache groups (their hit rules; one block size);
     ``tier``: count only blocks on this tier (None: any tier). Not thread-safe.
+
+    ``host_tier_weight`` (full-attention models, ``tier`` None): what a token found off
+    the device is worth against one on ``device_tier``, e.g. 0.5 for host-memory blocks
+    (``medium="CPU"`` events) that must be loaded before use. A replica's hit is then
+    ``device + weight * (any tier - device)`` tokens, rounded down, from the longest
+    prefix on ``device_tier`` and the longest on any tier: the device prefix, then the
+    continuation a host tier serves (the lookup order of
+    :class:`pagedkv.host.HostTieredKVCacheManager`).
+
+    >>> from pagedkv import FullAttentionSpec
+    >>> from pagedkv.cluster import CacheAware, MemoryIndex, Replica
+    >>> index, a = MemoryIndex(model="m"), Replica(pod="a")
+    >>> index.update(a, added=[(0, 1, "GPU"), (0, 2, "CPU"), (0, 3, "CPU")], removed=[])
+    >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    >>> Router(index, specs=[spec], policy=CacheAware()).hit_tokens([1, 2, 3], 13)
+    {Replica(pod='a', dp_rank=None): 12}
+    >>> Router(index, specs=[spec], policy=CacheAware(),
+    ...        host_tier_weight=0.5).hit_tokens([1, 2, 3], 13)
+    {Replica(pod='a', dp_rank=None): 8}
     """
 
     def __init__(
@@ -213,12 +234,28 @@ class Router:
         specs: Sequence[KVCacheSpec],
         policy: Policy,
         tier: str | None = ANY_TIER,
+        host_tier_weight: float | None = None,
+        device_tier: str = MEDIUM_GPU,
     ) -> None:
         self.index = index
         self.policy = policy
         self.rules = rules_for(specs)
         self.block_size = specs[0].block_size
         self.tier = tier
+        if host_tier_weight is not None:
+            if (not isinstance(host_tier_weight, (int, float))
+                    or not 0.0 <= host_tier_weight <= 1.0):
+                raise InvalidArgumentError(
+                    f"host_tier_weight must be a number in [0, 1], got {host_tier_weight!r}")
+            if tier is not ANY_TIER:
+                raise InvalidArgumentError(
+                    "host_tier_weight weighs blocks found on any tier: leave tier=None")
+            if not all(isinstance(rule, PrefixRule) for rule in self.rules):
+                raise UnsupportedModelError(
+                    "host_tier_weight supports full-attention models only (the host tier "
+                    "serves those): drop it for hybrid models")
+        self.host_tier_weight = host_tier_weight
+        self.device_tier = device_tier
         self._fallback = LeastLoaded(policy.weights if isinstance(policy, LeastLoaded) else None)
         self.degraded = False
 
@@ -240,6 +277,8 @@ class Router:
             }
         if len(full) == len(rules):
             assert bounds is not None
+            if self.host_tier_weight is not None:
+                return self._weighted(hashes, bounds, full, self.host_tier_weight)
             return {r: n * self.block_size for r, n in bounds.items() if n}
         limit = max(bounds.values(), default=0) if bounds is not None else max_blocks
         held = {
@@ -258,6 +297,26 @@ class Router:
             n = hybrid_hit_blocks(rules, [set(p) for p in presence], max_blocks=bound)
             if n:
                 out[replica] = n * self.block_size
+        return out
+
+    def _weighted(
+        self, hashes: Sequence[int], any_tier: dict[Replica, int], full: Sequence[int],
+        weight: float,
+    ) -> dict[Replica, int]:
+        """Tier-weighted hit tokens (class docstring), from the any-tier prefix lengths."""
+        device: dict[Replica, int] | None = None
+        for g in full:
+            found = self.index.longest_prefix(g, hashes, tier=self.device_tier)
+            device = found if device is None else {
+                r: min(n, found[r]) for r, n in device.items() if r in found
+            }
+        on_device = device or {}
+        out: dict[Replica, int] = {}
+        for replica, total in any_tier.items():
+            fast = min(on_device.get(replica, 0), total)
+            tokens = int((fast + weight * (total - fast)) * self.block_size)
+            if tokens:
+                out[replica] = tokens
         return out
 
     def route(

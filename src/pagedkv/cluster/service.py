@@ -20,7 +20,7 @@ from pagedkv.cluster.ingest import IndexIngest
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.transport import Subscriber
 
-__all__ = ["IndexService", "SourceSpec", "parse_source"]
+__all__ = ["IndexService", "PublisherStats", "ServiceStats", "SourceSpec", "parse_source"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +59,36 @@ def parse_source(text: str) -> SourceSpec:
     pod = pod or endpoint.split("://", 1)[1]
     Replica(pod=pod)  # validates the name
     return SourceSpec(pod=pod, endpoint=endpoint, replay_endpoint=replay)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublisherStats:
+    """One followed publisher, for metrics: whether it is in step, the blocks the index
+    holds for it, and its stream's gaps, lost batches, replay and snapshot requests
+    (resyncs) and undecodable messages so far."""
+
+    publisher: str
+    pod: str
+    synced: bool
+    blocks: int
+    gaps: int
+    lost_batches: int
+    replay_requests: int
+    snapshots: int
+    bad_messages: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceStats:
+    """The service's figures at one moment (:meth:`IndexService.stats`): per publisher,
+    and event batches and block events ingested, index writes that failed, and whether
+    the index is in step (``index_available``)."""
+
+    publishers: tuple[PublisherStats, ...]
+    batches: int
+    block_events: int
+    index_write_failures: int
+    index_available: bool
 
 
 class IndexService:
@@ -147,13 +177,17 @@ class IndexService:
         status_every_s: float,
         stream: TextIO,
         max_seconds: float | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         """Step until ``should_stop()`` (or ``max_seconds``), writing :meth:`status_line`
-        to ``stream`` every ``status_every_s`` seconds and once at the end."""
+        to ``stream`` every ``status_every_s`` seconds and once at the end; ``on_step``
+        is called after every step (e.g. a metrics exporter taking :meth:`stats`)."""
         next_status = time.monotonic() + status_every_s
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         while not should_stop():
             self.step(0.05)
+            if on_step is not None:
+                on_step()
             now = time.monotonic()
             if now >= next_status:
                 print(self.status_line(), file=stream, flush=True)
@@ -161,6 +195,23 @@ class IndexService:
             if deadline is not None and now >= deadline:
                 break
         print(self.status_line(), file=stream, flush=True)
+
+    def stats(self) -> ServiceStats:
+        """The service's figures now (for metrics). O(publishers)."""
+        ingest = self.ingest
+        publishers = []
+        for publisher, pod in self._pod_of.items():
+            st = self.subscriber.status(publisher)
+            publishers.append(PublisherStats(
+                publisher=publisher, pod=pod, synced=bool(st.synced),
+                blocks=ingest.num_blocks(publisher), gaps=st.num_gaps,
+                lost_batches=self.subscriber.num_lost_batches(publisher),
+                replay_requests=st.num_replay_requests, snapshots=st.num_snapshots,
+                bad_messages=st.num_bad_messages))
+        return ServiceStats(publishers=tuple(publishers), batches=ingest.num_batches,
+                            block_events=ingest.num_block_events,
+                            index_write_failures=ingest.num_index_failures,
+                            index_available=not ingest.dirty)
 
     def status_line(self) -> str:
         """One line: replicas and their sync, blocks, batches and rate, repairs, index."""

@@ -73,6 +73,9 @@ class GhostRecorder(EventRecorder):
         self.step = 0
         #: (group, hash) -> when it was evicted; oldest first.
         self.ghost: OrderedDict[tuple[int, bytes], EvictionRecord] = OrderedDict()
+        #: Evicted keys dropped from the ghost record (it was full): a later miss on one
+        #: of them reads never seen.
+        self.num_forgotten = 0
         #: (group, shadow hash) -> real hashes registered with extra keys.
         self.shadow_index: dict[tuple[int, bytes], set[bytes]] = {}
         self._shadow_of: dict[tuple[int, bytes], bytes] = {}
@@ -158,6 +161,7 @@ class GhostRecorder(EventRecorder):
                 ghost.move_to_end(key)
             while len(ghost) > self.ghost_entries:
                 ghost.popitem(last=False)
+                self.num_forgotten += 1
         if self._shadow_of:
             for h in hashes:
                 sh = self._shadow_of.pop((group, h), None)

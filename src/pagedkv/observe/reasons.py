@@ -30,7 +30,7 @@ Reasons (``Reason.value`` is the label used in tables and Prometheus):
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -194,7 +194,7 @@ class LookupExplanation:
     [(0, 'hit'), (1, 'never_seen')]
     """
 
-    __slots__ = ("_groups", "_unitary", "num_hit_tokens", "num_tokens", "request_id",
+    __slots__ = ("_detail", "_groups", "_unitary", "num_hit_tokens", "num_tokens", "request_id",
                  "segments")
 
     def __init__(
@@ -205,18 +205,26 @@ class LookupExplanation:
         segments: tuple[Segment, ...],
         groups: tuple[GroupExplanation, ...] = (),
         unitary: tuple[str, int, list[int]] | None = None,
+        detail: Callable[[], tuple[GroupExplanation, ...]] | None = None,
     ) -> None:
         """``groups``: the per-group detail; or ``unitary`` = (kind, block size, hit
-        block ids) of a single group, from which it is derived when first read."""
+        block ids) of a single group, from which it is derived when first read; or
+        ``detail``, a function building it from what the lookup read (called once, when
+        first read; it must not read the manager's state then)."""
         self.request_id = request_id
         self.num_tokens = num_tokens
         self.num_hit_tokens = num_hit_tokens
         self.segments = segments
-        self._groups: tuple[GroupExplanation, ...] | None = None if unitary else groups
+        self._groups: tuple[GroupExplanation, ...] | None = (
+            None if unitary or detail else groups)
         self._unitary = unitary
+        self._detail = detail
 
     @property
     def groups(self) -> tuple[GroupExplanation, ...]:
+        if self._groups is None and self._detail is not None:
+            self._groups = self._detail()
+            self._detail = None
         if self._groups is None:
             assert self._unitary is not None
             kind, bs, hit_ids = self._unitary

@@ -151,7 +151,7 @@ def plot_missed_tokens(
     labels = sorted(totals, key=lambda k: -totals[k])
     times = [t for t, _ in series]
     width = (times[1] - times[0]) * 0.9 if len(times) > 1 else 1.0
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     bottom = [0.0] * len(series)
     colors = plt.get_cmap("tab10")
     for n, label in enumerate(labels):
@@ -166,7 +166,11 @@ def plot_missed_tokens(
     ax.set_xlabel("time (s)")
     ax.set_ylabel("prompt tokens (thousands)")
     ax.set_title(title or "Prompt tokens per interval: missed by reason, and hit")
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    # Outside the axes, to the right: the bars keep the whole height; legend entries
+    # top-down in the order of the stack bottom-up reversed (the hit on top).
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              fontsize=8, title="prompt tokens", title_fontsize=8)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

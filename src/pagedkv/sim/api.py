@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
 from pagedkv.sim.engine import EngineSimulator
+from pagedkv.sim.host_sweep import host_simulator, with_host_tier
+from pagedkv.sim.host_tier import HostMemoryConfig
 from pagedkv.sim.models import (
     DEFAULT_GPU_MEMORY,
     DEFAULT_MODEL,
@@ -32,6 +34,9 @@ from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from pagedkv.observe.sim_observe import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run"]
 
@@ -74,6 +79,8 @@ class SimConfig:
     check_invariants: bool = False
     #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
     retention: str | None = None
+    #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
+    host: HostMemoryConfig | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -105,6 +112,9 @@ class SimConfig:
             check_policy(self.retention)
             if self.semantics != "vllm":
                 raise InvalidArgumentError("--retention replays with --semantics vllm")
+        if self.host is not None and self.mode != "engine":
+            raise InvalidArgumentError("--host-memory simulates transfers in engine time: "
+                                       "use it with --mode engine")
         for cap in self.capacity_sweep:
             if cap is not None and cap < self.block_size:
                 raise InvalidArgumentError(
@@ -132,11 +142,14 @@ def run(
     description: str | None = None,
     progress: Progress | None = None,
     phase: Callable[[str], None] | None = None,
+    observer: ReplayObserver | None = None,
 ) -> SimReport:
     """Replay ``workload`` as ``config`` says and report (hit rates beside the bounds,
     engine figures and a verdict in engine mode, the capacity sweep if asked).
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
+    ``observer``: an engine replay on an observed manager instead of the plain one
+    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -155,11 +168,24 @@ def run(
                                           jobs=cfg.jobs)
     say(f"replaying {len(workload.requests)} requests")
     result: SimResult
-    if engine:
-        result = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
-                                 config=_with_checks(cfg), manager_factory=cap.factory
-                                 ).run(progress)
+    host_sim = None
+    if engine and cfg.host is not None:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics do not observe "
+                                       "a host tier yet: drop --host-memory or them")
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
+        result = host_sim.run(progress)
+    elif engine:
+        factory = cap.factory if observer is None else observer.wrap(cap.factory)
+        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                              config=_with_checks(cfg), manager_factory=factory)
+        if observer is not None:
+            observer.attach(sim)
+        result = sim.run(progress)
     else:
+        if observer is not None:
+            raise InvalidArgumentError("missed-token attribution and metrics replay the "
+                                       "engine: use them with --mode engine")
         result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
                                 semantics=cfg.semantics, progress=progress,
                                 check_invariants=cfg.check_invariants,
@@ -201,6 +227,10 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if host_sim is not None and cfg.host is not None:
+        if cfg.host.sweep_memory_bytes:
+            say("host memory sweep")
+        report = with_host_tier(report, host_sim, workload, cap, cfg.host, _with_checks(cfg))
     if cfg.retention is not None:
         say(f"retention policy {cfg.retention} vs LRU")
         from pagedkv.retention.sim_support import compare_retention

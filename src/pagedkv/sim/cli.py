@@ -16,9 +16,11 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
+from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
 from pagedkv.retention.sim_support import add_arguments as add_retention_arguments
 from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
+from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
@@ -178,6 +180,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
     add_replica_flags(p)
+    add_observe_flags(p)
+    add_host_arguments(p)
     p.set_defaults(func=main_run)
     return p
 
@@ -254,6 +258,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
         jobs=args.jobs, check_invariants=args.check_invariants, retention=args.retention,
+        host=host_config_from_args(args),
     )
 
 
@@ -272,6 +277,7 @@ def main_run(args: argparse.Namespace) -> int:
             "--mode engine"
         )
     check_replica_args(args)
+    SimObserving.check_args(args)
     ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
     if args.find_capacity and args.mode != "engine":
         raise InvalidArgumentError("--find-capacity needs --mode engine (TTFT is an engine "
@@ -285,8 +291,10 @@ def main_run(args: argparse.Namespace) -> int:
         return run_replicas_cli(wl, config, args, what=what)
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
+    observing = SimObserving.from_args(args)  # --explain-misses, --metrics-port
     try:
-        report = run(wl, config, description=what, progress=progress, phase=progress.phase)
+        report = run(wl, config, description=what, progress=progress, phase=progress.phase,
+                     observer=observing.observer if observing is not None else None)
         search = None
         if ttft_target is not None:
             base = None
@@ -294,6 +302,10 @@ def main_run(args: argparse.Namespace) -> int:
                 base = report.engine.ttft.p99
             search = find_capacity(wl, config, ttft_p99_s=ttft_target,
                                    baseline_ttft_p99_s=base, phase=progress.phase)
+    except BaseException:
+        if observing is not None:
+            observing.close()
+        raise
     finally:
         progress.close()
     out = report.to_dict()
@@ -307,6 +319,8 @@ def main_run(args: argparse.Namespace) -> int:
         }
     out["plots"] = [str(p) for p in plot_files(report, args.plot_dir)] if plots_wanted else []
     cap = report.capacity
+    if observing is not None and args.json:
+        observing.report(out, json_mode=True)
     if args.json:
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -317,9 +331,14 @@ def main_run(args: argparse.Namespace) -> int:
         if search is not None:
             print(f"find capacity: {search.summary()}")
         sys.stdout.flush()
+        if observing is not None:
+            observing.report(out, json_mode=False)
     if plots_wanted:  # after the report: a plotting problem never loses it
         note = _plots(report, args.plot_dir)
         print(note, file=sys.stderr if args.json else sys.stdout)
+    if observing is not None:
+        observing.finish(plot_dir=args.plot_dir if plots_wanted else None,
+                         json_mode=args.json, title=what)
     return 0
 
 

@@ -317,13 +317,12 @@ class EngineSimulator:
             if live.blocked_at is not None and mgr.num_free_blocks <= live.blocked_at:
                 break
             req = live.req
-            hit = mgr.get_computed_blocks(req)
-            num_hit = hit.num_computed_tokens
-            todo = req.num_tokens - num_hit
-            num_new = todo if todo < budget else budget
-            if mgr.allocate_slots(req, num_new, new_computed_blocks=hit) is None:
+            num_hit = self._lookup_and_allocate(live, budget)
+            if num_hit is None:
                 live.blocked_at = mgr.num_free_blocks
                 break
+            todo = req.num_tokens - num_hit
+            num_new = todo if todo < budget else budget
             live.blocked_at = None
             waiting.popleft()
             live.computed = req.num_computed_tokens = num_hit
@@ -342,6 +341,25 @@ class EngineSimulator:
             prefill.append((live, num_new))
             budget -= num_new
 
+    def _lookup_and_allocate(self, live: LiveRequest, budget: int) -> int | None:
+        """Admission of ``live``: look up its cached prefix and allocate its prompt's
+        next ``min(rest, budget)`` tokens. Returns the hit tokens, or None when there is
+        no room (nothing changed). A subclass may look further (a host tier)."""
+        mgr = self.manager
+        req = live.req
+        hit = mgr.get_computed_blocks(req)
+        num_hit = hit.num_computed_tokens
+        todo = req.num_tokens - num_hit
+        num_new = todo if todo < budget else budget
+        if mgr.allocate_slots(req, num_new, new_computed_blocks=hit) is None:
+            return None
+        return num_hit
+
+    def _step_duration_s(self, num_prefill_tokens: int, num_decode_seqs: int) -> float:
+        """The step's simulated duration (the step-time model); a subclass may add the
+        work the step carries besides compute (host-tier copies) and settle it."""
+        return self.config.step_time.step_time_s(num_prefill_tokens, num_decode_seqs)
+
     def _advance_clock(
         self, decode: list[LiveRequest], prefill: list[tuple[LiveRequest, int]]
     ) -> None:
@@ -349,7 +367,7 @@ class EngineSimulator:
         by what it computed; sample tokens and finish requests that have them all."""
         cfg = self.config
         num_prefill = sum(n for _, n in prefill)
-        self.now_s += cfg.step_time.step_time_s(num_prefill, len(decode))
+        self.now_s += self._step_duration_s(num_prefill, len(decode))
         self.res.num_steps += 1
         if self._publish:
             self.manager.publish_events()

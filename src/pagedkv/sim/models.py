@@ -54,6 +54,9 @@ class CapacityPlan:
     source: str
     note: str | None = None
     plan_kv_tokens: int | None = None
+    #: Bytes one block id holds on the device (one page per KV-cache tensor); None when
+    #: no model sized the pool.
+    block_bytes: int | None = None
     factory: ManagerFactory = field(default=build_manager, repr=False, compare=False)
 
     @property
@@ -183,4 +186,6 @@ def plan_capacity(
     factory = build_manager if len(groups) == 1 and hash_bs == block_size and \
         type(groups[0]).__name__ == "FullAttentionSpec" else plan_factory(plan)
     return CapacityPlan(num_blocks=plan.num_blocks, block_size=hash_bs, groups=groups,
-                        source=where, plan_kv_tokens=plan.kv_tokens, factory=factory)
+                        source=where, plan_kv_tokens=plan.kv_tokens,
+                        block_bytes=(plan.page_size_bytes or 0) * len(plan.tensors),
+                        factory=factory)

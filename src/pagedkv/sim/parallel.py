@@ -11,9 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing.connection import Connection
 from typing import Any
 
+from pagedkv.errors import PagedKVError
 from pagedkv.sim.bounds import BoundResult, access_sequence, belady_hits, infinite_cache_hits
 from pagedkv.sim.pure_cache import SweepRow, sweep_point
 from pagedkv.sim.workloads import Workload
@@ -45,8 +47,50 @@ def _bounds(
     return infinite_cache_hits(seq), belady_hits(seq, capacity_blocks)
 
 
-def _bounds_worker() -> tuple[BoundResult, BoundResult]:
-    return _bounds(*_SHARED["bounds"])
+def _bounds_child(send: Connection) -> None:
+    """The forked worker: compute the bounds, send ``(True, value)`` or ``(False, error)``."""
+    try:
+        send.send((True, _bounds(*_SHARED["bounds"])))
+    except BaseException as exc:  # reported to the parent, which raises it
+        send.send((False, exc))
+    finally:
+        send.close()
+
+
+class _BackgroundBounds:
+    """(infinite, Belady) computed in one forked, daemonic worker process.
+
+    Calling the object waits for the value (raising what the worker raised) and reaps the
+    worker. A caller that fails before calling it leaves a daemonic child, which the
+    interpreter terminates at exit: no executor threads, nothing to hang or to print.
+    """
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._recv, send = ctx.Pipe(duplex=False)
+        _SHARED["bounds"] = args
+        try:
+            self._proc = ctx.Process(target=_bounds_child, args=(send,), daemon=True)
+            self._proc.start()
+        finally:
+            _SHARED.pop("bounds", None)
+            send.close()
+
+    def __call__(self) -> tuple[BoundResult, BoundResult]:
+        try:
+            ok, value = self._recv.recv()
+        except EOFError:
+            raise PagedKVError(
+                f"the bounds worker process exited with code {self._proc.exitcode} before "
+                "answering: rerun with --jobs 1 to compute the bounds in this process"
+            ) from None
+        finally:
+            self._recv.close()
+            self._proc.join()
+        if not ok:
+            raise value
+        result: tuple[BoundResult, BoundResult] = value
+        return result
 
 
 def bounds_in_background(
@@ -65,18 +109,7 @@ def bounds_in_background(
     args = (workload, block_size, capacity_blocks, indices, with_outputs, semantics)
     if resolve_jobs(jobs) < 2:
         return lambda: _bounds(*args)
-    _SHARED["bounds"] = args
-    pool = _pool(1)
-    future: Future[tuple[BoundResult, BoundResult]] = pool.submit(_bounds_worker)
-    _SHARED.pop("bounds", None)
-
-    def wait() -> tuple[BoundResult, BoundResult]:
-        try:
-            return future.result()
-        finally:
-            pool.shutdown()
-
-    return wait
+    return _BackgroundBounds(args)
 
 
 def _point_worker(cap: int | None) -> SweepRow:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from pagedkv.sim.host_sweep import host_sections, host_sweep_table
 from pagedkv.sim.progress import ProgressReporter, rich_console
 from pagedkv.sim.summary import SimReport
 
@@ -67,6 +68,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
              " / ".join(_sec(q.get(k)) for k in ("p50", "p90", "p99"))),
             ("TTFT p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in ("p50", "p90", "p99"))),
         ]))
+    sections.extend(host_sections(s))
     if s.get("retention"):
         from pagedkv.retention.sim_support import render_rows
 
@@ -133,6 +135,15 @@ def render_text(report: SimReport) -> str:
         for r in table:
             lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
         lines.append("")
+    host = host_sweep_table(s)
+    if host:
+        title, head, host_rows = host
+        cells = [head, *host_rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+        lines.append(title)
+        lines.extend("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+                     for r in cells)
+        lines.append("")
     verdict = verdict_line(s)
     if verdict:
         lines.append(verdict)
@@ -170,6 +181,15 @@ def print_report(report: SimReport, *, stream: TextIO | None = None, plain: bool
         for r in sweep:
             table.add_row(*r)
         console.print(table)
+    host = host_sweep_table(s)
+    if host:
+        title, head, host_rows = host
+        host_table = Table(title=title, title_justify="left")
+        for h in head:
+            host_table.add_column(h, justify="right")
+        for row in host_rows:
+            host_table.add_row(*row)
+        console.print(host_table)
     verdict = verdict_line(s)
     if verdict:
         console.print(verdict, highlight=False)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pagedkv.sim.bounds import BoundResult
+from pagedkv.sim.host_tier import HostRunStats, HostSweepRow
 from pagedkv.sim.pure_cache import SweepRow
 from pagedkv.sim.results import SimResult, percentile
 
@@ -150,13 +151,16 @@ class SimReport:
     #: ``--retention``: :meth:`pagedkv.retention.sim_support.RetentionComparison.to_dict`.
     retention: dict[str, Any] | None = None
     result: SimResult | None = field(default=None, repr=False, compare=False)
+    #: The host tier's figures and host-size sweep (:mod:`pagedkv.sim.host_sweep`).
+    host_tier: HostRunStats | None = None
+    host_sweep: tuple[HostSweepRow, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: every field but ``result``; engine figures at the top level."""
         out: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             if name in ("result", "engine", "sweep", "capacity", "verdict",
-                        "hit_rate_windows"):
+                        "hit_rate_windows", "host_tier", "host_sweep"):
                 continue
             out[name] = getattr(self, name)
         out["settings"] = {**self.settings, "capacity": asdict(self.capacity)}
@@ -172,6 +176,10 @@ class SimReport:
             )
         if self.sweep:
             out["capacity_sweep"] = [asdict(r) for r in self.sweep]
+        if self.host_tier is not None:
+            out["host_tier"] = asdict(self.host_tier)
+        if self.host_sweep:
+            out["host_sweep"] = [asdict(r) for r in self.host_sweep]
         return out
 
 

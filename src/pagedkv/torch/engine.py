@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pagedkv import KVCacheManager, Request
 from pagedkv.errors import InvalidArgumentError
@@ -162,7 +163,7 @@ class Engine:
         while self.waiting and budget and len(self.running) < self.max_num_running:
             entry = self.waiting[0]
             req = entry.request
-            hit = self.manager.get_computed_blocks(req)
+            hit = self._lookup(req)
             num_new = min(req.num_tokens - hit.num_computed_tokens, budget)
             new = self.manager.allocate_slots(req, num_new, new_computed_blocks=hit)
             if new is None:
@@ -198,10 +199,12 @@ class Engine:
             block_sizes=self.block_sizes, num_table_blocks=self.num_table_blocks,
             token_slot_groups=self.slot_groups, placement=self.placement, device=device)
         fresh = [b for _, _, blocks in batch for b in blocks]
+        self._copy_out_before_forward()
         if self.poison_value is not None and fresh:
             physical = self.placement.physical(torch.tensor(fresh, dtype=torch.long))
             self.cache.fill_blocks(physical.to(device), self.poison_value)
             self.stats.poisoned_blocks += len(fresh)
+        self._copy_in_before_forward()
         token_ids = torch.tensor(
             [t for r, c, n in zip(requests, computed, num_new, strict=True)
              for t in r.all_token_ids[c:c + n]], dtype=torch.long, device=device)
@@ -211,6 +214,7 @@ class Engine:
                     if c + n == r.num_tokens]
         rows = torch.tensor([ends[i] - 1 for i in sampling], dtype=torch.long, device=device)
         logits = self.model.forward(token_ids, tables, rows)
+        self._copy_out_after_forward()
         self.stats.steps += 1
         self.stats.computed_tokens += sum(num_new)
         self.stats.max_batch_requests = max(self.stats.max_batch_requests, len(batch))
@@ -220,6 +224,24 @@ class Engine:
             self._sample(batch[i][0], logits[row])
         if self.check:
             self.check_invariants()
+
+    # ------------------------------------------------------------------ tier hooks
+
+    def _lookup(self, request: Request) -> Any:
+        """The admission lookup (a subclass may look past the device, e.g. a host tier:
+        :mod:`pagedkv.torch.host_tier`)."""
+        return self.manager.get_computed_blocks(request)
+
+    def _copy_out_before_forward(self) -> None:
+        """Hook: copies out of blocks this step's allocations took over, before fresh
+        blocks are poisoned or written."""
+
+    def _copy_in_before_forward(self) -> None:
+        """Hook: copies into this step's fresh blocks (after poisoning, before the
+        forward pass)."""
+
+    def _copy_out_after_forward(self) -> None:
+        """Hook: copies out of blocks the forward pass just wrote."""
 
     def _sample(self, entry: _Entry, logits: torch.Tensor) -> None:
         req = entry.request

@@ -1,0 +1,148 @@
+"""How the device tier feeds the host tier, without touching the core pool or recorder:
+
+* :class:`EvictionReportingPool` — a :class:`~pagedkv.pool.BlockPool` whose
+  ``get_new_blocks`` reports the cached blocks it evicts, with their ids, hashes and
+  groups (the base pool forgets the id before it tells its recorder). It looks at the
+  blocks it is about to take from the free queue first: O(n), only in this subclass.
+* :class:`HostFeedingRecorder` — wraps the manager's recorder (the null one or the event
+  buffer), forwards every call, and reports registrations (for write-through) and, with
+  host events on, what each registered block's CPU ``BlockStored`` event will need
+  (:class:`BlockMeta`: parent hash, token ids, LoRA, extra keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pagedkv.events.recorder import EventRecorder, GroupInfo
+from pagedkv.events.records import KVCacheEvent
+from pagedkv.hashing import event_extra_keys
+from pagedkv.pool import BlockPool
+
+if TYPE_CHECKING:
+    from pagedkv.events.records import BlockStored
+    from pagedkv.request import RequestLike
+
+__all__ = ["BlockMeta", "DeviceBlock", "EvictionReportingPool", "HostFeedingRecorder"]
+
+#: A device block as the host tier hears of it: (block id, hash, group).
+DeviceBlock = tuple[int, bytes, int]
+
+
+class BlockMeta(NamedTuple):
+    """What a CPU ``BlockStored`` event of one block carries besides its hash."""
+
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+    lora_id: int | None
+    lora_name: str | None
+    extra_keys: Any
+
+
+class EvictionReportingPool(BlockPool):
+    """A block pool that calls ``on_evicted(blocks)`` after ``get_new_blocks`` evicted
+    cached blocks, with every evicted ``(id, hash, group)`` in eviction order, leaving out
+    keys another (duplicate) block still holds in the index."""
+
+    def __init__(
+        self, num_blocks: int, *, on_evicted: Callable[[list[DeviceBlock]], None],
+        enable_caching: bool = True, hash_block_size: int,
+        groups: Sequence[GroupInfo] = (), recorder: EventRecorder | None = None,
+    ) -> None:
+        super().__init__(num_blocks, enable_caching=enable_caching,
+                         hash_block_size=hash_block_size, groups=groups, recorder=recorder)
+        self.on_evicted = on_evicted
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        bh = self.block_hash
+        bg = self.block_group
+        victims = [(b, h, bg[b]) for b in islice(self.free_queue, n)
+                   if (h := bh[b]) is not None]
+        ids = super().get_new_blocks(n)
+        if victims:
+            index = self.index
+            gone = [v for v in victims if v[1] not in index[v[2]]]
+            if gone:
+                self.on_evicted(gone)
+        return ids
+
+
+class HostFeedingRecorder(EventRecorder):
+    """Forwards to ``inner``; tells ``on_registered`` about every newly registered block
+    (only when ``wants_registrations``) and keeps :class:`BlockMeta` per device block id
+    in ``meta`` (only when ``keep_meta``)."""
+
+    def __init__(
+        self, inner: EventRecorder, *, groups: Sequence[GroupInfo],
+        on_registered: Callable[[list[DeviceBlock]], None],
+        wants_registrations: bool, keep_meta: bool,
+    ) -> None:
+        self.inner = inner
+        self.groups = list(groups)
+        self.on_registered = on_registered
+        self.wants_registrations = wants_registrations
+        self.keep_meta = keep_meta
+        #: Device block id -> meta of the content it was last registered with.
+        self.meta: dict[int, BlockMeta] = {}
+
+    def stored(
+        self,
+        request: RequestLike,
+        blocks: Sequence[int],
+        hashes: list[bytes],
+        start: int,
+        end: int,
+        skipped: Sequence[int],
+        group: int,
+    ) -> None:
+        self.inner.stored(request, blocks, hashes, start, end, skipped, group)
+        if not (self.keep_meta or self.wants_registrations):
+            return
+        left_out = set(skipped)
+        positions = [i for i in range(start, end) if i not in left_out]
+        if self.keep_meta:
+            bs = self.groups[group].block_size
+            tokens = request.all_token_ids
+            extras = request.hash_extras
+            lora = extras.lora if extras is not None else None
+            for i in positions:
+                extra = (None if extras is None
+                         else event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs)))
+                self.meta[blocks[i]] = BlockMeta(
+                    hashes[i - 1] if i else None, list(tokens[i * bs:(i + 1) * bs]),
+                    lora.adapter_id if lora else None, lora.name if lora else None, extra)
+        if self.wants_registrations and positions:
+            self.on_registered([(blocks[i], hashes[i], group) for i in positions])
+
+    def stored_partial(
+        self, request: RequestLike, block: int, i: int, group: int, primary: bool
+    ) -> None:
+        self.inner.stored_partial(request, block, i, group, primary)
+
+    def removed(self, hashes: list[bytes], group: int) -> None:
+        self.inner.removed(hashes, group)
+
+    def moved(self, src: int, dst: int) -> None:
+        self.inner.moved(src, dst)
+        meta = self.meta.pop(src, None)
+        if meta is not None:
+            self.meta[dst] = meta
+
+    def cleared(self) -> None:
+        self.inner.cleared()
+
+    def take(self) -> list[KVCacheEvent]:
+        return self.inner.take()
+
+    def pending(self) -> list[KVCacheEvent] | None:
+        return self.inner.pending()
+
+    def snapshot(
+        self, block_hash: Sequence[bytes | None], block_group: Sequence[int]
+    ) -> list[BlockStored]:
+        return self.inner.snapshot(block_hash, block_group)
+
+    def check_invariants(self, block_hash: Sequence[bytes | None], enable_caching: bool) -> None:
+        self.inner.check_invariants(block_hash, enable_caching)
