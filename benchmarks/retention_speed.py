@@ -10,6 +10,12 @@ which measures what the hooks cost the default path. Prints core ops/s per varia
 of ``--rounds`` alternating runs: on a shared machine other processes only ever slow a run
 down, as in compare_vllm.py) and the ratios to ``off``.
 
+``inproc``: the harness workload in one process, retention off and ``active`` replayed
+alternately (``--rounds`` each, the first side rotating): per side the best total core
+op time and the sum over ops of count x median latency (robust to other processes
+preempting this one), and active's ratio to off. Run it with another checkout's ``src``
+on ``PYTHONPATH`` to measure that checkout the same way.
+
 ``lockstep``: retention off, configured but unused (uniform mode) and configured, converted
 out of uniform mode with nothing asked (what ``on`` cost before the uniform mode), in one
 process, operation by operation on ``pagedkv bench``'s workloads, first side rotating,
@@ -25,6 +31,7 @@ look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
         -- --repeat 3
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
         ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
+    python benchmarks/retention_speed.py inproc --rounds 3
     python benchmarks/retention_speed.py lockstep --rounds 3
     python benchmarks/retention_speed.py pool-size
 """
@@ -85,6 +92,45 @@ def harness(a: argparse.Namespace) -> None:
         med = ratios[len(ratios) // 2]
         print(f"{name:<13} {v:>12,.0f} {v / off:>9.3f} {med:>13.3f} "
               f"{rs[0]['digest_lookup']:>18} {rs[0]['digest_alloc']:>18}")
+
+
+def inproc(a: argparse.Namespace) -> None:
+    """Off vs active on the harness workload, replayed alternately in this process."""
+    sys.path.insert(0, HERE)
+    from vllm_compare_adapter import DEFAULT_HARNESS, PagedKVAdapter
+
+    sys.path.insert(0, a.harness_dir or DEFAULT_HARNESS)
+    import workload  # the harness module
+    from retention_adapter import RetentionAdapter
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--retention", default="active")
+    workload.add_workload_args(ap)
+    args = ap.parse_args([])
+    specs = workload.build_workload(args)
+    args.max_model_len = max(len(s.prompt) + len(s.decode_tokens) for s in specs)
+    makers = {"off": PagedKVAdapter, "active": RetentionAdapter}
+    res: dict[str, list[dict]] = {k: [] for k in makers}  # type: ignore[type-arg]
+    for r in range(a.rounds):
+        order = list(makers) if r % 2 == 0 else list(makers)[::-1]
+        for name in order:
+            adapter = makers[name](args)
+            res[name].append(workload.replay(adapter, specs, args.concurrency, digest=False))
+            del adapter
+    ops = ("lookup", "allocate_prefill", "allocate_decode", "free")
+    summary = {}
+    for name, rs in res.items():
+        best = min(o["core_op_time_s"] for o in rs)
+        p50 = {k: min(o["ops"][k]["p50_us"] for o in rs) for k in ops}
+        est = sum(p50[k] * rs[0]["ops"][k]["count"] for k in ops) / 1e6
+        summary[name] = (best, est, p50)
+    print(f"harness workload in one process, {a.rounds} rounds alternating; "
+          "p50 us per op (best round)")
+    print(f"{'side':<7} {'core s':>8} {'p50 sum s':>10} " + " ".join(f"{k:>17}" for k in ops))
+    for name, (best, est, p50) in summary.items():
+        print(f"{name:<7} {best:>8.3f} {est:>10.3f} " + " ".join(f"{p50[k]:>17.2f}" for k in ops))
+    (b0, e0, _), (b1, e1, _) = summary["off"], summary["active"]
+    print(f"active / off ops/s: core {b0 / b1:.3f}, p50 sum {e0 / e1:.3f}")
 
 
 def lockstep(a: argparse.Namespace) -> None:
@@ -211,6 +257,10 @@ def main() -> None:
                    help="a checkout's src directory whose retention code to measure as "
                    "'on@before' and 'active@before' (PYTHONPATH)")
     h.add_argument("workload", nargs=argparse.REMAINDER)
+    ip = sub.add_parser("inproc")
+    ip.add_argument("--rounds", type=int, default=3)
+    ip.add_argument("--harness-dir", default=None,
+                    help="the harness directory (default: the adapter's, ../shared/...)")
     ls = sub.add_parser("lockstep")
     ls.add_argument("--rounds", type=int, default=3)
     ls.add_argument("--num-requests", type=int, default=2000)
@@ -220,7 +270,8 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     p.add_argument("--rounds-ops", type=int, default=200)
     a = ap.parse_args()
-    {"harness": harness, "lockstep": lockstep, "pool-size": pool_size}[a.cmd](a)
+    {"harness": harness, "inproc": inproc, "lockstep": lockstep,
+     "pool-size": pool_size}[a.cmd](a)
 
 
 if __name__ == "__main__":

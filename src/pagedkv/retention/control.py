@@ -145,7 +145,8 @@ class RetentionControl:
     def before_free(self, request: RequestLike | None) -> None:
         """Give every block ``request`` holds the retention the request asks for (its
         ``retention`` attribute; none, or no request: nothing changes). Called by the
-        manager's ``free`` before the blocks are released. O(blocks held + ranges^2).
+        manager's ``free`` before the blocks are released. O(blocks held + ranges^2),
+        applied run by run (:meth:`RequestRetention.block_runs`).
 
         Raises:
             InvalidArgumentError: ``retention`` is not a RequestRetention; nothing changed.
@@ -159,18 +160,24 @@ class RetentionControl:
         num_prompt = getattr(request, "num_prompt_tokens", request.num_tokens)
         queue = self.pool.specialise()  # the first request with retention ends uniform mode
         prio, dur = queue.priority, queue.duration_s
+        durations = retention.has_durations
         for m in self.managers:
             blocks = m.req_to_blocks.get(rid)
             if not blocks:
                 continue
-            ps, ds = retention.blocks_retention(len(blocks), m.block_size,
-                                                num_prompt_tokens=num_prompt)
-            if 0 in blocks:  # null blocks (windowed kinds) have no retention
-                ps = [p for b, p in zip(blocks, ps, strict=True) if b]
-                ds = [d for b, d in zip(blocks, ds, strict=True) if b]
-                blocks = [b for b in blocks if b]
-            if retention.has_durations:
+            if durations:
                 queue.plain = False
-            for b, p, d in zip(blocks, ps, ds, strict=True):
-                prio[b] = p
-                dur[b] = d
+            # Run by run (equal retention), not block by block: no per-block lists.
+            runs = retention.block_runs(len(blocks), m.block_size,
+                                        num_prompt_tokens=num_prompt)
+            if 0 in blocks:  # null blocks (windowed kinds) have no retention
+                for first, stop, p, d in runs:
+                    for b in blocks[first:stop]:
+                        if b:
+                            prio[b] = p
+                            dur[b] = d
+                continue
+            for first, stop, p, d in runs:
+                for b in blocks[first:stop]:
+                    prio[b] = p
+                    dur[b] = d

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv.errors import InvalidArgumentError, PinBudgetError
@@ -149,6 +149,31 @@ class PinTable:
         for lease in self.keys.get(key, ()):
             if lease.refresh_on_hit:
                 lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
+
+    def refresh_keys(self, keys: Iterable[PinKey], now: float) -> None:
+        """:meth:`refresh` for each of ``keys`` (a touch's pinned hits), in one call.
+        Refreshing is idempotent, so it stops once every refresh-on-hit lease has been
+        refreshed (usually after the first key). O(keys + leases holding them).
+
+        >>> table = PinTable(budget_keys=4)
+        >>> lease, _ = table.pin([(0, b"a"), (0, b"b")], ttl_s=10.0, now=0.0,
+        ...                      refresh_on_hit=True)
+        >>> table.refresh_keys([(0, b"a"), (0, b"b"), (0, b"x")], now=3.0)
+        >>> lease.expires_at
+        13.0
+        """
+        get = self.keys.get
+        left = self.num_refreshing
+        done: set[int] = set()
+        for key in keys:
+            for lease in get(key, ()):
+                if lease.refresh_on_hit:
+                    lease.expires_at = now + lease.ttl_s
+                    if lease.lease_id not in done:
+                        done.add(lease.lease_id)
+                        left -= 1
+                        if not left:
+                            return
 
     def next_expiry(self) -> float:
         """The earliest expiry among active leases (``inf`` if none)."""

@@ -162,18 +162,38 @@ class RequestRetention:
             best_p, best_d = self.decode_priority, self.decode_duration_s
         return best_p, best_d
 
-
     def blocks_retention(
         self, num_blocks: int, block_size: int, *, num_prompt_tokens: int
     ) -> tuple[list[int], list[float | None]]:
         """Priorities and durations of blocks ``0 .. num_blocks - 1`` (as
-        :meth:`block_retention` for each), in O(num_blocks + ranges^2): the retention is
-        constant between range boundaries, so only blocks holding a boundary need a
-        comparison.
+        :meth:`block_retention` for each), in O(num_blocks + ranges^2): the
+        :meth:`block_runs` expanded.
 
         >>> r = RequestRetention(ranges=(TokenRangeRetention(token_end=20, priority=80),))
         >>> r.blocks_retention(4, 16, num_prompt_tokens=40)
         ([80, 80, 35, 35], [None, None, None, None])
+        """
+        prios: list[int] = []
+        durs: list[float | None] = []
+        for a, b, p, d in self.block_runs(num_blocks, block_size,
+                                          num_prompt_tokens=num_prompt_tokens):
+            prios += [p] * (b - a)
+            durs += [d] * (b - a)
+        return prios, durs
+
+    def block_runs(
+        self, num_blocks: int, block_size: int, *, num_prompt_tokens: int
+    ) -> list[tuple[int, int, int, float | None]]:
+        """:meth:`blocks_retention` as runs ``(first, stop, priority, duration_s)`` of
+        equal retention covering block indexes ``0 .. num_blocks - 1`` in order (adjacent
+        runs may be equal), without a per-block list. O(ranges^2), independent of
+        ``num_blocks``: a request's blocks take their retention run by run.
+
+        >>> r = RequestRetention(ranges=(TokenRangeRetention(token_end=40, priority=80,
+        ...                                                  duration_s=9.0),),
+        ...                      decode_priority=20)
+        >>> r.block_runs(6, 16, num_prompt_tokens=72)
+        [(0, 3, 80, 9.0), (3, 5, 35, None), (5, 6, 20, None)]
         """
         prompt = num_prompt_tokens
         points = {0, prompt}
@@ -183,24 +203,32 @@ class RequestRetention:
                 if r.token_end is not None and r.token_end < prompt:
                     points.add(r.token_end)
         cuts = sorted(points)
-        prios: list[int] = [-1] * num_blocks
-        durs: list[float | None] = [0.0] * num_blocks
         segments = [(a, b, *self._segment_retention(a, b, prompt))
                     for a, b in itertools.pairwise(cuts)]
         segments.append((prompt, max(prompt, num_blocks * block_size),
                          self.decode_priority, self.decode_duration_s))
+        # Segments are contiguous token spans in order; a block holding a cut belongs to
+        # the segments on both sides and takes the better retention (the earlier one on a
+        # tie). Only the last run can hold a block the next segment starts in.
+        runs: list[tuple[int, int, int, float | None]] = []
         for a, b, p, d in segments:
             first = a // block_size
             last = min((b - 1) // block_size, num_blocks - 1)
             if b <= a or first > last:
                 continue
-            if last - first > 1:
-                prios[first + 1 : last] = [p] * (last - first - 1)
-                durs[first + 1 : last] = [d] * (last - first - 1)
-            for i in {first, last}:
-                if _better(p, d, prios[i], durs[i]):
-                    prios[i], durs[i] = p, d
-        return prios, durs
+            if runs and runs[-1][1] > first:  # block `first` is already in the last run
+                s0, e0, p0, d0 = runs[-1]
+                if _better(p, d, p0, d0):
+                    if e0 - 1 > s0:
+                        runs[-1] = (s0, e0 - 1, p0, d0)
+                    else:
+                        runs.pop()
+                    runs.append((first, last + 1, p, d))
+                elif last > first:
+                    runs.append((first + 1, last + 1, p, d))
+            else:
+                runs.append((first, last + 1, p, d))
+        return runs
 
     def _segment_retention(self, a: int, b: int, prompt: int) -> tuple[int, float | None]:
         """The best retention of the ranges covering prompt tokens ``[a, b)`` (which no

@@ -32,7 +32,7 @@ the checks (as in the base pool) and the one conversion out of uniform mode.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pagedkv.events.recorder import EventRecorder, GroupInfo
 from pagedkv.free_queue import FreeBlockQueue
@@ -135,22 +135,20 @@ class RetentionPool(BlockPool):
                     ref[b] += 1
             return
         pinned = queue.pinned
-        hit_keys = []
+        hit = []
         for b in ids:
             if b:
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
                 if pinned[b]:
-                    hit_keys.append(b)
-        if hit_keys:
-            now = queue.tick()
-            bh, bg = self.block_hash, self.block_group
-            refresh = self.pins.refresh
-            for b in hit_keys:
-                h = bh[b]
-                assert h is not None
-                refresh((bg[b], h), now)
+                    hit.append(b)
+        if hit:
+            # A pinned mark implies a hash (check_invariants), so the keys are real.
+            keys = cast("Iterable[PinKey]", zip(map(self.block_group.__getitem__, hit),
+                                                map(self.block_hash.__getitem__, hit),
+                                                strict=True))
+            self.pins.refresh_keys(keys, queue.tick())
 
     def cache_full_blocks(
         self,
@@ -169,11 +167,19 @@ class RetentionPool(BlockPool):
         if not pins and not self._quotas_on:
             return
         queue = self.specialise()  # pins or quotas: out of uniform mode already
-        t = -1
-        if self._quotas_on:
-            extras = request.hash_extras
-            t = self.tenant_id(extras.cache_salt if extras is not None else None)
         bh = self.block_hash
+        if not self._quotas_on:
+            # Fresh blocks already have no tenant (popleft_n reset it): only pin marks.
+            marks = queue.pinned
+            for i in range(num_cached_blocks, num_full_blocks):
+                b = blocks[i]
+                if b and (mask is None or mask[i - num_cached_blocks]):
+                    h = bh[b]
+                    if h is not None and (group, h) in pins:
+                        marks[b] = True
+            return
+        extras = request.hash_extras
+        t = self.tenant_id(extras.cache_salt if extras is not None else None)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
             if b and bh[b] is not None and (mask is None or mask[i - num_cached_blocks]):

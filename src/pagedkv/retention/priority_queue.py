@@ -26,6 +26,8 @@ dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import is_
 
 from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
@@ -301,6 +303,12 @@ class PriorityFreeQueue(FreeBlockQueue):
             return
         self.tick()  # timers start now, and due expiries go first
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        if not (any(map(pinned.__getitem__, ids))
+                or not all(map(is_, map(dur.__getitem__, ids), repeat(None)))
+                or (self._quota and max(map(tenant.__getitem__, ids)) >= 0)):
+            # No block is pinned, timed or tenant-tracked (checked in C): as if plain.
+            self._append_plain(ids)
+            return
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
         tail0 = self._n + 2 * _LEVEL0 + 1
         mask = self._mask
@@ -396,33 +404,40 @@ class PriorityFreeQueue(FreeBlockQueue):
         count, nxt, prv, where = self._count, self._next, self._prev, self._where
         base = self._n
         side_lists = bool(self._xkey) or bool(self._tkey)
-        lst = _UNHASHED
         left = n
         while left:
-            if lst == _PARKED:
-                lst = _LEVEL0 if self._mask else _PINNED
-            elif lst >= _LEVEL0:
+            # The first non-empty list in eviction order (module docstring).
+            if count[_UNHASHED]:
+                lst = _UNHASHED
+            elif count[_OVER]:
+                lst = _OVER
+            elif self._mask:
                 m = self._mask
-                lst = _LEVEL0 + (m & -m).bit_length() - 1 if m else _PINNED
+                lst = _LEVEL0 + (m & -m).bit_length() - 1
+            elif count[_PINNED]:
+                lst = _PINNED
+            else:
+                raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
             c = count[lst]
-            if c:
+            head = base + 2 * lst
+            b = nxt[head]
+            if left == 1:  # the common decode case
+                out.append(b)
+                where[b] = -1
+                b = nxt[b]
+                k = 1
+            else:
                 k = c if c < left else left
-                head = base + 2 * lst
-                b = nxt[head]
                 for _ in range(k):
                     out.append(b)
                     where[b] = -1
                     b = nxt[b]
-                nxt[head] = b
-                prv[b] = head
-                count[lst] = c - k
-                left -= k
-                if lst >= _LEVEL0 and c == k:
-                    self._mask &= ~(1 << (lst - _LEVEL0))
-            elif lst == _PINNED:
-                raise AssertionError(f"popleft_n({n}) with {self._num_free} free")
-            if lst < _PARKED:
-                lst += 1
+            nxt[head] = b
+            prv[b] = head
+            count[lst] = c - k
+            left -= k
+            if lst >= _LEVEL0 and c == k:
+                self._mask &= ~(1 << (lst - _LEVEL0))
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
         default = self.default_priority
         if self.plain:
@@ -430,16 +445,28 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
             self._num_free -= n
             return out
-        for b in out:
-            if side_lists:
-                if self._xlists.where[b] != -1:
+        if side_lists:
+            xw, tw = self._xlists.where, self._tenant_lists.where
+            for b in out:
+                if xw[b] != -1:
                     self._xlists.remove(b)
-                if self._tenant_lists.where[b] != -1:
-                    self._untenant(b)
-            prio[b] = default
-            dur[b] = None
-            tenant[b] = -1
-            pinned[b] = False
+                if tw[b] != -1:
+                    self._untenant(b)  # before the resets: it reads priority and tenant
+                prio[b] = default
+                dur[b] = None
+                tenant[b] = -1
+                pinned[b] = False
+        elif self._quota:
+            for b in out:
+                prio[b] = default
+                dur[b] = None
+                tenant[b] = -1
+                pinned[b] = False
+        else:  # no tenant registered: every tenant mark is already -1
+            for b in out:
+                prio[b] = default
+                dur[b] = None
+                pinned[b] = False
         self._num_free -= n
         return out
 
