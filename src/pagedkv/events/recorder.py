@@ -108,6 +108,56 @@ class EventRecorder:
         """Assert the recorder agrees with the pool's block hashes (nothing to check here)."""
 
 
+class ForwardingRecorder(EventRecorder):
+    """Passes every call on to ``inner``: the base of recorders that watch the pool's
+    registrations and evictions (the observability ghost record, the host tier's feed)
+    while the events themselves stay ``inner``'s. Subclasses override the calls they
+    watch and forward those too."""
+
+    def __init__(self, inner: EventRecorder) -> None:
+        self.inner = inner
+
+    def stored(
+        self,
+        request: RequestLike,
+        blocks: Sequence[int],
+        hashes: list[bytes],
+        start: int,
+        end: int,
+        skipped: Sequence[int],
+        group: int,
+    ) -> None:
+        self.inner.stored(request, blocks, hashes, start, end, skipped, group)
+
+    def stored_partial(
+        self, request: RequestLike, block: int, i: int, group: int, primary: bool
+    ) -> None:
+        self.inner.stored_partial(request, block, i, group, primary)
+
+    def removed(self, hashes: list[bytes], group: int) -> None:
+        self.inner.removed(hashes, group)
+
+    def moved(self, src: int, dst: int) -> None:
+        self.inner.moved(src, dst)
+
+    def cleared(self) -> None:
+        self.inner.cleared()
+
+    def take(self) -> list[KVCacheEvent]:
+        return self.inner.take()
+
+    def pending(self) -> list[KVCacheEvent] | None:
+        return self.inner.pending()
+
+    def snapshot(
+        self, block_hash: Sequence[bytes | None], block_group: Sequence[int]
+    ) -> list[BlockStored]:
+        return self.inner.snapshot(block_hash, block_group)
+
+    def check_invariants(self, block_hash: Sequence[bytes | None], enable_caching: bool) -> None:
+        self.inner.check_invariants(block_hash, enable_caching)
+
+
 class EventBuffer(EventRecorder):
     """Buffers KV-cache events in vLLM's shapes and can snapshot the index.
 

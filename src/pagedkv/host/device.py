@@ -16,13 +16,11 @@ from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pagedkv.events.recorder import EventRecorder, GroupInfo
-from pagedkv.events.records import KVCacheEvent
+from pagedkv.events.recorder import EventRecorder, ForwardingRecorder, GroupInfo
 from pagedkv.hashing import event_extra_keys
 from pagedkv.pool import BlockPool
 
 if TYPE_CHECKING:
-    from pagedkv.events.records import BlockStored
     from pagedkv.request import RequestLike
 
 __all__ = ["BlockMeta", "DeviceBlock", "EvictionReportingPool", "HostFeedingRecorder"]
@@ -69,7 +67,7 @@ class EvictionReportingPool(BlockPool):
         return ids
 
 
-class HostFeedingRecorder(EventRecorder):
+class HostFeedingRecorder(ForwardingRecorder):
     """Forwards to ``inner``; tells ``on_registered`` about every newly registered block
     (only when ``wants_registrations``) and keeps :class:`BlockMeta` per device block id
     in ``meta`` (only when ``keep_meta``)."""
@@ -79,7 +77,7 @@ class HostFeedingRecorder(EventRecorder):
         on_registered: Callable[[list[DeviceBlock]], None],
         wants_registrations: bool, keep_meta: bool,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.groups = list(groups)
         self.on_registered = on_registered
         self.wants_registrations = wants_registrations
@@ -116,33 +114,8 @@ class HostFeedingRecorder(EventRecorder):
         if self.wants_registrations and positions:
             self.on_registered([(blocks[i], hashes[i], group) for i in positions])
 
-    def stored_partial(
-        self, request: RequestLike, block: int, i: int, group: int, primary: bool
-    ) -> None:
-        self.inner.stored_partial(request, block, i, group, primary)
-
-    def removed(self, hashes: list[bytes], group: int) -> None:
-        self.inner.removed(hashes, group)
-
     def moved(self, src: int, dst: int) -> None:
         self.inner.moved(src, dst)
         meta = self.meta.pop(src, None)
         if meta is not None:
             self.meta[dst] = meta
-
-    def cleared(self) -> None:
-        self.inner.cleared()
-
-    def take(self) -> list[KVCacheEvent]:
-        return self.inner.take()
-
-    def pending(self) -> list[KVCacheEvent] | None:
-        return self.inner.pending()
-
-    def snapshot(
-        self, block_hash: Sequence[bytes | None], block_group: Sequence[int]
-    ) -> list[BlockStored]:
-        return self.inner.snapshot(block_hash, block_group)
-
-    def check_invariants(self, block_hash: Sequence[bytes | None], enable_caching: bool) -> None:
-        self.inner.check_invariants(block_hash, enable_caching)

@@ -26,8 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.recorder import EventRecorder
-from pagedkv.events.records import BlockStored, KVCacheEvent
+from pagedkv.events.recorder import EventRecorder, ForwardingRecorder
 from pagedkv.hashing import BlockHasher
 from pagedkv.observe.reasons import EvictionRecord
 
@@ -41,7 +40,7 @@ __all__ = ["GhostRecorder"]
 _SHADOW_CACHE_REQUESTS = 256
 
 
-class GhostRecorder(EventRecorder):
+class GhostRecorder(ForwardingRecorder):
     """Forwards to ``inner`` and keeps the ghost record and the shadow index.
 
     ``clock`` returns seconds; ``shadow_hasher`` hashes without extra keys and must use
@@ -65,7 +64,7 @@ class GhostRecorder(EventRecorder):
             raise InvalidArgumentError(
                 f"ghost_entries must be an int >= 0, got {ghost_entries!r}"
             )
-        self.inner = inner
+        super().__init__(inner)
         self.ghost_entries = ghost_entries
         self.shadow_hasher = shadow_hasher
         self.clock = clock
@@ -142,11 +141,6 @@ class GhostRecorder(EventRecorder):
             shadow_of[(group, h)] = sh
             index.setdefault((group, sh), set()).add(h)
 
-    def stored_partial(
-        self, request: RequestLike, block: int, i: int, group: int, primary: bool
-    ) -> None:
-        self.inner.stored_partial(request, block, i, group, primary)
-
     def removed(self, hashes: list[bytes], group: int) -> None:
         # The inner recorder may keep the list: read it before handing it over.
         ghost = self.ghost
@@ -173,24 +167,10 @@ class GhostRecorder(EventRecorder):
                             del self.shadow_index[(group, sh)]
         self.inner.removed(hashes, group)
 
-    def moved(self, src: int, dst: int) -> None:
-        self.inner.moved(src, dst)  # the keys stay the same: nothing of the ghost changes
-
     def cleared(self) -> None:
         self._shadow_of.clear()
         self.shadow_index.clear()
         self.inner.cleared()
-
-    def take(self) -> list[KVCacheEvent]:
-        return self.inner.take()
-
-    def pending(self) -> list[KVCacheEvent] | None:
-        return self.inner.pending()
-
-    def snapshot(
-        self, block_hash: Sequence[bytes | None], block_group: Sequence[int]
-    ) -> list[BlockStored]:
-        return self.inner.snapshot(block_hash, block_group)
 
     def check_invariants(self, block_hash: Sequence[bytes | None], enable_caching: bool) -> None:
         """The inner recorder's checks; the ghost is bounded; every shadow entry names a
