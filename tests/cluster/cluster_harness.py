@@ -100,14 +100,19 @@ class Cluster:
                 bad.append((prompt[:3], got, want))
         return bad
 
-    def converge(self, timeout_s: float = 15.0) -> list:
+    def converge(self, timeout_s: float = 15.0, *, repairs_done: bool = False) -> list:
+        """Idle-step until the router agrees with every replica (and, with
+        ``repairs_done``, no publisher has a replay or snapshot request outstanding: the
+        index can agree before a repair that was asked for has come back)."""
         deadline = time.monotonic() + timeout_s
         while True:
             for engine in self.engines.values():
                 engine.mgr.publish_events()  # idle steps serve snapshot requests
             self.service.step(0.01)
             bad = self.mismatches()
-            if not bad or time.monotonic() > deadline:
+            pending = repairs_done and any(
+                self.service.subscriber.status(p).repairing for p in self.engines)
+            if (not bad and not pending) or time.monotonic() > deadline:
                 return bad
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ def test_dropped_batches_are_repaired(redis_index, make_cluster):
     cluster.pump(150)
     dropped = sum(e.mgr.publisher.stats.num_dropped_batches for e in cluster.engines.values())
     assert dropped > 0
-    assert cluster.converge() == []
+    assert cluster.converge(repairs_done=True) == []
     statuses = [cluster.service.subscriber.status(p) for p in cluster.engines]
     assert sum(s.num_gaps for s in statuses) > 0
     assert sum(s.num_snapshots for s in statuses) > len(statuses)  # repairs beyond the first
