@@ -88,6 +88,27 @@ class Coordinator:
         self.new_block_ids: list[list[int]] = [[] for _ in self.managers]
         #: Per group: the admission cap in blocks of ``full_sequence_must_fit`` (None: none).
         self.admission_cap_blocks: list[int | None] = [None] * len(self.managers)
+        #: Every hit and registration lands on a multiple of this many tokens.
+        self.cache_alignment_tokens = 1
+        self._build_plans()
+
+    def _build_plans(self) -> None:
+        """Per-group data the hot paths read (call again after changing a manager's
+        ``partial_hits``): the tables of the first group (every group tracks the same
+        requests); per group ``(manager, block size, tables or None)`` for growing a
+        request that holds blocks (tables only where the manager :attr:`grows_plainly
+        <pagedkv.managers.base.SingleTypeManager.grows_plainly>`); per caching group
+        ``(manager, block size, cached counts or None)`` (counts only where registering
+        nothing new is a no-op, see :meth:`SingleTypeManager.registers_whole_blocks_only`)."""
+        self._tables0 = self.managers[0].req_to_blocks
+        self._grow_plan = [
+            (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
+            for m in self.managers
+        ]
+        self._cache_plan = [
+            (m, m.block_size, m.num_cached_blocks if m.registers_whole_blocks_only() else None)
+            for m in self._cacheable
+        ]
 
     # ----------------------------------------------------------------- lookup
 
@@ -157,10 +178,13 @@ class Coordinator:
             The new block ids per group, or ``None`` when the pool is short; a refusal
             changes nothing except releasing the skipped blocks. O(blocks touched).
         """
-        managers = self.managers
-        table_hit = hit if hit is not None else self._no_hit
         for m in self._droppers:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if hit is None and request_id in self._tables0:
+            return self._grow(request_id, num_tokens, num_encoder_tokens,
+                              num_tokens_main_model, headroom_blocks, total_computed_tokens)
+        managers = self.managers
+        table_hit = hit if hit is not None else self._no_hit
         num_needed = 0
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
         slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
@@ -186,6 +210,60 @@ class Coordinator:
                 self.new_block_ids[g].extend(b for b in new if b)
             new_blocks.append(new)
         return tuple(new_blocks)
+
+    def _grow(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_encoder_tokens: int,
+        num_tokens_main_model: int | None,
+        headroom_blocks: int,
+        total_computed_tokens: int,
+    ) -> BlockTables | None:
+        """:meth:`allocate` for a request that already holds blocks and adopts no hit (a
+        running request's next chunk or decode step, the common call), after the window
+        release: the same capacity check and growth.
+
+        NOTE: inlined for speed: in groups whose manager grows plainly (full attention,
+        sliding window, chunked local) the table grows to ``ceil(num_tokens /
+        block_size)`` blocks right here, without the four per-group method calls of
+        :meth:`allocate` (they would do the same: no hit to claim or save). Other groups
+        (Mamba, cross attention, sinks) go through their methods."""
+        plan = self._grow_plan
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        counts: list[int] = []
+        num_needed = 0
+        for m, bs, tables in plan:
+            if tables is not None:
+                n = -(-num_tokens // bs) - len(tables[request_id])
+            else:
+                slots = main if m.ignores_lookahead else m.slots_needed(
+                    num_tokens, num_encoder_tokens)
+                n = m.get_num_blocks_to_allocate(request_id, slots, [], total_computed_tokens)
+            counts.append(n)
+            if n > 0:
+                num_needed += n
+        pool = self.pool
+        if num_needed + headroom_blocks > pool.free_queue.num_free:
+            return None
+        out: list[list[int]] = []
+        zeroing = self.zeroing
+        for g, (m, _bs, tables) in enumerate(plan):
+            if tables is not None:
+                n = counts[g]
+                if n <= 0:
+                    out.append([])
+                    continue
+                new = pool.get_new_blocks(n)
+                tables[request_id].extend(new)
+            else:
+                slots = main if m.ignores_lookahead else m.slots_needed(
+                    num_tokens, num_encoder_tokens)
+                new = m.allocate_new_blocks(request_id, slots)
+            if zeroing[g] and new:
+                self.new_block_ids[g].extend(b for b in new if b)
+            out.append(new)
+        return tuple(out)
 
     def num_blocks_for_full_sequence(
         self,
@@ -222,8 +300,14 @@ class Coordinator:
         """Register the request's blocks that are full within its first ``num_tokens``
         tokens, in every group that caches. Precondition: the request holds blocks."""
         rid = request.request_id
-        for m in self._cacheable:
-            m.cache_blocks(request, rid, num_tokens)
+        align = self.cache_alignment_tokens
+        if align > 1:
+            num_tokens = num_tokens // align * align
+        # NOTE: the common case (no block became full) costs one comparison per group
+        # instead of a chain of method calls (see _build_plans).
+        for m, bs, cached in self._cache_plan:
+            if cached is None or num_tokens // bs > cached[rid]:
+                m.cache_blocks(request, rid, num_tokens)
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: every group resets its per-step bookkeeping."""
@@ -366,6 +450,23 @@ class UnitaryCoordinator(Coordinator):
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, for the one group."""
         m = self._manager
+        if hit is None and m.grows_plainly:
+            table = m.req_to_blocks.get(request_id)
+            if table is not None:
+                # NOTE: inlined for speed, as Coordinator._grow: a running request.
+                if m.drops_blocks:
+                    m.remove_skipped_blocks(request_id, num_computed_tokens)
+                n = -(-num_tokens // m.block_size) - len(table)
+                pool = self.pool
+                if (n if n > 0 else 0) + headroom_blocks > pool.free_queue.num_free:
+                    return None
+                if n <= 0:
+                    return ([],)
+                new = pool.get_new_blocks(n)
+                table.extend(new)
+                if self.zeroing[0]:
+                    self.new_block_ids[0].extend(b for b in new if b)
+                return (new,)
         if m.ignores_lookahead and num_tokens_main_model is not None:
             slots = num_tokens_main_model
         else:
@@ -430,12 +531,13 @@ class HybridCoordinator(Coordinator):
         self._drop = [m.drop_last_hit for m in self.managers]
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size
+        self.cache_alignment_tokens = self.lcm_block_size
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Register only up to a multiple of the lcm (no hit can end elsewhere), as vLLM
         0.33: full attention 32 + sliding window 16 with 48 tokens computed registers 32
-        tokens in each group."""
-        super().cache_blocks(request, num_tokens // self.lcm_block_size * self.lcm_block_size)
+        tokens in each group (``cache_alignment_tokens`` is the lcm)."""
+        super().cache_blocks(request, num_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
@@ -508,11 +610,9 @@ class PartialHitCoordinator(HybridCoordinator):
                                 if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
         self._order = self._full + self._others
         self._simple = len(self.managers) == 2 and len(self._full) == 1
-
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
-        """Every group up to ``num_tokens`` (no rounding: a hit may end anywhere on a hash
-        block boundary)."""
-        Coordinator.cache_blocks(self, request, num_tokens)
+        # No rounding: a hit may end anywhere on a hash block boundary.
+        self.cache_alignment_tokens = 1
+        self._build_plans()  # the Mamba groups' registration changed (partial_hits)
 
     def hit_problem(
         self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
@@ -605,12 +705,17 @@ class PartialHitCoordinator(HybridCoordinator):
     ) -> BlockTables | None:
         """As :meth:`Coordinator.allocate`, plus the copy block of a hit ending inside a
         block (counted in the capacity check, taken first at allocation)."""
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if hit is None and request_id in self._tables0:
+            # A running request: no hit, so no copy (a full-attention copy is queued only
+            # when a hit is adopted; a Mamba group's own copy goes through its methods).
+            return self._grow(request_id, num_tokens, num_encoder_tokens,
+                              num_tokens_main_model, headroom_blocks, total_computed_tokens)
         managers = self.managers
         table_hit = hit if hit is not None else self._no_hit
         local = (total_computed_tokens if num_local_computed_tokens is None
                  else num_local_computed_tokens)
-        for m in self._droppers:
-            m.remove_skipped_blocks(request_id, num_computed_tokens)
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
         slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
                  for m in managers]

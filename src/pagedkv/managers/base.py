@@ -92,6 +92,13 @@ class SingleTypeManager:
     #: Whether table position i stands for tokens ``i*bs .. i*bs + bs - 1`` (attention
     #: kinds), so a table can be clipped to the blocks covering computed tokens.
     positional: ClassVar[bool] = True
+    #: Whether, for a request that holds a table and adopts no hit, this kind needs
+    #: ``max(0, ceil(num_tokens / block_size) - len(table))`` blocks and
+    #: :meth:`allocate_new_blocks` appends exactly that many fresh blocks (the base
+    #: rules, ``slots_needed`` being ``num_tokens``). The coordinator then grows such
+    #: tables itself, without the method calls; a subclass that changes any of these
+    #: rules sets it to False.
+    grows_plainly: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -265,6 +272,13 @@ class SingleTypeManager:
             )
             self.num_cached_blocks[request_id] = num_full
 
+    def registers_whole_blocks_only(self) -> bool:
+        """Whether :meth:`cache_blocks` does nothing unless a block became full
+        (``num_tokens // block_size`` above the request's registered count), so the
+        coordinator may skip the call. True for the base rule; a subclass registering
+        anything else (partial-prefix keys) returns False. No state change."""
+        return True
+
     def reachable_mask(self, start: int, end: int) -> list[bool] | None:
         """Which of the table positions ``[start, end)`` a later hit could ever use (only
         those are registered); ``None``: all of them (the default). No state change."""
@@ -361,6 +375,10 @@ class SkippingManager(SingleTypeManager):
             end = len(blocks)
         if end <= 0 or not blocks[end - 1]:
             return  # nothing newly skipped (the nulls form a prefix)
+        self._release_leading(blocks, end)
+
+    def _release_leading(self, blocks: list[int], end: int) -> None:
+        """Null out and free (deepest first) the real blocks before position ``end``."""
         freed: list[int] = []
         for i in range(end - 1, -1, -1):
             b = blocks[i]

@@ -79,6 +79,20 @@ class ChunkedLocalManager(SkippingManager):
         c = self.attention_chunk_size
         return num_computed_tokens // c * c
 
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """As :meth:`SkippingManager.remove_skipped_blocks` (NOTE: the skipped prefix
+        inlined: this runs on every allocation of every request)."""
+        end = num_computed_tokens // self.attention_chunk_size * self.chunk_blocks
+        if end <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        if end > len(blocks):
+            end = len(blocks)
+        if blocks[end - 1]:
+            self._release_leading(blocks, end)
+
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """Nulls up to the chunk of token ``max_length``, then cached blocks left to right
         (module docstring). Does not modify any state. O(blocks of one chunk) lookups;

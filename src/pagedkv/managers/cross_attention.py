@@ -36,6 +36,7 @@ class CrossAttentionManager(SingleTypeManager):
 
     positional = False
     cacheable = False
+    grows_plainly = False  # sized by the encoder tokens
 
     def __init__(
         self, spec: CrossAttentionSpec, pool: BlockPool, group: int, *, drop_last_hit: bool = False

@@ -70,6 +70,11 @@ class FullAttentionManager(SingleTypeManager):
         if i < len(blocks):
             self.pool.cache_partial_block(request, blocks[i], boundary, self.group)
 
+    def registers_whole_blocks_only(self) -> bool:
+        """Only when this group's block is one hash block (else the prompt's tail
+        boundary is registered as a partial entry, module docstring)."""
+        return self.hash_stride == 1
+
     def get_num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> int:
         ref = self.pool.ref_cnt
         n = 0
@@ -98,6 +103,9 @@ class PartialHitFullManager(FullAttentionManager):
     allocating it returns ``[c, ...]`` with its table ``[b0, c, ...]`` and the copy
     ``b1 -> c``.
     """
+
+    # grows_plainly stays True: a copy is queued only by the allocation that adopts a hit,
+    # never for a request that already holds its table.
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:

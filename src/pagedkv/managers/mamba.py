@@ -79,6 +79,7 @@ class MambaManager(SingleTypeManager):
 
     positional = False
     cacheable = False
+    grows_plainly = False  # one state block, whatever the length
 
     @classmethod
     def variant_for(
@@ -157,6 +158,7 @@ class MambaAlignManager(SkippingManager):
 
     ignores_lookahead = True
     positional = False
+    grows_plainly = False  # at most one new block per call, nulls before it
     #: Tokens after each block its hash covers (``CacheConfig.num_hash_lookahead_tokens``;
     #: set by :func:`pagedkv.hashing_lookahead.apply_to_managers`).
     hash_lookahead_tokens = 0
@@ -317,6 +319,10 @@ class MambaAlignManager(SkippingManager):
         if k is not None and k < cdiv(c, bs) - 1 and table[k]:
             self.pool.free_blocks([table[k]])
             table[k] = 0
+
+    def registers_whole_blocks_only(self) -> bool:
+        """Unless sub-block hits register the prompt's tail state."""
+        return not self.partial_hits
 
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register full positions as usual and remember their hashes for this step; with

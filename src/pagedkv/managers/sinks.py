@@ -43,6 +43,8 @@ class SinkFullAttentionManager(FullAttentionManager):
         self.num_sink_blocks = cdiv(spec.sink_len, spec.block_size)
         self.req_to_sink_blocks: dict[str, list[int]] = {}
 
+    grows_plainly = False  # the sink blocks on a request's first allocation
+
     def sink_block_ids(self, request_id: str) -> list[int]:
         """The request's sink blocks (a copy), empty before its first allocation."""
         return list(self.req_to_sink_blocks.get(request_id, ()))

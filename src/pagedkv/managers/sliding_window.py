@@ -84,6 +84,20 @@ class SlidingWindowManager(SkippingManager):
         """``max(0, c - w + 1)``: window 8, 13 computed -> 6 (tokens 0..5)."""
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """As :meth:`SkippingManager.remove_skipped_blocks` (NOTE: the skipped prefix
+        inlined: this runs on every allocation of every request)."""
+        end = (num_computed_tokens - self.sliding_window + 1) // self.block_size
+        if end <= 0:
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        if end > len(blocks):
+            end = len(blocks)
+        if blocks[end - 1]:
+            self._release_leading(blocks, end)
+
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """Rightmost run of ``num_run_blocks`` cached blocks ending within ``max_length``
         tokens, null blocks before it; else the cached run from block 0. With
