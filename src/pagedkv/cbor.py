@@ -160,46 +160,63 @@ def encode_tokens(tokens: Sequence[int]) -> bytes:
 
 
 _UINT16_HEAD = b"\x19" * (3 * 4096)  # CBOR head of a uint16 token, repeated
-#: Up to this many tokens, per-block table joins beat the array build's fixed cost (a
-#: decode step's one new block, a short prompt): 16 tokens 2.1 vs 4.0 us, 64 tokens about
-#: even, 128 tokens 8.0 vs 8.5 us (block 16; interleaved best of 9).
-_SHORT_TOKENS = 64
+#: Up to this many tokens, blocks are packed by one ``struct`` call (cached per length);
+#: longer inputs take the array path (same speed there, and no large format to keep).
+_PACK_TOKENS = 256
+_packers: dict[int, struct.Struct] = {}
 
 
 def block_payloads(tokens: Sequence[int], bs: int, table: list[Any]) -> list[Any]:
     """The CBOR encodings (without array head) of each full block of ``tokens``.
 
-    NOTE: ids 256..65535 encode as 3 bytes (0x19 + big-endian uint16). More than
-    ``_SHORT_TOKENS`` tokens are encoded with C-level array and strided-slice operations,
-    reading each token once in order; blocks holding an id outside that range are
-    re-encoded through the lookup table (as are short inputs, whole). Table
-    lookups cost two random memory reads per token: on a 16k-token prompt hashing took 3.6
-    us per block against vLLM's 3.2 (pickle); with this 2.5 (same prompt, interleaved; with
-    fresh prompts 5.2 against 6.8: benchmarks/ab_hashing.py).
+    NOTE: ids 256..65535 encode as 3 bytes (0x19 + big-endian uint16). One block is
+    encoded through the lookup table; up to ``_PACK_TOKENS`` tokens by one cached
+    ``struct.Struct`` packing ``0x19, id`` pairs (the ids slotted in by one strided list
+    assignment); more with C-level array and strided-slice operations. Either way each
+    token is read once, in order, and blocks holding an id outside that range are
+    re-encoded through the table. Table lookups cost two random memory reads per token:
+    on a 16k-token prompt hashing took 3.6 us per block against vLLM's 3.2 (pickle); with
+    the array path 2.5 (same prompt, interleaved; with fresh prompts 5.2 against 6.8:
+    benchmarks/ab_hashing.py). A 64-token prompt in 8-token blocks: 14 us by table
+    joins, 7 us packed (interleaved best of 5).
 
     Raises:
         IndexError, TypeError: an id outside the table (the caller falls back).
     """
     num_blocks = len(tokens) // bs
     n = num_blocks * bs
-    if n <= _SHORT_TOKENS or n > len(_UINT16_HEAD) // 3:
+    if num_blocks <= 1 or n > len(_UINT16_HEAD) // 3:
         return [b"".join(map(table.__getitem__, tokens[s : s + bs])) for s in range(0, n, bs)]
-    try:
-        words = array("H", tokens[:n] if len(tokens) != n else tokens)
-    except OverflowError:
-        return [b"".join(map(table.__getitem__, tokens[s : s + bs])) for s in range(0, n, bs)]
-    if _LITTLE_ENDIAN:
-        words.byteswap()
-    raw = words.tobytes()
-    buf = bytearray(3 * n)
-    buf[0::3] = _UINT16_HEAD[:n]
-    buf[1::3] = raw[0::2]
-    buf[2::3] = raw[1::2]
-    encoded = bytes(buf)
+    if n <= _PACK_TOKENS:
+        packer = _packers.get(n)
+        if packer is None:
+            packer = _packers[n] = struct.Struct(">" + "BH" * n)
+        args = [0x19] * (2 * n)
+        args[1::2] = tokens[:n] if len(tokens) != n else tokens
+        try:
+            encoded = packer.pack(*args)
+        except struct.error:  # an id past 65535 or not an int: the table decides
+            return [b"".join(map(table.__getitem__, tokens[s : s + bs]))
+                    for s in range(0, n, bs)]
+        high = encoded[1::3]
+    else:
+        try:
+            words = array("H", tokens[:n] if len(tokens) != n else tokens)
+        except OverflowError:
+            return [b"".join(map(table.__getitem__, tokens[s : s + bs]))
+                    for s in range(0, n, bs)]
+        if _LITTLE_ENDIAN:
+            words.byteswap()
+        raw = words.tobytes()
+        buf = bytearray(3 * n)
+        buf[0::3] = _UINT16_HEAD[:n]
+        buf[1::3] = raw[0::2]
+        buf[2::3] = raw[1::2]
+        encoded = bytes(buf)
+        high = raw[0::2]
     width = 3 * bs
     payloads: list[Any] = [encoded[k : k + width] for k in range(0, 3 * n, width)]
-    high = raw[0::2]  # high byte 0: an id below 256, which encodes shorter
-    i = high.find(0)
+    i = high.find(0)  # high byte 0: an id below 256, which encodes shorter
     while i >= 0:
         k = i // bs
         s = k * bs

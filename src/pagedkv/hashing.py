@@ -43,6 +43,7 @@ __all__ = [
 
 HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
 _CHUNK_TOKENS = 1024
+_NULL = b"\xf6"  # the CBOR encoding of None: a block without extra keys
 _NONE_HASH_INPUT = "vllm-none-hash"
 
 
@@ -167,6 +168,25 @@ def _lora_keys_cbor(name: str, path: str) -> bytes:
     return canonical_cbor([["lora", name, path]])
 
 
+_KEYS_CACHE_SIZE = 4096
+_keys_cache: dict[tuple[tuple[Any, ...], ...], bytes] = {}
+
+
+def _keys_cbor(keys: list[Any]) -> bytes:
+    """``canonical_cbor(keys)`` for one block's extra keys whose items are str, int
+    (never bool: HashExtras rejects it) or bytes, cached (a salted first block and a
+    multimodal item's blocks recur across requests). Equal tuples of such items always
+    encode equally. Thread-safe in the memo's sense: a race only loses entries."""
+    key = tuple(map(tuple, keys))
+    encoded = _keys_cache.get(key)
+    if encoded is None:
+        encoded = canonical_cbor(keys)
+        if len(_keys_cache) >= _KEYS_CACHE_SIZE:
+            _keys_cache.clear()
+        _keys_cache[key] = encoded
+    return encoded
+
+
 def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
     """The hash object constructor for ``algo``; ``ctor(data).digest()`` is the digest."""
     if algo == "sha256_cbor":
@@ -254,76 +274,96 @@ class BlockHasher:
         """
         bs = self.block_size
         start = len(hashes) * bs
-        end = len(token_ids) - bs
-        if start > end:
+        stop = len(token_ids) // bs * bs
+        if start >= stop:
             return
-        ctor = self._ctor
-        parent = hashes[-1] if hashes else self.seed
-        if len(parent) != len(self.seed):
+        if hashes and len(hashes[-1]) != len(self.seed):
             # A caller-supplied parent of another length: its block the checked way, then
             # every parent is a digest of this hasher.
-            self._extend_checked(hashes, token_ids, start, start, parent, extras, keys_out)
+            self._extend_checked(hashes, token_ids, start, start, hashes[-1], extras, keys_out)
             start += bs
-            if start > end:
+            if start >= stop:
                 return
-            parent = hashes[-1]
-        if extras is None:
-            # Fast path, in chunks of about 1,024 tokens (a cache-sized working set): the
-            # chunk's block payloads (see block_payloads), then one digest per block.
-            table = token_table()
-            head = self._head
-            array_head = self._array_head
-            tail = b"\xf6"  # the null extra keys
-            join = b"".join
-            append = hashes.append
-            chunk = max(1, _CHUNK_TOKENS // bs) * bs
-            stop = end + bs
-            memo_cap = self.memo_blocks
-            # Chained hashes: once one block misses the memo, every later block of this
-            # call misses too (its parent is new), so lookups stop at the first miss and the
-            # rest is only inserted.
-            looking = memo_cap > 0
-            try:
-                for c in range(start, stop, chunk):
-                    payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
-                    if not memo_cap:
-                        for payload in payloads:
-                            parent = ctor(join((head, parent, array_head, payload, tail))).digest()
-                            append(parent)
-                        continue
-                    # NOTE: the memo (class docstring) makes a repeated block cost one dict
-                    # lookup instead of a digest (benchmarks/micro.py, "hashing memo").
-                    memo = self._memo
-                    for payload in payloads:
-                        key = parent + payload
-                        if looking:
-                            h = memo.get(key) or self._memo_old.get(key)
-                            if h is not None:
-                                memo[key] = h
-                                parent = h
-                                append(h)
-                                continue
-                            looking = False
-                        parent = ctor(join((head, parent, array_head, payload, tail))).digest()
-                        append(parent)
-                        memo[key] = parent
-                        if len(memo) >= memo_cap:
-                            self._memo_old = memo
-                            self._memo = memo = {}
-                return
-            except (IndexError, TypeError):
-                # An id outside the table: the checked path below encodes it or raises.
-                start = len(hashes) * bs
-        else:
-            try:
-                self._extend_keyed(hashes, token_ids, extras, keys_out)
-                return
-            except (IndexError, TypeError):
-                # As above (raised before the failing chunk's first block, so the hashes
-                # and the recorded keys are still in step).
-                start = len(hashes) * bs
+        try:
+            if extras is None:
+                self._extend_plain(hashes, token_ids, start, stop)
+            else:
+                self._extend_keyed(hashes, token_ids, start, stop, extras, keys_out)
+            return
+        except (IndexError, TypeError):
+            # An id outside the token table: the checked path below encodes it or raises
+            # (raised before the failing chunk's first block was hashed, so the hashes and
+            # the recorded keys are still in step).
+            start = len(hashes) * bs
         parent = hashes[-1] if hashes else self.seed
-        self._extend_checked(hashes, token_ids, start, end, parent, extras, keys_out)
+        self._extend_checked(hashes, token_ids, start, stop - bs, parent, extras, keys_out)
+
+    def _memo_for(self, num_new: int) -> dict[bytes, bytes]:
+        """The newer memo generation, rotated first when ``num_new`` more entries would
+        take it past ``memo_blocks`` (so a generation holds at most ``memo_blocks`` entries,
+        or one call's blocks when a call brings more)."""
+        memo = self._memo
+        if len(memo) + num_new > self.memo_blocks:
+            self._memo_old = memo
+            self._memo = memo = {}
+        return memo
+
+    def _extend_plain(
+        self, hashes: list[bytes], token_ids: Sequence[int], start: int, stop: int
+    ) -> None:
+        """:meth:`extend` without extras for the blocks in ``[start, stop)``, in chunks of
+        about 1,024 tokens (a cache-sized working set): the chunk's block payloads (see
+        ``block_payloads``), then one digest or one memo hit per block.
+
+        NOTE: the memo key is the whole hash input (so an entry can never give a wrong
+        digest) and a repeated block costs one dict lookup instead of a digest
+        (benchmarks/micro.py, "hashing memo"). Chained hashes: once one block misses, every
+        later block of this call misses too (its parent is new), so lookups stop at the
+        first miss and the rest is only inserted.
+
+        Raises:
+            IndexError, TypeError: a token id outside the encoding table.
+        """
+        bs = self.block_size
+        parent = hashes[-1] if hashes else self.seed
+        ctor = self._ctor
+        head = self._head
+        array_head = self._array_head
+        join = b"".join
+        append = hashes.append
+        table = token_table()
+        chunk = max(1, _CHUNK_TOKENS // bs) * bs
+        looking = self.memo_blocks > 0
+        for c in range(start, stop, chunk):
+            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+            if not self.memo_blocks:
+                for payload in payloads:
+                    parent = ctor(join((head, parent, array_head, payload, _NULL))).digest()
+                    append(parent)
+                continue
+            memo = self._memo_for(len(payloads))
+            rest = iter(payloads)
+            if looking:
+                old = self._memo_old
+                for payload in rest:
+                    data = join((head, parent, array_head, payload, _NULL))
+                    h = memo.get(data)
+                    if h is None:
+                        h = old.get(data)
+                        if h is None:
+                            looking = False
+                            parent = ctor(data).digest()
+                            append(parent)
+                            memo[data] = parent
+                            break
+                        memo[data] = h
+                    parent = h
+                    append(h)
+            for payload in rest:
+                data = join((head, parent, array_head, payload, _NULL))
+                parent = ctor(data).digest()
+                append(parent)
+                memo[data] = parent
 
     def _extend_checked(
         self,
@@ -360,26 +400,25 @@ class BlockHasher:
         self,
         hashes: list[bytes],
         token_ids: Sequence[int],
+        start: int,
+        stop: int,
         extras: HashExtras,
         keys_out: list[list[Any] | None] | None,
     ) -> None:
-        """:meth:`extend` with extras, on the fast token encoding: per block, its keys,
-        then one digest or one memo hit.
+        """:meth:`extend` with extras for the blocks in ``[start, stop)``, on the fast
+        token encoding: per block, its keys, then one digest or one memo hit (memo as in
+        :meth:`_extend_plain`: keyed by the whole hash input).
 
         Most blocks carry only the LoRA key (or nothing): those *plain* blocks reuse one
         encoding; only blocks a multimodal item overlaps, the salted first block and
-        blocks with prompt embeddings go through :meth:`HashExtras.block_keys`.
-
-        The memo key is parent + payload, plus the encoded keys when the block has any:
-        CBOR items are self-delimiting, so a key with extra keys never equals one without.
+        blocks with prompt embeddings go through :meth:`HashExtras.block_keys` (their
+        encoding cached, see :func:`_keys_cbor`).
 
         Raises:
             IndexError, TypeError: a token id outside the encoding table (from
                 ``block_payloads``, before the chunk's first block is hashed).
         """
         bs = self.block_size
-        start = len(hashes) * bs
-        stop = len(token_ids) // bs * bs
         ctor = self._ctor
         parent = hashes[-1] if hashes else self.seed
         table = token_table()
@@ -389,7 +428,9 @@ class BlockHasher:
         append = hashes.append
         record = keys_out.append if keys_out is not None else None
         lora = extras.lora
-        plain_tail = b"\xf6" if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        plain_tail = _NULL if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        # Keys of str and int only (a LoRA path of another type is encoded every time).
+        cache_keys = lora is None or type(lora.path) is str
         # Token offsets of the blocks that are not plain (every block with embeddings).
         special = (
             None if extras.prompt_embeds is not None
@@ -399,38 +440,41 @@ class BlockHasher:
         if special is not None and extras.cache_salt:
             special.add(0)
         chunk = max(1, _CHUNK_TOKENS // bs) * bs
-        memo_cap = self.memo_blocks
-        looking = memo_cap > 0
+        use_memo = self.memo_blocks > 0
+        looking = use_memo
         for c in range(start, stop, chunk):
             payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
-            memo = self._memo
+            memo = self._memo_for(len(payloads)) if use_memo else None
+            old = self._memo_old
             s = c
             for payload in payloads:
+                keys: list[Any] | None
                 if special is None or s in special:
                     keys = extras.block_keys(s, s + bs)
-                    tail = b"\xf6" if keys is None else canonical_cbor(keys)
+                    tail = (_NULL if keys is None
+                            else _keys_cbor(keys) if cache_keys else canonical_cbor(keys))
                 else:
                     keys = None if lora is None else [["lora", lora.name, lora.path]]
                     tail = plain_tail
                 s += bs
                 if record is not None:
                     record(keys)
-                if not memo_cap:
-                    parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                data = join((head, parent, array_head, payload, tail))
+                if memo is None:
+                    parent = ctor(data).digest()
                     append(parent)
                     continue
-                key = parent + payload if keys is None else parent + payload + tail
                 if looking:
-                    h = memo.get(key) or self._memo_old.get(key)
+                    h = memo.get(data)
+                    if h is None:
+                        h = old.get(data)
+                        if h is not None:
+                            memo[data] = h
                     if h is not None:
-                        memo[key] = h
                         parent = h
                         append(h)
                         continue
                     looking = False
-                parent = ctor(join((head, parent, array_head, payload, tail))).digest()
+                parent = ctor(data).digest()
                 append(parent)
-                memo[key] = parent
-                if len(memo) >= memo_cap:
-                    self._memo_old = memo
-                    self._memo = memo = {}
+                memo[data] = parent

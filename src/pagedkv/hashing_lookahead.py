@@ -34,10 +34,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, token_table
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventBuffer, GroupInfo
 from pagedkv.events.records import BlockStored
-from pagedkv.hashing import BlockHasher, HashExtras, event_extra_keys
+from pagedkv.hashing import (
+    _CHUNK_TOKENS,
+    _NULL,
+    BlockHasher,
+    HashExtras,
+    _keys_cbor,
+    event_extra_keys,
+)
 from pagedkv.managers.base import SingleTypeManager
 from pagedkv.managers.mamba import MambaAlignManager
 from pagedkv.request import RequestLike
@@ -54,8 +62,8 @@ class LookaheadBlockHasher(BlockHasher):
     """A :class:`pagedkv.BlockHasher` whose block hashes also cover the
     ``lookahead_tokens`` (L >= 1) tokens after each block (module docstring).
 
-    Same constructor as :class:`~pagedkv.BlockHasher` plus ``lookahead_tokens``. The memo
-    is not used (every block is hashed on its own, via :meth:`hash_block`).
+    Same constructor as :class:`~pagedkv.BlockHasher` plus ``lookahead_tokens``, and the
+    same memo (keyed by the whole hash input, lookahead tokens included).
 
     >>> h = LookaheadBlockHasher(2, lookahead_tokens=1)
     >>> out: list[bytes] = []
@@ -65,7 +73,7 @@ class LookaheadBlockHasher(BlockHasher):
     True
     """
 
-    __slots__ = ("lookahead_tokens",)
+    __slots__ = ("_ahead_head", "lookahead_tokens")
 
     def __init__(
         self,
@@ -74,7 +82,7 @@ class LookaheadBlockHasher(BlockHasher):
         lookahead_tokens: int,
         algo: str = "sha256_cbor",
         secret_seed: bytes | None = None,
-        memo_blocks: int = 0,
+        memo_blocks: int = 16384,
     ) -> None:
         if type(lookahead_tokens) is not int or lookahead_tokens < 1:
             raise InvalidArgumentError(
@@ -83,6 +91,8 @@ class LookaheadBlockHasher(BlockHasher):
             )
         super().__init__(block_size, algo=algo, secret_seed=secret_seed, memo_blocks=memo_blocks)
         self.lookahead_tokens = lookahead_tokens
+        # The head of the extra-keys slot: an array of E and the L tokens.
+        self._ahead_head = cbor_head(4, 1 + lookahead_tokens)
 
     def extend(
         self,
@@ -97,8 +107,19 @@ class LookaheadBlockHasher(BlockHasher):
         bs = self.block_size
         la = self.lookahead_tokens
         start = len(hashes) * bs
+        stop = (len(token_ids) - la) // bs * bs  # blocks ending here or before are hashable
+        if start >= stop:
+            return
+        if not hashes or len(hashes[-1]) == len(self.seed):
+            try:
+                self._extend_ahead(hashes, token_ids, start, stop, extras, keys_out)
+                return
+            except (IndexError, TypeError):
+                # An id outside the token table (raised before the chunk's first block
+                # was hashed): the checked way below encodes it or raises.
+                start = len(hashes) * bs
         parent = hashes[-1] if hashes else self.seed
-        while start + bs + la <= len(token_ids):
+        while start < stop:
             end = start + bs
             keys = None if extras is None else extras.block_keys(start, end + la)
             ahead = token_ids[end : end + la]
@@ -107,6 +128,77 @@ class LookaheadBlockHasher(BlockHasher):
             if keys_out is not None and extras is not None:
                 keys_out.append(keys)
             start = end
+
+    def _extend_ahead(
+        self,
+        hashes: list[bytes],
+        token_ids: Sequence[int],
+        start: int,
+        stop: int,
+        extras: HashExtras | None,
+        keys_out: list[list[Any] | None] | None,
+    ) -> None:
+        """The blocks in ``[start, stop)`` on the fast token encoding, with the memo (as
+        :meth:`BlockHasher.extend`): per block its payload, the extra-keys slot ``[E,
+        lookahead tokens]`` built from encoded parts, then one digest or one memo hit.
+
+        Raises:
+            IndexError, TypeError: a token id outside the encoding table.
+        """
+        bs = self.block_size
+        la = self.lookahead_tokens
+        table = token_table()
+        token = table.__getitem__
+        ctor = self._ctor
+        head = self._head
+        array_head = self._array_head
+        ahead_head = self._ahead_head
+        join = b"".join
+        append = hashes.append
+        record = keys_out.append if keys_out is not None and extras is not None else None
+        cache_keys = extras is None or extras.lora is None or type(extras.lora.path) is str
+        parent = hashes[-1] if hashes else self.seed
+        chunk = max(1, _CHUNK_TOKENS // bs) * bs
+        use_memo = self.memo_blocks > 0
+        looking = use_memo
+        for c in range(start, stop, chunk):
+            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+            # Every lookahead encoded before the first digest (keeps hashes and keys in
+            # step when an id is outside the table).
+            aheads = [join(map(token, token_ids[e : e + la]))
+                      for e in range(c + bs, c + bs * (len(payloads) + 1), bs)]
+            memo = self._memo_for(len(payloads)) if use_memo else None
+            old = self._memo_old
+            s = c
+            for payload, ahead in zip(payloads, aheads, strict=True):
+                keys: list[Any] | None = None
+                extra = _NULL
+                if extras is not None:
+                    keys = extras.block_keys(s, s + bs + la)
+                    if keys is not None:
+                        extra = _keys_cbor(keys) if cache_keys else canonical_cbor(keys)
+                    if record is not None:
+                        record(keys)
+                s += bs
+                data = join((head, parent, array_head, payload, ahead_head, extra, ahead))
+                if memo is None:
+                    parent = ctor(data).digest()
+                    append(parent)
+                    continue
+                if looking:
+                    h = memo.get(data)
+                    if h is None:
+                        h = old.get(data)
+                        if h is not None:
+                            memo[data] = h
+                    if h is not None:
+                        parent = h
+                        append(h)
+                        continue
+                    looking = False
+                parent = ctor(data).digest()
+                append(parent)
+                memo[data] = parent
 
 
 class LookaheadEventBuffer(EventBuffer):

@@ -103,7 +103,8 @@ class KVCacheManager(ManagerSurface):
         if lookahead:
             self.hasher = LookaheadBlockHasher(hash_bs, lookahead_tokens=lookahead,
                                                algo=config.hash_algo,
-                                               secret_seed=config.secret_seed)
+                                               secret_seed=config.secret_seed,
+                                               memo_blocks=config.hash_memo_blocks)
         else:
             self.hasher = BlockHasher(hash_bs, algo=config.hash_algo,
                                       secret_seed=config.secret_seed,

@@ -6,6 +6,8 @@ import hashlib
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import pagedkv
 from pagedkv import BlockHasher, HashExtras, InvalidArgumentError, LoRA, MultiModalItem
@@ -65,6 +67,51 @@ def test_extra_keys_cover_the_lookahead_window_and_are_recorded() -> None:
     assert keys == [e0, e1]
     assert out[0] == h.hash_block(h.seed, [0, 1, 2, 3], [e0, 4, 5])
     assert out[1] == h.hash_block(out[0], [4, 5, 6, 7], [e1, 8, 9])
+
+
+@st.composite
+def _ahead_case(draw: st.DrawFn) -> tuple[list[int], HashExtras | None]:
+    """Up to 120 token ids (ids below 256, uint16 and past the token table) and extras."""
+    top = draw(st.sampled_from([300, 65535, 2**18]))
+    n = draw(st.integers(0, 120))
+    tokens = draw(st.lists(st.integers(0, top), min_size=n, max_size=n))
+    if not draw(st.booleans()):
+        return tokens, None
+    mm = draw(st.lists(st.tuples(st.integers(0, 110), st.integers(1, 12)), max_size=2))
+    return tokens, HashExtras(
+        lora=draw(st.sampled_from([None, LoRA("a", 1, "/p"), LoRA("b", 2)])),
+        cache_salt=draw(st.sampled_from([None, "", "tenant"])),
+        mm_items=[MultiModalItem(f"img-{k}", off, n) for k, (off, n) in enumerate(mm)],
+    )
+
+
+@given(_ahead_case(), st.integers(1, 9), st.integers(1, 4), st.sampled_from([0, 3, 64]),
+       st.integers(0, 120))
+def test_lookahead_hashing_equals_block_by_block(
+    case: tuple[list[int], HashExtras | None], block_size: int, lookahead: int,
+    memo_blocks: int, cut: int,
+) -> None:
+    """Incremental hashing in two calls, with or without a memo (each prompt hashed twice
+    so the memo is hit), equals hashing each block on its own with ``[E, lookahead
+    tokens]`` as its extra keys, and records each block's ``E``."""
+    tokens, extras = case
+    h = LookaheadBlockHasher(block_size, lookahead_tokens=lookahead, memo_blocks=memo_blocks)
+    expected: list[bytes] = []
+    expected_keys: list[object] = []
+    parent = h.seed
+    for s in range(0, len(tokens) - block_size - lookahead + 1, block_size):
+        e = s + block_size
+        keys = None if extras is None else extras.block_keys(s, e + lookahead)
+        parent = h.hash_block(parent, tokens[s:e], [keys, *tokens[e : e + lookahead]])
+        expected.append(parent)
+        expected_keys.append(keys)
+    for _ in range(2):
+        got: list[bytes] = []
+        got_keys: list[object] = []
+        h.extend(got, tokens[:cut], extras, got_keys)
+        h.extend(got, tokens, extras, got_keys)
+        assert got == expected
+        assert got_keys == (expected_keys if extras is not None else [])
 
 
 def test_bad_lookahead_is_refused() -> None:
