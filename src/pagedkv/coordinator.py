@@ -608,6 +608,9 @@ class PartialHitCoordinator(HybridCoordinator):
                 m.partial_hits = True
         self._partial_groups = [g for g, m in enumerate(self.managers)
                                 if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
+        #: The managers of ``_partial_groups`` (the groups that queue copies).
+        self._copying = [m for m in self.managers
+                         if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
         self._order = self._full + self._others
         self._simple = len(self.managers) == 2 and len(self._full) == 1
         # No rounding: a hit may end anywhere on a hash block boundary.
@@ -757,18 +760,15 @@ class PartialHitCoordinator(HybridCoordinator):
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(source, copy)`` block pairs queued since the last call, group by group."""
         out: list[tuple[int, int]] = []
-        for g in self._partial_groups:
-            m = self.managers[g]
-            assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
-            out.extend(m.pending_copies)
-            m.pending_copies = []
+        for m in self._copying:
+            if m.pending_copies:
+                out.extend(m.pending_copies)
+                m.pending_copies = []
         return out
 
     def iter_pending_copy_blocks(self) -> Iterator[int]:
         """Both blocks of every queued copy (each holds one reference for the copy)."""
-        for g in self._partial_groups:
-            m = self.managers[g]
-            assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
+        for m in self._copying:
             for src, cow in m.pending_copies:
                 yield src
                 yield cow

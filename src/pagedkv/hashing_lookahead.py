@@ -37,13 +37,14 @@ from typing import Any
 from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, token_table
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventBuffer, GroupInfo
-from pagedkv.events.records import BlockStored
+from pagedkv.events.records import MEDIUM_GPU, BlockStored
 from pagedkv.hashing import (
     _CHUNK_TOKENS,
     _NULL,
     BlockHasher,
     HashExtras,
     _keys_cbor,
+    _lora_keys_cbor,
     event_extra_keys,
 )
 from pagedkv.managers.base import SingleTypeManager
@@ -156,7 +157,21 @@ class LookaheadBlockHasher(BlockHasher):
         join = b"".join
         append = hashes.append
         record = keys_out.append if keys_out is not None and extras is not None else None
-        cache_keys = extras is None or extras.lora is None or type(extras.lora.path) is str
+        lora = extras.lora if extras is not None else None
+        cache_keys = lora is None or type(lora.path) is str
+        # As BlockHasher._extend_keyed: blocks whose keys are only the LoRA adapter's (or
+        # none) share one encoding; the others (window [s, s + bs + L) overlapping a
+        # multimodal item, the salted first block, every block with embeddings) are keyed
+        # one by one.
+        plain_extra = _NULL if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        special: set[int] | None = None
+        if extras is not None and extras.prompt_embeds is None:
+            special = set()
+            for item in extras.mm_items:
+                first = max(0, item.offset - bs - la + 1)
+                special.update(range(-(-first // bs) * bs, item.offset + item.length, bs))
+            if extras.cache_salt:
+                special.add(0)
         parent = hashes[-1] if hashes else self.seed
         chunk = max(1, _CHUNK_TOKENS // bs) * bs
         use_memo = self.memo_blocks > 0
@@ -174,9 +189,13 @@ class LookaheadBlockHasher(BlockHasher):
                 keys: list[Any] | None = None
                 extra = _NULL
                 if extras is not None:
-                    keys = extras.block_keys(s, s + bs + la)
-                    if keys is not None:
-                        extra = _keys_cbor(keys) if cache_keys else canonical_cbor(keys)
+                    if special is None or s in special:
+                        keys = extras.block_keys(s, s + bs + la)
+                        if keys is not None:
+                            extra = _keys_cbor(keys) if cache_keys else canonical_cbor(keys)
+                    elif lora is not None:
+                        keys = [["lora", lora.name, lora.path]]
+                        extra = plain_extra
                     if record is not None:
                         record(keys)
                 s += bs
@@ -233,24 +252,41 @@ class LookaheadEventBuffer(EventBuffer):
         skipped: Sequence[int],
         group: int,
     ) -> None:
-        super().stored(request, blocks, hashes, start, end, skipped, group)
-        bs = self.groups[group].block_size
+        """:meth:`EventBuffer.stored`'s record, built once with the lookahead tokens and
+        the extra keys over each block and its lookahead (the hasher's recorded keys
+        where it recorded them: they are those)."""
+        info = self.groups[group]
+        bs = info.block_size
         la = self.lookahead_tokens
-        left_out = set(skipped)
-        positions = [i for i in range(start, end) if i not in left_out]
-        tokens = request.all_token_ids
-        ahead = [list(tokens[(i + 1) * bs : (i + 1) * bs + la]) for i in positions]
-        event = self._events[-1]
-        assert isinstance(event, BlockStored)
         extras = request.hash_extras
-        extra = event.extra_keys
-        if extras is not None and not (
-                bs == self.hash_block_size and len(request.block_extra_keys) >= end):
-            # Not the keys the hasher recorded: derive them over block + lookahead.
+        lora = extras.lora if extras is not None else None
+        if skipped:
+            left_out = set(skipped)
+            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+        else:
+            positions = range(start, end)
+        extra: list[Any] | None
+        if extras is None:
+            extra = [None] * len(positions)
+        elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
+            recorded = request.block_extra_keys
+            extra = [event_extra_keys(recorded[i]) for i in positions]
+        else:
             extra = [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs + la))
-                     for i in positions] or None
-        self._replace_last(event._replace(extra_keys=extra, lookahead_token_ids=ahead),
-                           [blocks[i] for i in positions])
+                     for i in positions]
+        tokens = request.all_token_ids
+        event = BlockStored(
+            [hashes[i] for i in positions] if skipped else hashes[start:end],
+            hashes[start - 1] if start else None,
+            tokens[start * bs : end * bs], bs,
+            lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
+            extra or None, group, info.kind, info.sliding_window,
+            [list(tokens[(i + 1) * bs : (i + 1) * bs + la]) for i in positions],
+        )
+        self._events.append(event)
+        announced = self._announced
+        for k, i in enumerate(positions):
+            announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
 
     def stored_partial(
         self, request: RequestLike, block: int, i: int, group: int, primary: bool

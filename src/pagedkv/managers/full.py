@@ -57,18 +57,24 @@ class FullAttentionManager(SingleTypeManager):
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Full blocks as usual, then the prompt's tail boundary as a partial entry when
         this group's block spans several hash blocks (module docstring)."""
-        super().cache_blocks(request, request_id, num_tokens)
+        if num_tokens // self.block_size > self.num_cached_blocks[request_id]:
+            super().cache_blocks(request, request_id, num_tokens)
         if self.hash_stride == 1:
             return
-        hbs = self.pool.hash_block_size
+        pool = self.pool
+        hbs = pool.hash_block_size
         limit = request.num_prompt_tokens - (0 if self.drop_last_hit else 1)
-        boundary = min(limit // hbs, len(request.block_hashes)) * hbs
+        hashes = request.block_hashes
+        boundary = min(limit // hbs, len(hashes)) * hbs
         if not boundary or boundary > num_tokens or not boundary % self.block_size:
             return
         blocks = self.req_to_blocks[request_id]
         i = boundary // self.block_size
         if i < len(blocks):
-            self.pool.cache_partial_block(request, blocks[i], boundary, self.group)
+            block = blocks[i]
+            if pool.index[self.group].get(hashes[boundary // hbs - 1]) == block:
+                return  # registered already (on every later call of a running request)
+            pool.cache_partial_block(request, block, boundary, self.group)
 
     def registers_whole_blocks_only(self) -> bool:
         """Only when this group's block is one hash block (else the prompt's tail

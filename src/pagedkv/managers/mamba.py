@@ -206,14 +206,18 @@ class MambaAlignManager(SkippingManager):
     ) -> int:
         """At most one new block per call, plus hit blocks leaving the free queue; more
         than the pool when the hit's state was registered in this step. No state change."""
-        pool = self.pool
-        if new_computed and pool.block_hash[new_computed[-1]] in self._registered_this_step:
-            return pool.num_blocks + 1
         held = self.req_to_blocks.get(request_id)
-        n = cdiv(num_tokens, self.block_size) - len(new_computed) - (len(held) if held else 0)
-        n = min(n, 1) if n > 0 else 0
+        n = -(-num_tokens // self.block_size) - (len(held) if held else 0)
+        if new_computed:
+            n -= len(new_computed)
+        n = 1 if n > 0 else 0
         if self._partial and request_id in self._partial:  # a producer's state to move
-            n = min(n + 1, 2)
+            n += 1
+        if not new_computed:
+            return n
+        pool = self.pool
+        if pool.block_hash[new_computed[-1]] in self._registered_this_step:
+            return pool.num_blocks + 1
         ref = pool.ref_cnt
         return n + sum(1 for b in new_computed if b and ref[b] == 0)
 
@@ -225,7 +229,7 @@ class MambaAlignManager(SkippingManager):
         """Pad with nulls up to the live position and take its block; returns the padding
         and the block (module docstring)."""
         table = self.req_to_blocks[request_id]
-        required = cdiv(num_tokens, self.block_size)
+        required = -(-num_tokens // self.block_size)
         prev = len(table)
         p = self._partial.pop(request_id, None) if self._partial else None
         if required <= prev and p is None:
@@ -316,7 +320,7 @@ class MambaAlignManager(SkippingManager):
                 self.pool.free_blocks(freed)
             self._released[request_id] = last
         k = self._last_state.get(request_id)
-        if k is not None and k < cdiv(c, bs) - 1 and table[k]:
+        if k is not None and k < -(-c // bs) - 1 and table[k]:
             self.pool.free_blocks([table[k]])
             table[k] = 0
 
