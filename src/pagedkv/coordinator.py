@@ -109,6 +109,8 @@ class Coordinator:
             (m, m.block_size, m.num_cached_blocks if m.registers_whole_blocks_only() else None)
             for m in self._cacheable
         ]
+        # With hash lookahead every group registers only blocks its request has hashes for.
+        self._capped_at_hashes = any(m.hash_lookahead_tokens for m in self.managers)
 
     # ----------------------------------------------------------------- lookup
 
@@ -305,8 +307,11 @@ class Coordinator:
             num_tokens = num_tokens // align * align
         # NOTE: the common case (no block became full) costs one comparison per group
         # instead of a chain of method calls (see _build_plans).
+        full = num_tokens
+        if self._capped_at_hashes:
+            full = min(num_tokens, len(request.block_hashes) * self.pool.hash_block_size)
         for m, bs, cached in self._cache_plan:
-            if cached is None or num_tokens // bs > cached[rid]:
+            if cached is None or full // bs > cached[rid]:
                 m.cache_blocks(request, rid, num_tokens)
 
     def new_step_starts(self) -> None:

@@ -178,14 +178,13 @@ class LookaheadBlockHasher(BlockHasher):
         looking = use_memo
         for c in range(start, stop, chunk):
             payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
-            # Every lookahead encoded before the first digest (keeps hashes and keys in
-            # step when an id is outside the table).
-            aheads = [join(map(token, token_ids[e : e + la]))
-                      for e in range(c + bs, c + bs * (len(payloads) + 1), bs)]
             memo = self._memo_for(len(payloads)) if use_memo else None
             old = self._memo_old
             s = c
-            for payload, ahead in zip(payloads, aheads, strict=True):
+            for payload in payloads:
+                # The lookahead first: an id outside the table raises before this block's
+                # keys are recorded (hashes and keys stay in step).
+                ahead = join(map(token, token_ids[s + bs : s + bs + la]))
                 keys: list[Any] | None = None
                 extra = _NULL
                 if extras is not None:
@@ -347,7 +346,6 @@ def apply_to_managers(managers: Sequence[SingleTypeManager], lookahead_tokens: i
     its request's hashed tokens (a Mamba group does so already, and its prompt checkpoint
     leaves ``max(1, L)`` tokens, :func:`prefill_checkpoint_position`)."""
     for m in managers:
-        if isinstance(m, MambaAlignManager):
-            m.hash_lookahead_tokens = lookahead_tokens
-        else:
+        m.hash_lookahead_tokens = lookahead_tokens
+        if not isinstance(m, MambaAlignManager):
             m.__class__ = _capped_class(type(m))

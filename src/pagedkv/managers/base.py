@@ -99,6 +99,10 @@ class SingleTypeManager:
     #: tables itself, without the method calls; a subclass that changes any of these
     #: rules sets it to False.
     grows_plainly: ClassVar[bool] = True
+    #: Tokens after each block its hash covers (``CacheConfig.num_hash_lookahead_tokens``;
+    #: set by :func:`pagedkv.hashing_lookahead.apply_to_managers`). With L > 0 a manager
+    #: registers only blocks its request has hashes for.
+    hash_lookahead_tokens = 0
 
     def __init__(
         self,

@@ -159,9 +159,6 @@ class MambaAlignManager(SkippingManager):
     ignores_lookahead = True
     positional = False
     grows_plainly = False  # at most one new block per call, nulls before it
-    #: Tokens after each block its hash covers (``CacheConfig.num_hash_lookahead_tokens``;
-    #: set by :func:`pagedkv.hashing_lookahead.apply_to_managers`).
-    hash_lookahead_tokens = 0
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
