@@ -515,6 +515,10 @@ class HybridCoordinator(Coordinator):
     attention truncates to 2 blocks; sliding window within 64 -> ``[0, 0, b2, b3]``, 64;
     stable: 4 x 16 tokens, not 5 x 16.
 
+    Registration (:meth:`Coordinator.cache_blocks`) goes only up to a multiple of the lcm
+    (``cache_alignment_tokens``; no hit can end elsewhere), as vLLM 0.33: full attention
+    32 + sliding window 16 with 48 tokens computed registers 32 tokens in each group.
+
     Speculative decoding (``drop_last_hit``): each manager's rule already drops its last
     hit block (its answer is at most its bound minus one block), so a group is asked
     within ``min(C + block_size, max_length)``: it looks one block past ``C`` and drops
@@ -537,12 +541,6 @@ class HybridCoordinator(Coordinator):
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size
         self.cache_alignment_tokens = self.lcm_block_size
-
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
-        """Register only up to a multiple of the lcm (no hit can end elsewhere), as vLLM
-        0.33: full attention 32 + sliding window 16 with 48 tokens computed registers 32
-        tokens in each group (``cache_alignment_tokens`` is the lcm)."""
-        super().cache_blocks(request, num_tokens)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

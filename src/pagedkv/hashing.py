@@ -277,6 +277,17 @@ class BlockHasher:
         stop = len(token_ids) // bs * bs
         if start >= stop:
             return
+        if extras is None and stop - start <= _CHUNK_TOKENS and (
+                not hashes or len(hashes[-1]) == len(self.seed)):
+            # The common call (a prompt or a decode step's new block, no extras): one
+            # chunk, encoded here and hashed by _hash_plain.
+            try:
+                payloads = block_payloads(token_ids[start:stop], bs, token_table())
+            except (IndexError, TypeError):
+                pass  # an id outside the token table: the checked path below
+            else:
+                self._hash_plain(hashes, payloads)
+                return
         if hashes and len(hashes[-1]) != len(self.seed):
             # A caller-supplied parent of another length: its block the checked way, then
             # every parent is a digest of this hasher.
@@ -313,57 +324,61 @@ class BlockHasher:
     ) -> None:
         """:meth:`extend` without extras for the blocks in ``[start, stop)``, in chunks of
         about 1,024 tokens (a cache-sized working set): the chunk's block payloads (see
-        ``block_payloads``), then one digest or one memo hit per block.
-
-        NOTE: the memo key is the whole hash input (so an entry can never give a wrong
-        digest) and a repeated block costs one dict lookup instead of a digest
-        (benchmarks/micro.py, "hashing memo"). Chained hashes: once one block misses, every
-        later block of this call misses too (its parent is new), so lookups stop at the
-        first miss and the rest is only inserted.
+        ``block_payloads``), then :meth:`_hash_plain`.
 
         Raises:
             IndexError, TypeError: a token id outside the encoding table.
         """
         bs = self.block_size
+        table = token_table()
+        chunk = max(1, _CHUNK_TOKENS // bs) * bs
+        for c in range(start, stop, chunk):
+            self._hash_plain(hashes, block_payloads(token_ids[c : min(c + chunk, stop)], bs,
+                                                    table))
+
+    def _hash_plain(self, hashes: list[bytes], payloads: list[bytes]) -> None:
+        """Append the hashes of blocks without extra keys whose encoded tokens are
+        ``payloads``, chained on ``hashes[-1]`` (a digest of this hasher) or the seed: one
+        digest or one memo hit per block.
+
+        NOTE: the memo key is the whole hash input (so an entry can never give a wrong
+        digest) and a repeated block costs one dict lookup instead of a digest
+        (benchmarks/micro.py, "hashing memo"). Chained hashes: once one block misses, every
+        later block misses too (its parent is new), so lookups stop at the first miss and
+        the rest is only inserted.
+        """
         parent = hashes[-1] if hashes else self.seed
         ctor = self._ctor
         head = self._head
         array_head = self._array_head
         join = b"".join
         append = hashes.append
-        table = token_table()
-        chunk = max(1, _CHUNK_TOKENS // bs) * bs
-        looking = self.memo_blocks > 0
-        for c in range(start, stop, chunk):
-            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
-            if not self.memo_blocks:
-                for payload in payloads:
-                    parent = ctor(join((head, parent, array_head, payload, _NULL))).digest()
-                    append(parent)
-                continue
-            memo = self._memo_for(len(payloads))
-            rest = iter(payloads)
-            if looking:
-                old = self._memo_old
-                for payload in rest:
-                    data = join((head, parent, array_head, payload, _NULL))
-                    h = memo.get(data)
-                    if h is None:
-                        h = old.get(data)
-                        if h is None:
-                            looking = False
-                            parent = ctor(data).digest()
-                            append(parent)
-                            memo[data] = parent
-                            break
-                        memo[data] = h
-                    parent = h
-                    append(h)
-            for payload in rest:
-                data = join((head, parent, array_head, payload, _NULL))
-                parent = ctor(data).digest()
+        if not self.memo_blocks:
+            for payload in payloads:
+                parent = ctor(join((head, parent, array_head, payload, _NULL))).digest()
                 append(parent)
-                memo[data] = parent
+            return
+        memo = self._memo_for(len(payloads))
+        old = self._memo_old
+        rest = iter(payloads)
+        for payload in rest:
+            data = join((head, parent, array_head, payload, _NULL))
+            h = memo.get(data)
+            if h is None:
+                h = old.get(data)
+                if h is None:
+                    parent = ctor(data).digest()
+                    append(parent)
+                    memo[data] = parent
+                    break
+                memo[data] = h
+            parent = h
+            append(h)
+        for payload in rest:
+            data = join((head, parent, array_head, payload, _NULL))
+            parent = ctor(data).digest()
+            append(parent)
+            memo[data] = parent
 
     def _extend_checked(
         self,

@@ -116,6 +116,20 @@ class BlockPool:
         ids = self.free_queue.popleft_n(n)
         ref = self.ref_cnt
         bh = self.block_hash
+        # NOTE: blocks without a hash (freed uncached, never used) need only their ref
+        # count; the eviction loop below starts at the first hashed block, if any.
+        for k, b in enumerate(ids):
+            if bh[b] is not None:
+                self._take_cached(ids, k)
+                break
+            ref[b] = 1
+        return ids
+
+    def _take_cached(self, ids: list[int], first: int) -> None:
+        """:meth:`get_new_blocks` from ``ids[first]`` (a cached block) on: evict the cached
+        ones and set every ref count to 1."""
+        ref = self.ref_cnt
+        bh = self.block_hash
         bg = self.block_group
         index = self.index
         dups = self._dups
@@ -128,7 +142,7 @@ class BlockPool:
         # partial-prefix keys) is inlined: one dict delete instead of two calls and three
         # lookups. A 64-block allocate evicting 64 cached blocks of a 1M-block pool:
         # 86 -> 54 us (benchmarks/ab_eviction.py, interleaved best of 200).
-        for b in ids:
+        for b in ids[first:] if first else ids:
             h = bh[b]
             if h is not None:
                 g = bg[b]
@@ -151,7 +165,6 @@ class BlockPool:
         if removed:
             recorder.removed(removed, removed_group)
         self.num_evicted_blocks += num_evicted
-        return ids
 
     def touch(self, ids: Iterable[int]) -> None:
         """A prefix hit on ``ids``: ref count +1; a block at 0 leaves the free queue. O(n)."""
