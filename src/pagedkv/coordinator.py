@@ -106,10 +106,12 @@ class Coordinator:
             for m in self.managers
         ]
         self._cache_plan = [
-            (m, m.block_size, m.num_cached_blocks if m.registers_whole_blocks_only() else None)
+            (m, m.block_size, m.num_cached_blocks if m.registers_whole_blocks_only() else None,
+             m.caps_registration_itself)
             for m in self._cacheable
         ]
-        # With hash lookahead every group registers only blocks its request has hashes for.
+        # With hash lookahead every group registers only blocks its request has hashes for
+        # (the coordinator caps the tokens, see cache_blocks).
         self._capped_at_hashes = any(m.hash_lookahead_tokens for m in self.managers)
 
     # ----------------------------------------------------------------- lookup
@@ -307,12 +309,14 @@ class Coordinator:
             num_tokens = num_tokens // align * align
         # NOTE: the common case (no block became full) costs one comparison per group
         # instead of a chain of method calls (see _build_plans).
-        full = num_tokens
-        if self._capped_at_hashes:
-            full = min(num_tokens, len(request.block_hashes) * self.pool.hash_block_size)
-        for m, bs, cached in self._cache_plan:
-            if cached is None or full // bs > cached[rid]:
-                m.cache_blocks(request, rid, num_tokens)
+        hashed = num_tokens
+        if self._capped_at_hashes:  # hash lookahead: only blocks the request has hashes for
+            hashed = len(request.block_hashes) * self.pool.hash_block_size
+            if hashed > num_tokens:
+                hashed = num_tokens
+        for m, bs, cached, caps_itself in self._cache_plan:
+            if cached is None or hashed // bs > cached[rid]:
+                m.cache_blocks(request, rid, num_tokens if caps_itself else hashed)
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: every group resets its per-step bookkeeping."""

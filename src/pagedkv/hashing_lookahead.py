@@ -48,7 +48,6 @@ from pagedkv.hashing import (
     event_extra_keys,
 )
 from pagedkv.managers.base import SingleTypeManager
-from pagedkv.managers.mamba import MambaAlignManager
 from pagedkv.request import RequestLike
 
 __all__ = [
@@ -319,33 +318,12 @@ def prefill_checkpoint_position(
     return max(0, (num_tokens - max(1, lookahead_tokens)) // hash_block_size * hash_block_size)
 
 
-_CAPPED: dict[type[SingleTypeManager], type[SingleTypeManager]] = {}
-
-
-def _capped_class(base: type[SingleTypeManager]) -> type[SingleTypeManager]:
-    """(Built once per class.) ``base`` whose :meth:`cache_blocks` registers only blocks
-    the request has hashes for (with lookahead, the blocks among the last L tokens are not
-    hashed yet), as vLLM 0.33's ``cache_blocks`` caps at
-    ``len(request.block_hashes) * hash_block_size``."""
-
-    def cache_blocks(
-        self: SingleTypeManager, request: RequestLike, request_id: str, num_tokens: int
-    ) -> None:
-        hashed = len(request.block_hashes) * self.pool.hash_block_size
-        base.cache_blocks(self, request, request_id, min(num_tokens, hashed))
-
-    capped = _CAPPED.get(base)
-    if capped is None:
-        capped = type(f"Lookahead{base.__name__}", (base,), {"cache_blocks": cache_blocks})
-        _CAPPED[base] = capped
-    return capped
-
-
 def apply_to_managers(managers: Sequence[SingleTypeManager], lookahead_tokens: int) -> None:
-    """Make freshly built managers hash-lookahead aware: each caps what it registers at
-    its request's hashed tokens (a Mamba group does so already, and its prompt checkpoint
-    leaves ``max(1, L)`` tokens, :func:`prefill_checkpoint_position`)."""
+    """Make freshly built managers hash-lookahead aware: each registers only blocks its
+    request has hashes for (with lookahead, the blocks among the last L tokens are not
+    hashed yet; vLLM 0.33's ``cache_blocks`` caps at ``len(request.block_hashes) *
+    hash_block_size``): the coordinator caps the tokens it registers, and a Mamba group
+    caps its own (its prompt checkpoint leaves ``max(1, L)`` tokens,
+    :func:`prefill_checkpoint_position`)."""
     for m in managers:
         m.hash_lookahead_tokens = lookahead_tokens
-        if not isinstance(m, MambaAlignManager):
-            m.__class__ = _capped_class(type(m))

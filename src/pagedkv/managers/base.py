@@ -103,6 +103,9 @@ class SingleTypeManager:
     #: set by :func:`pagedkv.hashing_lookahead.apply_to_managers`). With L > 0 a manager
     #: registers only blocks its request has hashes for.
     hash_lookahead_tokens = 0
+    #: Whether :meth:`cache_blocks` caps what it registers at the request's hashed tokens
+    #: itself (and wants the uncapped count): the coordinator caps it for the others.
+    caps_registration_itself: ClassVar[bool] = False
 
     def __init__(
         self,

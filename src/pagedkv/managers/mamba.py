@@ -159,6 +159,7 @@ class MambaAlignManager(SkippingManager):
     ignores_lookahead = True
     positional = False
     grows_plainly = False  # at most one new block per call, nulls before it
+    caps_registration_itself = True  # its prompt's tail state needs the uncapped count
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
