@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, token_table
+from pagedkv.cbor import block_payloads, canonical_cbor, cbor_head, token_table, uint16_run
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventBuffer, GroupInfo
 from pagedkv.events.records import MEDIUM_GPU, BlockStored
@@ -176,14 +176,28 @@ class LookaheadBlockHasher(BlockHasher):
         use_memo = self.memo_blocks > 0
         looking = use_memo
         for c in range(start, stop, chunk):
-            payloads = block_payloads(token_ids[c : min(c + chunk, stop)], bs, table)
+            end = min(c + chunk, stop)
+            tokens = token_ids[c:end]
+            aheads: list[bytes] | None = None
+            run = uint16_run(tokens) if la <= bs and end - c > bs else None
+            if run is not None and run[1].find(0) < 0:
+                # Every id takes 3 bytes: a block's lookahead is the start of the next
+                # block's encoding (the last one's is encoded here, before any digest).
+                encoded = run[0]
+                w = 3 * bs
+                payloads = [encoded[k : k + w] for k in range(0, len(encoded), w)]
+                aheads = [encoded[k : k + 3 * la] for k in range(w, len(encoded), w)]
+                aheads.append(join(map(token, token_ids[end : end + la])))
+            else:
+                payloads = block_payloads(tokens, bs, table)
             memo = self._memo_for(len(payloads)) if use_memo else None
             old = self._memo_old
             s = c
-            for payload in payloads:
+            for k, payload in enumerate(payloads):
                 # The lookahead first: an id outside the table raises before this block's
                 # keys are recorded (hashes and keys stay in step).
-                ahead = join(map(token, token_ids[s + bs : s + bs + la]))
+                ahead = (aheads[k] if aheads is not None
+                         else join(map(token, token_ids[s + bs : s + bs + la])))
                 keys: list[Any] | None = None
                 extra = _NULL
                 if extras is not None:

@@ -71,10 +71,11 @@ def test_extra_keys_cover_the_lookahead_window_and_are_recorded() -> None:
 
 @st.composite
 def _ahead_case(draw: st.DrawFn) -> tuple[list[int], HashExtras | None]:
-    """Up to 120 token ids (ids below 256, uint16 and past the token table) and extras."""
-    top = draw(st.sampled_from([300, 65535, 2**18]))
+    """Up to 120 token ids (ids below 256, uint16 only, and past the token table) and
+    extras."""
+    low, top = draw(st.sampled_from([(0, 300), (256, 65535), (0, 65535), (0, 2**18)]))
     n = draw(st.integers(0, 120))
-    tokens = draw(st.lists(st.integers(0, top), min_size=n, max_size=n))
+    tokens = draw(st.lists(st.integers(low, top), min_size=n, max_size=n))
     if not draw(st.booleans()):
         return tokens, None
     mm = draw(st.lists(st.tuples(st.integers(0, 110), st.integers(1, 12)), max_size=2))

@@ -250,6 +250,28 @@ def test_hashing_with_extras_equals_block_by_block(
         assert got_keys == expected_keys
 
 
+@given(st.lists(st.integers(256, 65535), max_size=300), st.integers(1, 17),
+       st.lists(st.tuples(st.integers(0, 299), st.sampled_from([0, 5, 255, 65536, 2**20])),
+                max_size=3))
+def test_packed_token_encoding_equals_block_by_block(
+    tokens: list[int], block_size: int, edits: list[tuple[int, int]]
+) -> None:
+    """Prompts of 3-byte ids (the packed and array encodings), with a few ids that encode
+    otherwise planted, hash as each block hashed on its own."""
+    for i, t in edits:
+        if i < len(tokens):
+            tokens[i] = t
+    h = BlockHasher(block_size, memo_blocks=0)
+    expected: list[bytes] = []
+    parent = h.seed
+    for s in range(0, len(tokens) - block_size + 1, block_size):
+        parent = h.hash_block(parent, tokens[s : s + block_size])
+        expected.append(parent)
+    got: list[bytes] = []
+    h.extend(got, tokens)
+    assert got == expected
+
+
 @pytest.mark.parametrize("extras", [None, HashExtras(lora=LoRA("a", 1, "/p"), cache_salt="s")])
 def test_a_supplied_parent_of_another_length_chains_like_hash_block(
     extras: HashExtras | None,
