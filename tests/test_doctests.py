@@ -11,6 +11,7 @@ MODULES = [
     "pagedkv.cbor",
     "pagedkv.config",
     "pagedkv.coordinator",
+    "pagedkv.coordinator_base",
     "pagedkv.hashing",
     "pagedkv.manager",
     "pagedkv.managers.base",
