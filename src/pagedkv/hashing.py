@@ -93,10 +93,13 @@ class HashExtras:
 
     def __post_init__(self) -> None:
         # Sequences given as lists become tuples: the value stays immutable and hashable.
-        if isinstance(self.mm_items, (str, bytes)):
-            _bad("mm_items", self.mm_items, "a sequence of MultiModalItem")
-        if not isinstance(self.mm_items, tuple):
-            object.__setattr__(self, "mm_items", tuple(self.mm_items))
+        # (Each test starts with the exact-type check that the common value passes.)
+        mm = self.mm_items
+        if type(mm) is not tuple:
+            if isinstance(mm, (str, bytes)):
+                _bad("mm_items", mm, "a sequence of MultiModalItem")
+            if not isinstance(mm, tuple):
+                object.__setattr__(self, "mm_items", tuple(mm))
         embeds = self.prompt_embeds
         if embeds is not None:
             if isinstance(embeds, (str, bytes)):
@@ -106,17 +109,19 @@ class HashExtras:
             for e in self.prompt_embeds or ():
                 if type(e) is not bytes:
                     _bad("prompt_embeds", e, "bytes (one token's embedding)")
-        if self.lora is not None and (
-                not isinstance(self.lora, LoRA) or type(self.lora.name) is not str
-                or type(self.lora.adapter_id) is not int):
-            _bad("lora", self.lora, 'LoRA(name, adapter_id), e.g. LoRA("sql-adapter", 1)')
+        lora = self.lora
+        if lora is not None and (
+                not isinstance(lora, LoRA) or type(lora.name) is not str
+                or type(lora.adapter_id) is not int):
+            _bad("lora", lora, 'LoRA(name, adapter_id), e.g. LoRA("sql-adapter", 1)')
         for item in self.mm_items:
             if not isinstance(item, MultiModalItem) or type(item.identifier) is not str or (
                     type(item.offset) is not int or type(item.length) is not int
                     or item.offset < 0 or item.length <= 0):
                 _bad("mm_items", item, "MultiModalItem(identifier: str, offset >= 0, length > 0)")
-        if self.cache_salt is not None and type(self.cache_salt) is not str:
-            _bad("cache_salt", self.cache_salt, "a str (or None)")
+        salt = self.cache_salt
+        if salt is not None and type(salt) is not str:
+            _bad("cache_salt", salt, "a str (or None)")
 
     @property
     def is_empty(self) -> bool:

@@ -119,7 +119,8 @@ class ManagerSurface:
             InvalidArgumentError: not a sequence of ints, or an id the engine holds no (or
                 not that many) references to outside block tables; nothing is released.
         """
-        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
+        if type(block_ids) is not list and (
+                isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence)):
             raise InvalidArgumentError(
                 f"release_blocks takes a list of block ids, got {type(block_ids).__name__}"
             )
