@@ -209,10 +209,11 @@ class BlockHasher:
     Requests keep their own hash lists and call :meth:`extend` when they grow, so each
     block of a request is hashed once. Across requests, the hashes of recently seen blocks
     (same parent, same tokens: a shared system prompt, an earlier turn of a chat) are
-    remembered in a bounded memo of about ``memo_blocks`` blocks (two generations of at most
-    ``memo_blocks`` entries each, the older dropped whole when the newer fills: O(1) per
-    block, ~200 bytes per entry). ``memo_blocks=0`` turns it off. The memo never changes a
-    digest; it only skips recomputing one.
+    remembered in a bounded memo of about ``memo_blocks`` blocks, keyed by the whole hash
+    input (two generations of at most ``memo_blocks`` entries each, or one call's blocks
+    when a call brings more; the older is dropped whole when a call would take the newer
+    past ``memo_blocks``: O(1) per block, ~200 bytes per entry). ``memo_blocks=0`` turns it
+    off. The memo never changes a digest; it only skips recomputing one.
 
     One hasher may be shared by threads (e.g. a front end hashing requests while the
     scheduler runs): a race on the memo can only lose entries, never yield a wrong digest,
