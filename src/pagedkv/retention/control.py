@@ -154,19 +154,21 @@ class RetentionControl:
         retention = getattr(request, "retention", None)
         if retention is None or request is None:
             return
-        self.check_retention(request.request_id, retention)
+        if not isinstance(retention, RequestRetention):
+            self.check_retention(request.request_id, retention)
         assert isinstance(retention, RequestRetention)
         rid = request.request_id
-        num_prompt = getattr(request, "num_prompt_tokens", request.num_tokens)
+        num_prompt = getattr(request, "num_prompt_tokens", None)
+        if num_prompt is None:
+            num_prompt = request.num_tokens
         queue = self.pool.specialise()  # the first request with retention ends uniform mode
+        if retention.has_durations:
+            queue.plain = False
         prio, dur = queue.priority, queue.duration_s
-        durations = retention.has_durations
         for m in self.managers:
             blocks = m.req_to_blocks.get(rid)
             if not blocks:
                 continue
-            if durations:
-                queue.plain = False
             # Run by run (equal retention), not block by block: no per-block lists.
             runs = retention.block_runs(len(blocks), m.block_size,
                                         num_prompt_tokens=num_prompt)

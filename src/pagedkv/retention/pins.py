@@ -57,12 +57,14 @@ class PinTable:
     holding the key); :meth:`pop_due` O(log leases) amortized.
     """
 
-    __slots__ = ("_heap", "_next_id", "budget_keys", "keys", "num_refreshing")
+    __slots__ = ("_heap", "_next_id", "budget_keys", "by_group", "keys", "num_refreshing")
 
     def __init__(self, *, budget_keys: int) -> None:
         self.budget_keys = budget_keys
         #: Pinned key -> the active leases holding it.
         self.keys: dict[PinKey, list[PinLease]] = {}
+        #: Group -> the pinned hashes of that group (``keys`` by group).
+        self.by_group: dict[int, set[bytes]] = {}
         self._heap: list[tuple[float, int, PinLease]] = []
         self._next_id = 0
         #: Active leases with ``refresh_on_hit``.
@@ -103,6 +105,8 @@ class PinTable:
                          expires_at=now + ttl_s, refresh_on_hit=refresh_on_hit)
         for k in unique:
             self.keys.setdefault(k, []).append(lease)
+        for g, h in new:
+            self.by_group.setdefault(g, set()).add(h)
         heapq.heappush(self._heap, (lease.expires_at, lease.lease_id, lease))
         if refresh_on_hit:
             self.num_refreshing += 1
@@ -123,6 +127,10 @@ class PinTable:
             if not holders:
                 del self.keys[k]
                 freed.append(k)
+                group = self.by_group[k[0]]
+                group.discard(k[1])
+                if not group:
+                    del self.by_group[k[0]]
         return freed
 
     def renew(self, lease: PinLease, *, ttl_s: float, now: float) -> None:
@@ -203,3 +211,6 @@ class PinTable:
         in_heap = {lease.lease_id for _, _, lease in self._heap if lease.active}
         assert active <= in_heap, "an active lease is missing from the expiry heap"
         assert len(self.keys) <= self.budget_keys, "pinned keys over the budget"
+        by_group = {(g, h) for g, hashes in self.by_group.items() for h in hashes}
+        assert by_group == set(self.keys), "pinned hashes by group disagree with the keys"
+        assert all(self.by_group.values()), "an empty group of pinned hashes"

@@ -31,7 +31,7 @@ the checks (as in the base pool) and the one conversion out of uniform mode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.events.recorder import EventRecorder, GroupInfo
@@ -118,37 +118,32 @@ class RetentionPool(BlockPool):
 
     def touch(self, ids: Iterable[int]) -> None:
         """As the base pool; a hit on a pinned block also refreshes its refresh-on-hit
-        leases. O(n)."""
+        leases. O(n); the keys of the pinned hits are read only until every
+        refresh-on-hit lease is refreshed (usually the first one)."""
         queue = self._pq
         if queue is None:
             super().touch(ids)
             return
-        ref = self.ref_cnt
-        if queue.deadline != _INF:
-            queue.tick()  # expiries first, so they happen in time order
-        remove = queue.remove
-        if not self.pins.num_refreshing:
-            for b in ids:
-                if b:
-                    if ref[b] == 0:
-                        remove(b)
-                    ref[b] += 1
-            return
+        hits = ids if type(ids) is list else list(ids)
         pinned = queue.pinned
-        hit = []
-        for b in ids:
+        refresh = bool(self.pins.num_refreshing) and any(map(pinned.__getitem__, hits))
+        now = 0.0
+        if refresh:
+            now = queue.tick()  # a lease that ended is not refreshed
+        elif queue.deadline != _INF and queue.expiries_move_blocks():
+            queue.tick()  # expiries first, so they happen in time order
+        ref = self.ref_cnt
+        remove = queue.remove
+        for b in hits:
             if b:
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
-                if pinned[b]:
-                    hit.append(b)
-        if hit:
+        if refresh:
             # A pinned mark implies a hash (check_invariants), so the keys are real.
-            keys = cast("Iterable[PinKey]", zip(map(self.block_group.__getitem__, hit),
-                                                map(self.block_hash.__getitem__, hit),
-                                                strict=True))
-            self.pins.refresh_keys(keys, queue.tick())
+            bg, bh = self.block_group, self.block_hash
+            keys = cast("Iterator[PinKey]", ((bg[b], bh[b]) for b in hits if pinned[b]))
+            self.pins.refresh_keys(keys, now)
 
     def cache_full_blocks(
         self,
@@ -163,14 +158,24 @@ class RetentionPool(BlockPool):
         their key is pinned. O(num_full_blocks - num_cached_blocks)."""
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, group,
                                   mask)
-        pins = self.pins.keys
-        if not pins and not self._quotas_on:
+        if num_cached_blocks >= num_full_blocks:
             return
-        queue = self.specialise()  # pins or quotas: out of uniform mode already
+        pins = self.pins.keys
         bh = self.block_hash
         if not self._quotas_on:
-            # Fresh blocks already have no tenant (popleft_n reset it): only pin marks.
-            marks = queue.pinned
+            # Fresh blocks already have no tenant (popleft_n reset it): only pin marks,
+            # and none unless one of the blocks' hashes is pinned in this group (a block
+            # not registered here only costs the exact loop below).
+            pinned_hashes = self.pins.by_group.get(group)
+            if not pinned_hashes:
+                return
+            if num_full_blocks - num_cached_blocks == 1:  # a decode step filled a block
+                if bh[blocks[num_cached_blocks]] not in pinned_hashes:
+                    return
+            elif pinned_hashes.isdisjoint(
+                    map(bh.__getitem__, blocks[num_cached_blocks:num_full_blocks])):
+                return
+            marks = self.specialise().pinned  # pins: out of uniform mode already
             for i in range(num_cached_blocks, num_full_blocks):
                 b = blocks[i]
                 if b and (mask is None or mask[i - num_cached_blocks]):
@@ -178,6 +183,7 @@ class RetentionPool(BlockPool):
                     if h is not None and (group, h) in pins:
                         marks[b] = True
             return
+        queue = self.specialise()  # quotas: out of uniform mode already
         extras = request.hash_extras
         t = self.tenant_id(extras.cache_salt if extras is not None else None)
         for i in range(num_cached_blocks, num_full_blocks):
@@ -236,6 +242,8 @@ class RetentionPool(BlockPool):
         queue = self._pq
         if queue is None:
             return super().reset_prefix_cache()
+        if queue.deadline != _INF:
+            queue.tick()  # the unhashed blocks keep the order of the moment
         if queue.num_free + queue.num_parked != self.num_blocks - 1:
             return False
         queue.rebuild_unhashed()
@@ -318,9 +326,12 @@ class RetentionPool(BlockPool):
     # ------------------------------------------------------------------ checks
 
     def debug_state(self) -> dict[str, Any]:
-        """The base pool's state plus the retention state."""
-        state = super().debug_state()
+        """The base pool's state plus the retention state, as of now (due expiries
+        take effect first)."""
         queue = self._pq
+        if queue is not None and queue.deadline != _INF:
+            queue.tick()
+        state = super().debug_state()
         if queue is None:
             n = self.num_blocks
             hashed_free = sum(1 for b in self.free_queue if self.block_hash[b] is not None)

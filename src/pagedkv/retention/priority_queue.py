@@ -26,8 +26,6 @@ dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import repeat
-from operator import is_
 
 from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
@@ -45,7 +43,9 @@ class PriorityFreeQueue(FreeBlockQueue):
     ``num_free`` counts evictable blocks (parked pinned blocks excluded). Reading it, and
     every operation that depends on the order, first lets expired durations and pin leases
     take effect (``on_deadline``, called with the clock's time once it passes
-    ``deadline``).
+    ``deadline``) whenever they could change its result (see :meth:`expiries_move_blocks`;
+    an expiry that could not is applied at the next tick, with the same effect, since
+    expiries are processed at their own times).
     """
 
     __slots__ = (
@@ -148,16 +148,17 @@ class PriorityFreeQueue(FreeBlockQueue):
 
     # ------------------------------------------------------------------ counts
 
-    @property
-    def num_free(self) -> int:
-        """Evictable free blocks, after letting due expiries take effect."""
-        if self.deadline != _INF and self._clock() >= self.deadline:
-            self.tick()
-        return self._num_free
+    # ``num_free``: the ``_num_free`` slot itself (bound below the class) while no block
+    # is parked; :class:`ParkingFreeQueue` reads the clock first.
 
-    @num_free.setter
-    def num_free(self, value: int) -> None:
-        self._num_free = value
+    def expiries_move_blocks(self) -> bool:
+        """Whether a due expiry could change the order of the free blocks: only while a
+        free block has a duration (it would move to the default level) or a free block is
+        pinned (a lease ending moves it into its level). Otherwise an expiry only clears
+        the pin marks of blocks in use, which no queue operation reads before the next
+        tick: operations that depend on the order tick first only when this holds. O(1).
+        """
+        return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
 
     def tick(self) -> float:
         """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
@@ -230,6 +231,8 @@ class PriorityFreeQueue(FreeBlockQueue):
             else:
                 self._link_back(_PARKED, b)
                 self.num_parked += 1
+                if self.num_parked == 1:
+                    self.__class__ = ParkingFreeQueue
             return
         p = self.priority[b]
         self._link_back(_LEVEL0 + p, b)
@@ -289,6 +292,8 @@ class PriorityFreeQueue(FreeBlockQueue):
                 self._mask &= ~(1 << (lst - _LEVEL0))
         if lst == _PARKED:
             self.num_parked -= 1
+            if not self.num_parked:
+                self.__class__ = PriorityFreeQueue
         else:
             self._num_free -= 1
 
@@ -301,38 +306,53 @@ class PriorityFreeQueue(FreeBlockQueue):
                 self.tick()
             self._append_plain(ids)
             return
-        self.tick()  # timers start now, and due expiries go first
+        # Due expiries first if they could move a free block; otherwise they can wait
+        # until the first pinned, timed or tenant-tracked block (its timer starts now, and
+        # a lease that ended must not park it): an expiry never makes a block special.
+        ticked = self.deadline != _INF and self.expiries_move_blocks()
+        if ticked:
+            self.tick()
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
-        if not (any(map(pinned.__getitem__, ids))
-                or not all(map(is_, map(dur.__getitem__, ids), repeat(None)))
-                or (self._quota and max(map(tenant.__getitem__, ids)) >= 0)):
-            # No block is pinned, timed or tenant-tracked (checked in C): as if plain.
-            self._append_plain(ids)
-            return
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
-        tail0 = self._n + 2 * _LEVEL0 + 1
+        base = self._n
         mask = self._mask
         placed = 0
-        for b in ids:
-            p = prio[b]
+        i, m = 0, len(ids)
+        while i < m:
+            b = ids[i]
             if pinned[b] or dur[b] is not None or tenant[b] >= 0:
                 self._mask = mask
                 self._num_free += placed
                 placed = 0
+                if not ticked:
+                    self.tick()
+                    ticked = True
                 self._place(b)
                 mask = self._mask
+                i += 1
                 continue
-            # Common case, inlined: to the back of level p.
-            tail = tail0 + 2 * p
+            # Common case, inlined: the run of plain blocks of level p from here is
+            # spliced to the back of the level as one chain.
+            p = prio[b]
+            lst = _LEVEL0 + p
+            tail = base + 2 * lst + 1
             last = prv[tail]
-            nxt[last] = b
-            prv[b] = last
-            nxt[b] = tail
-            prv[tail] = b
-            where[b] = _LEVEL0 + p
-            count[_LEVEL0 + p] += 1
+            j = i
+            while j < m:
+                b = ids[j]
+                if prio[b] != p or pinned[b] or dur[b] is not None or tenant[b] >= 0:
+                    break
+                nxt[last] = b
+                prv[b] = last
+                where[b] = lst
+                last = b
+                j += 1
+            nxt[last] = tail
+            prv[tail] = last
+            count[lst] += j - i
             mask |= 1 << p
-            placed += 1
+            placed += j - i
+            i = j
         self._mask = mask
         self._num_free += placed
 
@@ -398,12 +418,14 @@ class PriorityFreeQueue(FreeBlockQueue):
 
         Precondition: ``n <= num_free``. O(n + log levels per level visited).
         """
-        if self.deadline != _INF:
+        count, nxt, prv, where = self._count, self._next, self._prev, self._where
+        # Due expiries first if they could move a free block (expiries_move_blocks,
+        # inlined: the decode path takes one block per call).
+        if self.deadline != _INF and (self._xlists.size or self.num_parked
+                                      or count[_PINNED]):
             self.tick()
         out: list[int] = []
-        count, nxt, prv, where = self._count, self._next, self._prev, self._where
         base = self._n
-        side_lists = bool(self._xkey) or bool(self._tkey)
         left = n
         while left:
             # The first non-empty list in eviction order (module docstring).
@@ -438,14 +460,15 @@ class PriorityFreeQueue(FreeBlockQueue):
             left -= k
             if lst >= _LEVEL0 and c == k:
                 self._mask &= ~(1 << (lst - _LEVEL0))
-        prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        self._num_free -= n
+        prio = self.priority
         default = self.default_priority
         if self.plain:
             for b in out:
                 prio[b] = default
-            self._num_free -= n
             return out
-        if side_lists:
+        dur, tenant, pinned = self.duration_s, self.tenant, self.pinned
+        if self._xlists.size or self._tenant_lists.size:  # some taken block may be listed
             xw, tw = self._xlists.where, self._tenant_lists.where
             for b in out:
                 if xw[b] != -1:
@@ -467,7 +490,6 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
                 dur[b] = None
                 pinned[b] = False
-        self._num_free -= n
         return out
 
     # ------------------------------------------------------------------ retention moves
@@ -535,6 +557,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         for b in order:
             self._detach(b)
         self.num_parked = 0
+        self.__class__ = PriorityFreeQueue
         self._num_free = 0
         for b in order:
             self.make_unhashed(b)
@@ -600,3 +623,30 @@ class PriorityFreeQueue(FreeBlockQueue):
         for t, q in enumerate(self._quota):
             assert q is None or self._tcount[t] <= q, f"tenant {t} over quota in levels"
         return every
+
+
+# While no block is parked no expiry can change the count of evictable blocks (a duration
+# expiry moves a block between levels, a lease ending only clears marks of blocks in
+# use), so ``num_free`` is the ``_num_free`` slot itself: the capacity check of every
+# allocation reads it as cheaply as the base queue's attribute.
+PriorityFreeQueue.num_free = PriorityFreeQueue.__dict__["_num_free"]
+
+
+class ParkingFreeQueue(PriorityFreeQueue):
+    """The class of a :class:`PriorityFreeQueue` while free pinned blocks are parked: a
+    lease ending makes them evictable, so reading ``num_free`` first lets due expiries
+    take effect. A queue switches class when its first block is parked and back when
+    the last one leaves (the state is the same; only ``num_free`` differs)."""
+
+    __slots__ = ()
+
+    @property
+    def num_free(self) -> int:
+        """Evictable free blocks, after letting due expiries take effect."""
+        if self._clock() >= self.deadline:
+            self.tick()
+        return self._num_free
+
+    @num_free.setter
+    def num_free(self, value: int) -> None:
+        self._num_free = value
