@@ -172,6 +172,13 @@ class PinTable:
         """
         get = self.keys.get
         left = self.num_refreshing
+        if left == 1:  # the common case: refreshed at its first key, no set needed
+            for key in keys:
+                for lease in get(key, ()):
+                    if lease.refresh_on_hit:
+                        lease.expires_at = now + lease.ttl_s
+                        return
+            return
         done: set[int] = set()
         for key in keys:
             for lease in get(key, ()):

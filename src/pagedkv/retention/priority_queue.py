@@ -313,6 +313,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         if ticked:
             self.tick()
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
+        # Tenant marks exist only once a tenant is registered: until then the check
+        # does not read them (one array less per block).
+        quotas = bool(self._quota)
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
         base = self._n
         mask = self._mask
@@ -320,7 +323,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         i, m = 0, len(ids)
         while i < m:
             b = ids[i]
-            if pinned[b] or dur[b] is not None or tenant[b] >= 0:
+            if pinned[b] or dur[b] is not None or (quotas and tenant[b] >= 0):
                 self._mask = mask
                 self._num_free += placed
                 placed = 0
@@ -340,7 +343,8 @@ class PriorityFreeQueue(FreeBlockQueue):
             j = i
             while j < m:
                 b = ids[j]
-                if prio[b] != p or pinned[b] or dur[b] is not None or tenant[b] >= 0:
+                if (prio[b] != p or pinned[b] or dur[b] is not None
+                        or (quotas and tenant[b] >= 0)):
                     break
                 nxt[last] = b
                 prv[b] = last
@@ -426,6 +430,12 @@ class PriorityFreeQueue(FreeBlockQueue):
             self.tick()
         out: list[int] = []
         base = self._n
+        prio, dur, pinned = self.priority, self.duration_s, self.pinned
+        default = self.default_priority
+        # Without timed or tenant lists holding blocks, a taken block forgets its
+        # priority and duration as it is taken (one pass); otherwise those lists are
+        # left first (they read the priority and tenant), in a second pass.
+        listed = self._xlists.size or self._tenant_lists.size
         left = n
         while left:
             # The first non-empty list in eviction order (module docstring).
@@ -443,16 +453,18 @@ class PriorityFreeQueue(FreeBlockQueue):
             c = count[lst]
             head = base + 2 * lst
             b = nxt[head]
-            if left == 1:  # the common decode case
-                out.append(b)
-                where[b] = -1
-                b = nxt[b]
-                k = 1
-            else:
-                k = c if c < left else left
+            k = c if c < left else left
+            if listed:
                 for _ in range(k):
                     out.append(b)
                     where[b] = -1
+                    b = nxt[b]
+            else:
+                for _ in range(k):
+                    out.append(b)
+                    where[b] = -1
+                    prio[b] = default
+                    dur[b] = None
                     b = nxt[b]
             nxt[head] = b
             prv[b] = head
@@ -460,15 +472,12 @@ class PriorityFreeQueue(FreeBlockQueue):
             left -= k
             if lst >= _LEVEL0 and c == k:
                 self._mask &= ~(1 << (lst - _LEVEL0))
+            elif lst == _PINNED:  # only blocks of this list carry a pin mark
+                for b in out[-k:]:
+                    pinned[b] = False
         self._num_free -= n
-        prio = self.priority
-        default = self.default_priority
-        if self.plain:
-            for b in out:
-                prio[b] = default
-            return out
-        dur, tenant, pinned = self.duration_s, self.tenant, self.pinned
-        if self._xlists.size or self._tenant_lists.size:  # some taken block may be listed
+        tenant = self.tenant
+        if listed:  # some taken block may be timed or tenant-listed
             xw, tw = self._xlists.where, self._tenant_lists.where
             for b in out:
                 if xw[b] != -1:
@@ -478,18 +487,10 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
                 dur[b] = None
                 tenant[b] = -1
-                pinned[b] = False
         elif self._quota:
             for b in out:
-                prio[b] = default
-                dur[b] = None
                 tenant[b] = -1
-                pinned[b] = False
-        else:  # no tenant registered: every tenant mark is already -1
-            for b in out:
-                prio[b] = default
-                dur[b] = None
-                pinned[b] = False
+        # else no tenant registered: every tenant mark is already -1
         return out
 
     # ------------------------------------------------------------------ retention moves
@@ -607,6 +608,8 @@ class PriorityFreeQueue(FreeBlockQueue):
                     assert not self.pinned[b], f"pinned block {b} in a level list"
                 if lst in (_PARKED, _PINNED):
                     assert self.pinned[b], f"unpinned block {b} parked"
+                elif lst in (_UNHASHED, _OVER):
+                    assert not self.pinned[b], f"pinned block {b} in list {lst}"
             if lst >= _LEVEL0:
                 bit = bool(self._mask >> (lst - _LEVEL0) & 1)
                 assert bit == bool(items), f"level {lst - _LEVEL0}: mask bit {bit}"
