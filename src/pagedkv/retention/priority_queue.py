@@ -632,7 +632,8 @@ class PriorityFreeQueue(FreeBlockQueue):
 # expiry moves a block between levels, a lease ending only clears marks of blocks in
 # use), so ``num_free`` is the ``_num_free`` slot itself: the capacity check of every
 # allocation reads it as cheaply as the base queue's attribute.
-PriorityFreeQueue.num_free = PriorityFreeQueue.__dict__["_num_free"]
+# (setattr: the base declares ``num_free`` an int attribute, this is its descriptor.)
+setattr(PriorityFreeQueue, "num_free", PriorityFreeQueue.__dict__["_num_free"])  # noqa: B010
 
 
 class ParkingFreeQueue(PriorityFreeQueue):
