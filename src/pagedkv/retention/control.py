@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.managers.base import SingleTypeManager
+from pagedkv.managers.full import FullAttentionManager
 from pagedkv.request import RequestLike
 from pagedkv.retention.pins import PinKey, PinLease
 from pagedkv.retention.policy import RequestRetention
@@ -53,6 +54,9 @@ class RetentionControl:
     def __init__(self, pool: RetentionPool, managers: Sequence[SingleTypeManager]) -> None:
         self.pool = pool
         self.managers = list(managers)
+        #: Per manager: whether its tables may hold the null block (full attention
+        #: tables never do, which spares a scan of every freed table).
+        self._nulls = [not isinstance(m, FullAttentionManager) for m in self.managers]
         self._strides = [(m.group, m.hash_stride) for m in self.managers if m.cacheable]
 
     # ------------------------------------------------------------------ pins
@@ -165,14 +169,14 @@ class RetentionControl:
         if retention.has_durations:
             queue.plain = False
         prio, dur = queue.priority, queue.duration_s
-        for m in self.managers:
+        for m, nulls in zip(self.managers, self._nulls, strict=True):
             blocks = m.req_to_blocks.get(rid)
             if not blocks:
                 continue
             # Run by run (equal retention), not block by block: no per-block lists.
             runs = retention.block_runs(len(blocks), m.block_size,
                                         num_prompt_tokens=num_prompt)
-            if 0 in blocks:  # null blocks (windowed kinds) have no retention
+            if nulls and not all(blocks):  # null blocks (windowed kinds): no retention
                 for first, stop, p, d in runs:
                     for b in blocks[first:stop]:
                         if b:

@@ -158,6 +158,22 @@ class PinTable:
             if lease.refresh_on_hit:
                 lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
 
+    def refresh_one(self, key: PinKey, now: float) -> bool:
+        """:meth:`refresh` of ``key`` when that refreshes every refresh-on-hit lease
+        (the usual hit on one pinned prefix); returns whether it did, else changes
+        nothing. O(leases holding the key)."""
+        holders = self.keys.get(key, ())
+        n = 0
+        for lease in holders:
+            if lease.refresh_on_hit:
+                n += 1
+        if n != self.num_refreshing:
+            return False
+        for lease in holders:
+            if lease.refresh_on_hit:
+                lease.expires_at = now + lease.ttl_s
+        return True
+
     def refresh_keys(self, keys: Iterable[PinKey], now: float) -> None:
         """:meth:`refresh` for each of ``keys`` (a touch's pinned hits), in one call.
         Refreshing is idempotent, so it stops once every refresh-on-hit lease has been

@@ -126,9 +126,15 @@ class RetentionPool(BlockPool):
             return
         hits = ids if type(ids) is list else list(ids)
         pinned = queue.pinned
-        refresh = bool(self.pins.num_refreshing) and any(map(pinned.__getitem__, hits))
+        pins = self.pins
+        first = 0  # the first pinned hit, if a lease refreshes on hits
+        if pins.num_refreshing:
+            for b in hits:
+                if pinned[b]:
+                    first = b
+                    break
         now = 0.0
-        if refresh:
+        if first:
             now = queue.tick()  # a lease that ended is not refreshed
         elif queue.deadline != _INF and queue.expiries_move_blocks():
             queue.tick()  # expiries first, so they happen in time order
@@ -139,11 +145,14 @@ class RetentionPool(BlockPool):
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
-        if refresh:
-            # A pinned mark implies a hash (check_invariants), so the keys are real.
+        if first and not (pinned[first] and pins.refresh_one(
+                (self.block_group[first], cast(bytes, self.block_hash[first])), now)):
+            # More than the first pinned hit's leases to refresh: every pinned hit's
+            # keys, read lazily (the refresh ends once every lease is refreshed). A
+            # pinned mark implies a hash (check_invariants), so the keys are real.
             bg, bh = self.block_group, self.block_hash
             keys = cast("Iterator[PinKey]", ((bg[b], bh[b]) for b in hits if pinned[b]))
-            self.pins.refresh_keys(keys, now)
+            pins.refresh_keys(keys, now)
 
     def cache_full_blocks(
         self,

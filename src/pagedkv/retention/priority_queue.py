@@ -423,12 +423,31 @@ class PriorityFreeQueue(FreeBlockQueue):
         Precondition: ``n <= num_free``. O(n + log levels per level visited).
         """
         count, nxt, prv, where = self._count, self._next, self._prev, self._where
+        if count[_UNHASHED] >= n:
+            # Unhashed blocks only (the common decode step): no expiry moves one (they
+            # go to levels), none is pinned, timed or tenant-tracked.
+            head = self._n
+            out = [0] * n
+            b = nxt[head]
+            prio, dur = self.priority, self.duration_s
+            default = self.default_priority
+            for i in range(n):
+                out[i] = b
+                where[b] = -1
+                prio[b] = default
+                dur[b] = None
+                b = nxt[b]
+            nxt[head] = b
+            prv[b] = head
+            count[_UNHASHED] -= n
+            self._num_free -= n
+            return out
         # Due expiries first if they could move a free block (expiries_move_blocks,
-        # inlined: the decode path takes one block per call).
+        # inlined).
         if self.deadline != _INF and (self._xlists.size or self.num_parked
                                       or count[_PINNED]):
             self.tick()
-        out: list[int] = []
+        out = []
         base = self._n
         prio, dur, pinned = self.priority, self.duration_s, self.pinned
         default = self.default_priority
@@ -610,6 +629,8 @@ class PriorityFreeQueue(FreeBlockQueue):
                     assert self.pinned[b], f"unpinned block {b} parked"
                 elif lst in (_UNHASHED, _OVER):
                     assert not self.pinned[b], f"pinned block {b} in list {lst}"
+                if lst == _UNHASHED:
+                    assert self.tenant[b] == -1, f"unhashed block {b} has a tenant"
             if lst >= _LEVEL0:
                 bit = bool(self._mask >> (lst - _LEVEL0) & 1)
                 assert bit == bool(items), f"level {lst - _LEVEL0}: mask bit {bit}"
