@@ -115,7 +115,8 @@ class RequestRetention:
     #: splits, ``(start, priority, duration_s)`` in order, the last open-ended.
     _segments: tuple[tuple[int, int, float | None], ...] = field(
         init=False, repr=False, compare=False)
-    _has_durations: bool = field(init=False, repr=False, compare=False)
+    #: Whether any range, or the decode setting, has a duration (derived).
+    has_durations: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranges, tuple):
@@ -141,13 +142,8 @@ class RequestRetention:
             for a, b in zip(cuts, [*cuts[1:], None], strict=True)
         )
         object.__setattr__(self, "_segments", segments)
-        object.__setattr__(self, "_has_durations", self.decode_duration_s is not None or any(
+        object.__setattr__(self, "has_durations", self.decode_duration_s is not None or any(
             r.duration_s is not None for r in self.ranges))
-
-    @property
-    def has_durations(self) -> bool:
-        """Whether any range, or the decode setting, has a duration."""
-        return self._has_durations
 
     def block_retention(
         self, index: int, block_size: int, *, num_prompt_tokens: int
