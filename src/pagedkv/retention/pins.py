@@ -158,11 +158,11 @@ class PinTable:
             if lease.refresh_on_hit:
                 lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
 
-    def refresh_one(self, key: PinKey, now: float) -> bool:
-        """:meth:`refresh` of ``key`` when that refreshes every refresh-on-hit lease
-        (the usual hit on one pinned prefix); returns whether it did, else changes
+    def refresh_holders(self, holders: list[PinLease], now: float) -> bool:
+        """:meth:`refresh` of the key whose active leases are ``holders`` (``keys[key]``,
+        which a pinned block's mark holds) when that refreshes every refresh-on-hit
+        lease (the usual hit on one pinned prefix); returns whether it did, else changes
         nothing. O(leases holding the key)."""
-        holders = self.keys.get(key, ())
         n = 0
         for lease in holders:
             if lease.refresh_on_hit:

@@ -147,8 +147,8 @@ class RetentionPool(BlockPool):
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
-        if first and not (pinned[first] and pins.refresh_one(
-                (self.block_group[first], cast(bytes, self.block_hash[first])), now)):
+        if first and not (pinned[first] and pins.refresh_holders(
+                cast("list[PinLease]", pinned[first]), now)):
             # More than the first pinned hit's leases to refresh: every pinned hit's
             # keys, read lazily (the refresh ends once every lease is refreshed). A
             # pinned mark implies a hash (check_invariants), so the keys are real.
@@ -191,18 +191,21 @@ class RetentionPool(BlockPool):
                 b = blocks[i]
                 if b and (mask is None or mask[i - num_cached_blocks]):
                     h = bh[b]
-                    if h is not None and (group, h) in pins:
-                        marks[b] = True
+                    holders = pins.get((group, h)) if h is not None else None
+                    if holders:
+                        marks[b] = holders
             return
         queue = self.specialise()  # quotas: out of uniform mode already
         extras = request.hash_extras
         t = self.tenant_id(extras.cache_salt if extras is not None else None)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
-            if b and bh[b] is not None and (mask is None or mask[i - num_cached_blocks]):
+            h = bh[b]
+            if b and h is not None and (mask is None or mask[i - num_cached_blocks]):
                 queue.tenant[b] = t
-                if pins and (group, bh[b]) in pins:
-                    queue.pinned[b] = True
+                holders = pins.get((group, h)) if pins else None
+                if holders:
+                    queue.pinned[b] = holders
 
     def cache_partial_block(
         self, request: RequestLike, block: int, num_tokens: int, group: int
@@ -217,8 +220,9 @@ class RetentionPool(BlockPool):
                 extras = request.hash_extras
                 queue.tenant[block] = self.tenant_id(
                     extras.cache_salt if extras is not None else None)
-            if (group, h) in self.pins.keys:
-                queue.pinned[block] = True
+            holders = self.pins.keys.get((group, h))
+            if holders:
+                queue.pinned[block] = holders
         return h
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
@@ -288,8 +292,9 @@ class RetentionPool(BlockPool):
             queue.now_s = now
         queue.plain = False
         for key in new:
+            holders = self.pins.keys[key]
             for b in self._blocks_of(key):
-                queue.set_pinned(b, True)
+                queue.set_pinned(b, holders)
         queue.deadline = min(queue.deadline, lease.expires_at)
         return lease
 
@@ -376,7 +381,9 @@ class RetentionPool(BlockPool):
         assert self.free_queue is queue, "the pool's free queue is not its retention queue"
         for b in range(1, self.num_blocks):
             h = self.block_hash[b]
-            want = h is not None and (self.block_group[b], h) in self.pins.keys
-            assert queue.pinned[b] == want, (
-                f"block {b}: pinned mark {queue.pinned[b]}, key pinned {want}"
+            holders = self.pins.keys.get((self.block_group[b], h)) if h is not None else None
+            assert bool(queue.pinned[b]) == bool(holders), (
+                f"block {b}: pinned mark {bool(queue.pinned[b])}, key pinned {bool(holders)}"
             )
+            assert not holders or queue.pinned[b] is holders, (
+                f"block {b}: its pin mark is not its key's leases")

@@ -85,7 +85,10 @@ class PriorityFreeQueue(FreeBlockQueue):
         self.priority = [default_priority] * n
         self.duration_s: list[float | None] = [None] * n
         self.tenant = [-1] * n
-        self.pinned = [False] * n
+        #: Per block: False, or while its content is pinned a truthy mark its owner
+        #: chooses (the pool stores the list of leases holding the block's key, so a
+        #: hit finds them without a lookup).
+        self.pinned: list[object] = [False] * n
         #: True while no block has been pinned, given a duration or a tenant quota (set
         #: False by the pool, for good): freeing then only sorts blocks by priority.
         self.plain = not tenant_quotas
@@ -514,9 +517,13 @@ class PriorityFreeQueue(FreeBlockQueue):
 
     # ------------------------------------------------------------------ retention moves
 
-    def set_pinned(self, b: int, pinned: bool) -> None:
-        """Mark ``b``'s content pinned or not; a free block moves accordingly. O(1)."""
-        if self.pinned[b] == pinned:
+    def set_pinned(self, b: int, pinned: object) -> None:
+        """Mark ``b``'s content pinned (``pinned`` not False: the mark, see ``pinned``)
+        or not (False); a free block moves accordingly. A mark is tested by identity
+        with False here: the pool's mark, the key's list of leases, is already empty
+        when the pool unpins the key's blocks. O(1)."""
+        if (self.pinned[b] is not False) == (pinned is not False):
+            self.pinned[b] = pinned
             return
         self.plain = False
         lst = self._where[b]
