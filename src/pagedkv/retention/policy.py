@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -115,6 +116,7 @@ class RequestRetention:
     #: splits, ``(start, priority, duration_s)`` in order, the last open-ended.
     _segments: tuple[tuple[int, int, float | None], ...] = field(
         init=False, repr=False, compare=False)
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
     #: Whether any range, or the decode setting, has a duration (derived).
     has_durations: bool = field(init=False, repr=False, compare=False)
 
@@ -142,6 +144,7 @@ class RequestRetention:
             for a, b in zip(cuts, [*cuts[1:], None], strict=True)
         )
         object.__setattr__(self, "_segments", segments)
+        object.__setattr__(self, "_starts", tuple(a for a, _, _ in segments))
         object.__setattr__(self, "has_durations", self.decode_duration_s is not None or any(
             r.duration_s is not None for r in self.ranges))
 
@@ -208,26 +211,22 @@ class RequestRetention:
         [(0, 3, 80, 9.0), (3, 5, 35, None), (5, 6, 20, None)]
         """
         prompt = num_prompt_tokens
-        # The precomputed segments clipped at the prompt's end: a segment starting
-        # before it keeps its retention (a range ending after its start ends at or after
-        # the next cut), then the decode tokens.
-        segments: list[tuple[int, int, int, float | None]] = []
-        pending = None
-        for a, p, d in self._segments:
-            if a >= prompt:
-                break
-            if pending is not None:
-                segments.append((pending[0], a, pending[1], pending[2]))
-            pending = (a, p, d)
-        if pending is not None:
-            segments.append((pending[0], prompt, pending[1], pending[2]))
-        segments.append((prompt, max(prompt, num_blocks * block_size),
-                         self.decode_priority, self.decode_duration_s))
-        # Segments are contiguous token spans in order; a block holding a cut belongs to
-        # the segments on both sides and takes the better retention (the earlier one on a
-        # tie). Only the last run can hold a block the next segment starts in.
+        segs = self._segments
+        # The precomputed segments starting before the prompt's end, the last one cut
+        # there (it keeps its retention: a range ending after its start ends at or after
+        # the next cut), then the decode tokens. Segments are contiguous token spans in
+        # order; a block holding a cut belongs to the segments on both sides and takes
+        # the better retention (the earlier one on a tie). Only the last run can hold a
+        # block the next segment starts in.
+        j = bisect_left(self._starts, prompt)
         runs: list[tuple[int, int, int, float | None]] = []
-        for a, b, p, d in segments:
+        for i in range(j + 1):
+            if i < j:
+                a, p, d = segs[i]
+                b = segs[i + 1][0] if i + 1 < j else prompt
+            else:
+                a, b = prompt, max(prompt, num_blocks * block_size)
+                p, d = self.decode_priority, self.decode_duration_s
             first = a // block_size
             last = min((b - 1) // block_size, num_blocks - 1)
             if b <= a or first > last:
