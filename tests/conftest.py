@@ -6,8 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from pagedkv import FullAttentionSpec, KVCacheManager
+
+# No per-example deadline anywhere: CI shares its cores, and a slow example under load is
+# not a failure (tests that set their own settings keep them).
+settings.register_profile("pagedkv", deadline=None)
+settings.load_profile("pagedkv")
 
 
 class CheckedManager:

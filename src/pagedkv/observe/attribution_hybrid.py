@@ -212,14 +212,8 @@ class HybridExplainer(ExplainerBase):
         assert coord is not None
         managers = self.managers
         lcm = coord.lcm_block_size
-        length = max_length // lcm * lcm
-        clamps: list[tuple[int, int, _Label]] = []
-        if max_length > length:
-            clamps.append((length, max_length, self._lcm_label(max_length)))
+        length, clamps = self._first_clamps(max_length, lcm)
         if self.never_group is not None:
-            g = self.never_group
-            if length:
-                clamps.append((0, length, (Reason.CLAMPED, g, self.causes[g], None)))
             return 0, clamps
         for g in self.full_groups:
             bs = managers[g].block_size
@@ -246,6 +240,21 @@ class HybridExplainer(ExplainerBase):
                     length = new
         return length, clamps
 
+    def _first_clamps(
+        self, max_length: int, lcm: int
+    ) -> tuple[int, list[tuple[int, int, _Label]]]:
+        """Where both replays start: ``max_length`` cut to a multiple of ``lcm`` (the cut
+        recorded), and, when a group never hits (``never_group``), the whole remaining
+        length charged to it (the caller then returns a hit of 0)."""
+        length = max_length // lcm * lcm
+        clamps: list[tuple[int, int, _Label]] = []
+        if max_length > length:
+            clamps.append((length, max_length, self._lcm_label(max_length)))
+        g = self.never_group
+        if g is not None and length:
+            clamps.append((0, length, (Reason.CLAMPED, g, self.causes[g], None)))
+        return length, clamps
+
     def _lcm_label(self, tokens: int) -> _Label:
         """The clamp of a hit cut back to the lcm of block sizes from ``tokens``: charged
         to a group whose block boundary ``tokens`` is not on (else the largest block)."""
@@ -262,14 +271,8 @@ class HybridExplainer(ExplainerBase):
         step for step (same groups asked, same bounds)."""
         managers = self.managers
         lcm = self.hybrid_lcm
-        length = max_length // lcm * lcm
-        clamps: list[tuple[int, int, _Label]] = []
-        if max_length > length:
-            clamps.append((length, max_length, self._lcm_label(max_length)))
+        length, clamps = self._first_clamps(max_length, lcm)
         if self.never_group is not None:
-            g = self.never_group
-            if length:
-                clamps.append((0, length, (Reason.CLAMPED, g, self.causes[g], None)))
             return 0, clamps, tuple([] for _ in managers)
         hits: list[list[int]] = [[] for _ in managers]
         labels = self.replay_labels

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import require
+from pagedkv.observe.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
     from pagedkv.cluster.service import IndexService, ServiceStats
@@ -48,7 +49,7 @@ _PER_PUBLISHER_COUNTERS = (
 )
 
 
-class IndexServiceExporter:
+class IndexServiceExporter(MetricsEndpoint):
     """Prometheus metrics of one index service (module docstring); its own registry,
     served on 127.0.0.1 only.
 
@@ -59,16 +60,13 @@ class IndexServiceExporter:
     def __init__(self, *, namespace: str = "pagedkv_index",
                  min_interval_s: float = 0.5) -> None:
         prom: Any = require("prometheus_client", "metrics", "the index service's metrics")
-        self._prom = prom
+        super().__init__(prom)
         self._core: Any = require("prometheus_client.core", "metrics",
                                   "the index service's metrics")
         self.namespace = namespace
         self.min_interval_s = min_interval_s
-        self.registry = prom.CollectorRegistry()
         self._stats: ServiceStats | None = None
         self._last_s = float("-inf")
-        self._server: Any = None
-        self._thread: Any = None
         self.registry.register(self)
 
     def update(self, service: IndexService, *, force: bool = False) -> None:
@@ -115,28 +113,3 @@ class IndexServiceExporter:
                                        stats.index_write_failures)
         yield core.GaugeMetricFamily(f"{ns}_available", "1 when the index is in step.",
                                      int(stats.index_available))
-
-    def text(self) -> str:
-        """The current exposition (Prometheus text format)."""
-        out: bytes = self._prom.generate_latest(self.registry)
-        return out.decode()
-
-    def serve(self, port: int = 0) -> int:
-        """Serve ``/metrics`` on 127.0.0.1:``port`` (0: any free port) from a daemon
-        thread; returns the bound port.
-
-        Raises:
-            OSError: the port is taken.
-        """
-        self._server, self._thread = self._prom.start_http_server(
-            port, addr="127.0.0.1", registry=self.registry)
-        bound: int = self._server.server_port
-        return bound
-
-    def close(self) -> None:
-        """Stop the server (if serving). Idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = self._thread = None

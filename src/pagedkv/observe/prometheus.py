@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import require
+from pagedkv.observe.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
     from pagedkv.manager import KVCacheManager
@@ -58,7 +59,7 @@ RESIDENCY_BUCKETS_S: tuple[float, ...] = (
 )
 
 
-class PrometheusExporter:
+class PrometheusExporter(MetricsEndpoint):
     """Prometheus metrics of one manager (module docstring).
 
     Raises:
@@ -68,8 +69,8 @@ class PrometheusExporter:
     def __init__(self, *, namespace: str = "pagedkv",
                  residency_buckets_s: Iterable[float] = RESIDENCY_BUCKETS_S) -> None:
         prom: Any = require("prometheus_client", "metrics", "the Prometheus exporter")
-        self._prom = prom
-        self.registry = reg = prom.CollectorRegistry()
+        super().__init__(prom)
+        reg = self.registry
         ns = namespace
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
@@ -107,8 +108,6 @@ class PrometheusExporter:
                                    "Sampled time between consecutive hits on a block.")
         self._last_evicted = 0
         self._last_dropped = 0
-        self._server: Any = None
-        self._thread: Any = None
 
     # ------------------------------------------------------------------ recording
 
@@ -160,33 +159,6 @@ class PrometheusExporter:
                              evicted_blocks_total=mgr.num_evicted_blocks,
                              dropped_batches_total=dropped, misses=misses,
                              residency=residency)
-
-    # ------------------------------------------------------------------ serving
-
-    def text(self) -> str:
-        """The current exposition (Prometheus text format)."""
-        out: bytes = self._prom.generate_latest(self.registry)
-        return out.decode()
-
-    def serve(self, port: int = 0) -> int:
-        """Serve ``/metrics`` on 127.0.0.1:``port`` (0: any free port) from a daemon
-        thread; returns the bound port. Call :meth:`close` to stop.
-
-        Raises:
-            OSError: the port is taken.
-        """
-        self._server, self._thread = self._prom.start_http_server(
-            port, addr="127.0.0.1", registry=self.registry)
-        bound: int = self._server.server_port
-        return bound
-
-    def close(self) -> None:
-        """Stop the server (if serving). Idempotent."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = self._thread = None
 
 
 def _add_by_label(counter: Any, values: Mapping[str, int]) -> None:

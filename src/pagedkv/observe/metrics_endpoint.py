@@ -1,0 +1,54 @@
+"""The HTTP side shared by pagedkv's Prometheus exporters: one registry of the
+exporter's own (never the process-global one), exposed as text or served on 127.0.0.1.
+
+Subclasses set ``self._prom`` (the ``prometheus_client`` module) and ``self.registry``
+in their ``__init__`` and call :meth:`MetricsEndpoint.__init__` first::
+
+    class MyExporter(MetricsEndpoint):
+        def __init__(self) -> None:
+            super().__init__(require("prometheus_client", "metrics", "my metrics"))
+            ...  # register metrics on self.registry
+
+    port = MyExporter().serve(0)   # http://127.0.0.1:<port>/metrics
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MetricsEndpoint"]
+
+
+class MetricsEndpoint:
+    """A Prometheus registry with a text dump and a loopback HTTP server."""
+
+    def __init__(self, prom: Any) -> None:
+        self._prom = prom
+        self.registry: Any = prom.CollectorRegistry()
+        self._server: Any = None
+        self._thread: Any = None
+
+    def text(self) -> str:
+        """The current exposition (Prometheus text format)."""
+        out: bytes = self._prom.generate_latest(self.registry)
+        return out.decode()
+
+    def serve(self, port: int = 0) -> int:
+        """Serve ``/metrics`` on 127.0.0.1:``port`` (0: any free port) from a daemon
+        thread; returns the bound port. Call :meth:`close` to stop.
+
+        Raises:
+            OSError: the port is taken.
+        """
+        self._server, self._thread = self._prom.start_http_server(
+            port, addr="127.0.0.1", registry=self.registry)
+        bound: int = self._server.server_port
+        return bound
+
+    def close(self) -> None:
+        """Stop the server (if serving). Idempotent."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = self._thread = None
