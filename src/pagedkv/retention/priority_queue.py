@@ -158,8 +158,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         """Whether a due expiry could change the order of the free blocks: only while a
         free block has a duration (it would move to the default level) or a free block is
         pinned (a lease ending moves it into its level). Otherwise an expiry only clears
-        the pin marks of blocks in use, which no queue operation reads before the next
-        tick: operations that depend on the order tick first only when this holds. O(1).
+        the pin marks of blocks in use, and the operations that read those (placing a
+        freed pinned block, a hit refreshing a lease) tick first themselves: operations
+        that depend on the order tick first only when this holds. O(1).
         """
         return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
 
@@ -623,6 +624,8 @@ class PriorityFreeQueue(FreeBlockQueue):
             f"retention queue: num_free {self._num_free}, order holds {len(order)}"
         )
         assert len(parked) == self.num_parked, "retention queue: parked count wrong"
+        assert (type(self) is ParkingFreeQueue) == bool(self.num_parked), (
+            f"retention queue: class {type(self).__name__} with {self.num_parked} parked")
         assert len(set(every)) == len(every), "retention queue: an id appears twice"
         for lst in range(len(self._count)):
             items = self._list_items(lst)
