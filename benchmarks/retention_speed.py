@@ -16,6 +16,14 @@ op time and the sum over ops of count x median latency (robust to other processe
 preempting this one), and active's ratio to off. Run it with another checkout's ``src``
 on ``PYTHONPATH`` to measure that checkout the same way.
 
+``paired``: the harness workload in one process driven through retention off and
+``active`` side by side, call by call (the side going first alternating from call to
+call), each side's core calls timed on their own: other processes slow both sides
+alike, so the ratio is steady on a busy machine where whole-replay timings swing. The
+replay asserts both sides hit the same tokens and neither refuses an allocation (the
+harness workload never does), so both run the same calls. Per side the sum of core
+call times and the sum over ops of count x median; median over ``--rounds``.
+
 ``lockstep``: retention off, configured but unused (uniform mode) and configured, converted
 out of uniform mode with nothing asked (what ``on`` cost before the uniform mode), in one
 process, operation by operation on ``pagedkv bench``'s workloads, first side rotating,
@@ -32,6 +40,7 @@ look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
         ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
     python benchmarks/retention_speed.py inproc --rounds 3
+    python benchmarks/retention_speed.py paired --rounds 3
     python benchmarks/retention_speed.py lockstep --rounds 3
     python benchmarks/retention_speed.py pool-size
 """
@@ -131,6 +140,125 @@ def inproc(a: argparse.Namespace) -> None:
         print(f"{name:<7} {best:>8.3f} {est:>10.3f} " + " ".join(f"{p50[k]:>17.2f}" for k in ops))
     (b0, e0, _), (b1, e1, _) = summary["off"], summary["active"]
     print(f"active / off ops/s: core {b0 / b1:.3f}, p50 sum {e0 / e1:.3f}")
+
+
+class _PairedAdapter:
+    """Two harness adapters driven call by call; each side's core calls timed apart."""
+
+    CORE = ("lookup", "allocate_prefill", "allocate_decode", "free")
+
+    def __init__(self, sides: dict[str, object]) -> None:
+        self.names = list(sides)
+        self.sides = [sides[k] for k in self.names]
+        self.times: dict[str, dict[str, list[int]]] = {
+            k: {op: [] for op in self.CORE} for k in self.names}
+        self._flip = 0
+
+    def _both(self, op: str, args_of, timed: bool):  # type: ignore[no-untyped-def]
+        perf = time.perf_counter_ns
+        self._flip ^= 1
+        order = (0, 1) if self._flip else (1, 0)
+        out: list[object] = [None, None]
+        for i in order:
+            t0 = perf()
+            out[i] = getattr(self.sides[i], op)(*args_of(i))
+            dt = perf() - t0
+            if timed:
+                self.times[self.names[i]][op].append(dt)
+        return out
+
+    def make_request(self, spec):  # type: ignore[no-untyped-def]
+        return self._both("make_request", lambda i: (spec,), False)
+
+    def hash_prompt(self, req) -> None:  # type: ignore[no-untyped-def]
+        self._both("hash_prompt", lambda i: (req[i],), False)
+
+    def lookup(self, req):  # type: ignore[no-untyped-def]
+        out = self._both("lookup", lambda i: (req[i],), True)
+        assert out[0][1] == out[1][1], "the sides hit different token counts"  # type: ignore[index]
+        return [o[0] for o in out], out[0][1]  # type: ignore[index]
+
+    def lookup_block_ids(self, handle):  # type: ignore[no-untyped-def]
+        return []
+
+    def allocate_prefill(self, req, n_new, n_computed, handle):  # type: ignore[no-untyped-def]
+        out = self._both("allocate_prefill",
+                         lambda i: (req[i], n_new, n_computed, handle[i]), True)
+        assert out[0] is not None and out[1] is not None, "a side refused a prefill"
+        return out[0]
+
+    def after_prefill(self, req) -> None:  # type: ignore[no-untyped-def]
+        self._both("after_prefill", lambda i: (req[i],), False)
+
+    def append_token(self, req, tok) -> None:  # type: ignore[no-untyped-def]
+        self._both("append_token", lambda i: (req[i], tok), False)
+
+    def allocate_decode(self, req):  # type: ignore[no-untyped-def]
+        out = self._both("allocate_decode", lambda i: (req[i],), True)
+        assert out[0] is not None and out[1] is not None, "a side refused a decode"
+        return out[0]
+
+    def after_decode(self, req) -> None:  # type: ignore[no-untyped-def]
+        self._both("after_decode", lambda i: (req[i],), False)
+
+    def free(self, req) -> None:  # type: ignore[no-untyped-def]
+        self._both("free", lambda i: (req[i],), True)
+
+    def take_events(self) -> int:
+        return -1
+
+    def usage(self) -> float:
+        return float(self.sides[0].usage())  # type: ignore[attr-defined]
+
+    def num_free_blocks(self) -> int:
+        return int(self.sides[0].num_free_blocks())  # type: ignore[attr-defined]
+
+    def extra_stats(self) -> dict[str, object]:
+        return {}
+
+
+def paired(a: argparse.Namespace) -> None:
+    """Off vs active on the harness workload, call by call in one process."""
+    import statistics
+
+    sys.path.insert(0, HERE)
+    from vllm_compare_adapter import DEFAULT_HARNESS, PagedKVAdapter
+
+    sys.path.insert(0, a.harness_dir or DEFAULT_HARNESS)
+    import workload  # the harness module
+    from retention_adapter import RetentionAdapter
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--retention", default="active")
+    workload.add_workload_args(ap)
+    args = ap.parse_args([])
+    specs = workload.build_workload(args)
+    args.max_model_len = max(len(s.prompt) + len(s.decode_tokens) for s in specs)
+    ops = _PairedAdapter.CORE
+    sums: dict[str, list[float]] = {"off": [], "active": []}
+    p50s: dict[str, list[float]] = {"off": [], "active": []}
+    per_op: dict[str, dict[str, list[float]]] = {k: {op: [] for op in ops} for k in sums}
+    for r in range(a.rounds):
+        names = ["off", "active"] if r % 2 == 0 else ["active", "off"]
+        makers = {"off": PagedKVAdapter, "active": RetentionAdapter}
+        pair = _PairedAdapter({k: makers[k](args) for k in names})
+        workload.replay(pair, specs, args.concurrency, digest=False)  # type: ignore[arg-type]
+        for k, t in pair.times.items():
+            sums[k].append(sum(sum(v) for v in t.values()) / 1e9)
+            meds = {op: statistics.median(t[op]) / 1e3 for op in ops}
+            for op in ops:
+                per_op[k][op].append(meds[op])
+            p50s[k].append(sum(meds[op] * len(t[op]) for op in ops) / 1e6)
+    print(f"harness workload, off and active call by call in one process, {a.rounds} "
+          "rounds; medians over rounds")
+    print(f"{'side':<7} {'core s':>8} {'p50 sum s':>10} " + " ".join(f"{k:>17}" for k in ops))
+    for k in sums:
+        print(f"{k:<7} {statistics.median(sums[k]):>8.3f} {statistics.median(p50s[k]):>10.3f} "
+              + " ".join(f"{statistics.median(per_op[k][op]):>17.2f}" for op in ops))
+    core = statistics.median(o / x for o, x in zip(sums["off"], sums["active"], strict=True))
+    p50 = statistics.median(o / x for o, x in zip(p50s["off"], p50s["active"], strict=True))
+    print(f"active / off ops/s: core {core:.3f}, p50 sum {p50:.3f} (median of per-round "
+          "ratios)")
 
 
 def lockstep(a: argparse.Namespace) -> None:
@@ -261,6 +389,10 @@ def main() -> None:
     ip.add_argument("--rounds", type=int, default=3)
     ip.add_argument("--harness-dir", default=None,
                     help="the harness directory (default: the adapter's, ../shared/...)")
+    pp = sub.add_parser("paired")
+    pp.add_argument("--rounds", type=int, default=3)
+    pp.add_argument("--harness-dir", default=None,
+                    help="the harness directory (default: the adapter's, ../shared/...)")
     ls = sub.add_parser("lockstep")
     ls.add_argument("--rounds", type=int, default=3)
     ls.add_argument("--num-requests", type=int, default=2000)
@@ -270,7 +402,7 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     p.add_argument("--rounds-ops", type=int, default=200)
     a = ap.parse_args()
-    {"harness": harness, "inproc": inproc, "lockstep": lockstep,
+    {"harness": harness, "inproc": inproc, "paired": paired, "lockstep": lockstep,
      "pool-size": pool_size}[a.cmd](a)
 
 

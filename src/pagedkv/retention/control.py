@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.managers.base import SingleTypeManager
+from pagedkv.managers.full import FullAttentionManager
 from pagedkv.request import RequestLike
 from pagedkv.retention.pins import PinKey, PinLease
 from pagedkv.retention.policy import RequestRetention
@@ -53,6 +54,9 @@ class RetentionControl:
     def __init__(self, pool: RetentionPool, managers: Sequence[SingleTypeManager]) -> None:
         self.pool = pool
         self.managers = list(managers)
+        #: Per manager: whether its tables may hold the null block (full attention
+        #: tables never do, which spares a scan of every freed table).
+        self._nulls = [not isinstance(m, FullAttentionManager) for m in self.managers]
         self._strides = [(m.group, m.hash_stride) for m in self.managers if m.cacheable]
 
     # ------------------------------------------------------------------ pins
@@ -154,23 +158,25 @@ class RetentionControl:
         retention = getattr(request, "retention", None)
         if retention is None or request is None:
             return
-        self.check_retention(request.request_id, retention)
+        if not isinstance(retention, RequestRetention):
+            self.check_retention(request.request_id, retention)
         assert isinstance(retention, RequestRetention)
         rid = request.request_id
-        num_prompt = getattr(request, "num_prompt_tokens", request.num_tokens)
+        num_prompt = getattr(request, "num_prompt_tokens", None)
+        if num_prompt is None:
+            num_prompt = request.num_tokens
         queue = self.pool.specialise()  # the first request with retention ends uniform mode
+        if retention.has_durations:
+            queue.plain = False
         prio, dur = queue.priority, queue.duration_s
-        durations = retention.has_durations
-        for m in self.managers:
+        for m, nulls in zip(self.managers, self._nulls, strict=True):
             blocks = m.req_to_blocks.get(rid)
             if not blocks:
                 continue
-            if durations:
-                queue.plain = False
             # Run by run (equal retention), not block by block: no per-block lists.
             runs = retention.block_runs(len(blocks), m.block_size,
                                         num_prompt_tokens=num_prompt)
-            if 0 in blocks:  # null blocks (windowed kinds) have no retention
+            if nulls and not all(blocks):  # null blocks (windowed kinds): no retention
                 for first, stop, p, d in runs:
                     for b in blocks[first:stop]:
                         if b:

@@ -10,8 +10,8 @@ operation is O(1); no node objects exist.
 >>> for x in (3, 1, 4):
 ...     ll.append(a, x)
 >>> ll.remove(1); ll.append(b, 1)
->>> ll.items(a), ll.items(b), ll.front(a), ll.length(a)
-([3, 4], [1], 3, 2)
+>>> ll.items(a), ll.items(b), ll.front(a), ll.length(a), ll.size
+([3, 4], [1], 3, 2, 3)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["LinkedLists"]
 class LinkedLists:
     """Lists over ids ``[0, num_ids)``; sentinels live at indexes ``>= num_ids``."""
 
-    __slots__ = ("_lengths", "next", "num_ids", "prev", "where")
+    __slots__ = ("_lengths", "next", "num_ids", "prev", "size", "where")
 
     def __init__(self, num_ids: int) -> None:
         self.num_ids = num_ids
@@ -31,6 +31,8 @@ class LinkedLists:
         #: Head sentinel of the list holding each id, -1 when in none.
         self.where: list[int] = [-1] * num_ids
         self._lengths: dict[int, int] = {}
+        #: Ids in some list (all lists together).
+        self.size = 0
 
     def new_list(self) -> int:
         """A new empty list; returns its head sentinel (its id). O(1) amortized."""
@@ -50,6 +52,7 @@ class LinkedLists:
         self.prev[tail] = b
         self.where[b] = head
         self._lengths[head] += 1
+        self.size += 1
 
     def remove(self, b: int) -> None:
         """Unlink ``b`` from its list. Precondition: it is in one. O(1)."""
@@ -59,6 +62,7 @@ class LinkedLists:
         self.prev[q] = p
         self._lengths[self.where[b]] -= 1
         self.where[b] = -1
+        self.size -= 1
 
     def front(self, head: int) -> int | None:
         """The first id of list ``head``, or None when it is empty. O(1)."""
@@ -95,3 +99,4 @@ class LinkedLists:
             seen += count
         members = sum(1 for w in self.where if w != -1)
         assert members == seen, f"{members} ids claim a list, lists hold {seen}"
+        assert self.size == seen, f"size is {self.size}, lists hold {seen}"

@@ -57,12 +57,14 @@ class PinTable:
     holding the key); :meth:`pop_due` O(log leases) amortized.
     """
 
-    __slots__ = ("_heap", "_next_id", "budget_keys", "keys", "num_refreshing")
+    __slots__ = ("_heap", "_next_id", "budget_keys", "by_group", "keys", "num_refreshing")
 
     def __init__(self, *, budget_keys: int) -> None:
         self.budget_keys = budget_keys
         #: Pinned key -> the active leases holding it.
         self.keys: dict[PinKey, list[PinLease]] = {}
+        #: Group -> the pinned hashes of that group (``keys`` by group).
+        self.by_group: dict[int, set[bytes]] = {}
         self._heap: list[tuple[float, int, PinLease]] = []
         self._next_id = 0
         #: Active leases with ``refresh_on_hit``.
@@ -103,6 +105,8 @@ class PinTable:
                          expires_at=now + ttl_s, refresh_on_hit=refresh_on_hit)
         for k in unique:
             self.keys.setdefault(k, []).append(lease)
+        for g, h in new:
+            self.by_group.setdefault(g, set()).add(h)
         heapq.heappush(self._heap, (lease.expires_at, lease.lease_id, lease))
         if refresh_on_hit:
             self.num_refreshing += 1
@@ -123,6 +127,10 @@ class PinTable:
             if not holders:
                 del self.keys[k]
                 freed.append(k)
+                group = self.by_group[k[0]]
+                group.discard(k[1])
+                if not group:
+                    del self.by_group[k[0]]
         return freed
 
     def renew(self, lease: PinLease, *, ttl_s: float, now: float) -> None:
@@ -150,6 +158,22 @@ class PinTable:
             if lease.refresh_on_hit:
                 lease.expires_at = now + lease.ttl_s  # re-filed lazily (next_expiry)
 
+    def refresh_holders(self, holders: list[PinLease], now: float) -> bool:
+        """:meth:`refresh` of the key whose active leases are ``holders`` (``keys[key]``,
+        which a pinned block's mark holds) when that refreshes every refresh-on-hit
+        lease (the usual hit on one pinned prefix); returns whether it did, else changes
+        nothing. O(leases holding the key)."""
+        n = 0
+        for lease in holders:
+            if lease.refresh_on_hit:
+                n += 1
+        if n != self.num_refreshing:
+            return False
+        for lease in holders:
+            if lease.refresh_on_hit:
+                lease.expires_at = now + lease.ttl_s
+        return True
+
     def refresh_keys(self, keys: Iterable[PinKey], now: float) -> None:
         """:meth:`refresh` for each of ``keys`` (a touch's pinned hits), in one call.
         Refreshing is idempotent, so it stops once every refresh-on-hit lease has been
@@ -164,6 +188,13 @@ class PinTable:
         """
         get = self.keys.get
         left = self.num_refreshing
+        if left == 1:  # the common case: refreshed at its first key, no set needed
+            for key in keys:
+                for lease in get(key, ()):
+                    if lease.refresh_on_hit:
+                        lease.expires_at = now + lease.ttl_s
+                        return
+            return
         done: set[int] = set()
         for key in keys:
             for lease in get(key, ()):
@@ -203,3 +234,6 @@ class PinTable:
         in_heap = {lease.lease_id for _, _, lease in self._heap if lease.active}
         assert active <= in_heap, "an active lease is missing from the expiry heap"
         assert len(self.keys) <= self.budget_keys, "pinned keys over the budget"
+        by_group = {(g, h) for g, hashes in self.by_group.items() for h in hashes}
+        assert by_group == set(self.keys), "pinned hashes by group disagree with the keys"
+        assert all(self.by_group.values()), "an empty group of pinned hashes"

@@ -20,9 +20,9 @@ longest among equals; ``None``, i.e. forever, wins).
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -112,6 +112,13 @@ class RequestRetention:
     decode_priority: int = DEFAULT_PRIORITY
     decode_duration_s: float | None = None
     default_priority: int = DEFAULT_PRIORITY
+    #: Derived once (not compared): the prompt cut into segments no range boundary
+    #: splits, ``(start, priority, duration_s)`` in order, the last open-ended.
+    _segments: tuple[tuple[int, int, float | None], ...] = field(
+        init=False, repr=False, compare=False)
+    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    #: Whether any range, or the decode setting, has a duration (derived).
+    has_durations: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranges, tuple):
@@ -126,12 +133,20 @@ class RequestRetention:
         _check_priority("decode_priority", self.decode_priority)
         _check_duration("decode_duration_s", self.decode_duration_s)
         _check_priority("default_priority", self.default_priority)
-
-    @property
-    def has_durations(self) -> bool:
-        """Whether any range, or the decode setting, has a duration."""
-        return self.decode_duration_s is not None or any(
-            r.duration_s is not None for r in self.ranges)
+        points = {0}
+        for r in self.ranges:
+            points.add(r.token_start)
+            if r.token_end is not None:
+                points.add(r.token_end)
+        cuts = sorted(points)
+        segments = tuple(
+            (a, *self._segment_retention(a, b))
+            for a, b in zip(cuts, [*cuts[1:], None], strict=True)
+        )
+        object.__setattr__(self, "_segments", segments)
+        object.__setattr__(self, "_starts", tuple(a for a, _, _ in segments))
+        object.__setattr__(self, "has_durations", self.decode_duration_s is not None or any(
+            r.duration_s is not None for r in self.ranges))
 
     def block_retention(
         self, index: int, block_size: int, *, num_prompt_tokens: int
@@ -196,22 +211,22 @@ class RequestRetention:
         [(0, 3, 80, 9.0), (3, 5, 35, None), (5, 6, 20, None)]
         """
         prompt = num_prompt_tokens
-        points = {0, prompt}
-        for r in self.ranges:
-            if r.token_start < prompt:
-                points.add(r.token_start)
-                if r.token_end is not None and r.token_end < prompt:
-                    points.add(r.token_end)
-        cuts = sorted(points)
-        segments = [(a, b, *self._segment_retention(a, b, prompt))
-                    for a, b in itertools.pairwise(cuts)]
-        segments.append((prompt, max(prompt, num_blocks * block_size),
-                         self.decode_priority, self.decode_duration_s))
-        # Segments are contiguous token spans in order; a block holding a cut belongs to
-        # the segments on both sides and takes the better retention (the earlier one on a
-        # tie). Only the last run can hold a block the next segment starts in.
+        segs = self._segments
+        # The precomputed segments starting before the prompt's end, the last one cut
+        # there (it keeps its retention: a range ending after its start ends at or after
+        # the next cut), then the decode tokens. Segments are contiguous token spans in
+        # order; a block holding a cut belongs to the segments on both sides and takes
+        # the better retention (the earlier one on a tie). Only the last run can hold a
+        # block the next segment starts in.
+        j = bisect_left(self._starts, prompt)
         runs: list[tuple[int, int, int, float | None]] = []
-        for a, b, p, d in segments:
+        for i in range(j + 1):
+            if i < j:
+                a, p, d = segs[i]
+                b = segs[i + 1][0] if i + 1 < j else prompt
+            else:
+                a, b = prompt, max(prompt, num_blocks * block_size)
+                p, d = self.decode_priority, self.decode_duration_s
             first = a // block_size
             last = min((b - 1) // block_size, num_blocks - 1)
             if b <= a or first > last:
@@ -230,19 +245,20 @@ class RequestRetention:
                 runs.append((first, last + 1, p, d))
         return runs
 
-    def _segment_retention(self, a: int, b: int, prompt: int) -> tuple[int, float | None]:
-        """The best retention of the ranges covering prompt tokens ``[a, b)`` (which no
-        range boundary cuts), or the default."""
+    def _segment_retention(self, a: int, b: int | None) -> tuple[int, float | None]:
+        """The best retention of the ranges covering tokens ``[a, b)`` (``b`` None: to
+        the end of any prompt), which no range boundary cuts, or the default."""
         best_p: int = -1
         best_d: float | None = 0.0
         best: tuple[int, float | None] = (self.default_priority, None)
         for r in self.ranges:
-            r_end = prompt if r.token_end is None else r.token_end
-            if r.token_start <= a and b <= r_end and _better(r.priority, r.duration_s,
-                                                             best_p, best_d):
+            covers = r.token_end is None or (b is not None and b <= r.token_end)
+            if r.token_start <= a and covers and _better(r.priority, r.duration_s,
+                                                         best_p, best_d):
                 best_p, best_d = r.priority, r.duration_s
                 best = (best_p, best_d)
         return best
+
 
 def _has_gap(pieces: list[tuple[int, int]], start: int, end: int) -> bool:
     """Whether the union of ``pieces`` misses a token of ``[start, end)``."""

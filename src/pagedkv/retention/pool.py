@@ -31,7 +31,7 @@ the checks (as in the base pool) and the one conversion out of uniform mode.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pagedkv.events.recorder import EventRecorder, GroupInfo
@@ -71,6 +71,8 @@ class RetentionPool(BlockPool):
         self.pins = PinTable(
             budget_keys=int(retention.pin_budget_fraction * (num_blocks - 1))
         )
+        #: ``pins.by_group`` (one lookup less when a block is registered).
+        self._pinned_by_group = self.pins.by_group
         self._tenant_ids: dict[str | None, int] = {}
         self._quotas_on = retention.has_quotas
         if self._quotas_on:
@@ -118,37 +120,41 @@ class RetentionPool(BlockPool):
 
     def touch(self, ids: Iterable[int]) -> None:
         """As the base pool; a hit on a pinned block also refreshes its refresh-on-hit
-        leases. O(n)."""
+        leases. O(n); the keys of the pinned hits are read only until every
+        refresh-on-hit lease is refreshed (usually the first one)."""
         queue = self._pq
         if queue is None:
             super().touch(ids)
             return
-        ref = self.ref_cnt
-        if queue.deadline != _INF:
-            queue.tick()  # expiries first, so they happen in time order
-        remove = queue.remove
-        if not self.pins.num_refreshing:
-            for b in ids:
-                if b:
-                    if ref[b] == 0:
-                        remove(b)
-                    ref[b] += 1
-            return
+        hits = ids if type(ids) is list else list(ids)
         pinned = queue.pinned
-        hit = []
-        for b in ids:
+        pins = self.pins
+        first = 0  # the first pinned hit, if a lease refreshes on hits
+        if pins.num_refreshing:
+            for b in hits:
+                if pinned[b]:
+                    first = b
+                    break
+        now = 0.0
+        if first:
+            now = queue.tick()  # a lease that ended is not refreshed
+        elif queue.deadline != _INF and queue.expiries_move_blocks():
+            queue.tick()  # expiries first, so they happen in time order
+        ref = self.ref_cnt
+        remove = queue.remove
+        for b in hits:
             if b:
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
-                if pinned[b]:
-                    hit.append(b)
-        if hit:
-            # A pinned mark implies a hash (check_invariants), so the keys are real.
-            keys = cast("Iterable[PinKey]", zip(map(self.block_group.__getitem__, hit),
-                                                map(self.block_hash.__getitem__, hit),
-                                                strict=True))
-            self.pins.refresh_keys(keys, queue.tick())
+        if first and not (pinned[first] and pins.refresh_holders(
+                cast("list[PinLease]", pinned[first]), now)):
+            # More than the first pinned hit's leases to refresh: every pinned hit's
+            # keys, read lazily (the refresh ends once every lease is refreshed). A
+            # pinned mark implies a hash (check_invariants), so the keys are real.
+            bg, bh = self.block_group, self.block_hash
+            keys = cast("Iterator[PinKey]", ((bg[b], bh[b]) for b in hits if pinned[b]))
+            pins.refresh_keys(keys, now)
 
     def cache_full_blocks(
         self,
@@ -163,29 +169,43 @@ class RetentionPool(BlockPool):
         their key is pinned. O(num_full_blocks - num_cached_blocks)."""
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, group,
                                   mask)
-        pins = self.pins.keys
-        if not pins and not self._quotas_on:
+        if num_cached_blocks >= num_full_blocks:
             return
-        queue = self.specialise()  # pins or quotas: out of uniform mode already
+        pins = self.pins.keys
         bh = self.block_hash
         if not self._quotas_on:
-            # Fresh blocks already have no tenant (popleft_n reset it): only pin marks.
-            marks = queue.pinned
+            # Fresh blocks already have no tenant (popleft_n reset it): only pin marks,
+            # and none unless one of the blocks' hashes is pinned in this group (a block
+            # not registered here only costs the exact loop below).
+            pinned_hashes = self._pinned_by_group.get(group)
+            if not pinned_hashes:
+                return
+            if num_full_blocks - num_cached_blocks == 1:  # a decode step filled a block
+                if bh[blocks[num_cached_blocks]] not in pinned_hashes:
+                    return
+            elif pinned_hashes.isdisjoint(
+                    map(bh.__getitem__, blocks[num_cached_blocks:num_full_blocks])):
+                return
+            marks = self.specialise().pinned  # pins: out of uniform mode already
             for i in range(num_cached_blocks, num_full_blocks):
                 b = blocks[i]
                 if b and (mask is None or mask[i - num_cached_blocks]):
                     h = bh[b]
-                    if h is not None and (group, h) in pins:
-                        marks[b] = True
+                    holders = pins.get((group, h)) if h is not None else None
+                    if holders:
+                        marks[b] = holders
             return
+        queue = self.specialise()  # quotas: out of uniform mode already
         extras = request.hash_extras
         t = self.tenant_id(extras.cache_salt if extras is not None else None)
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
-            if b and bh[b] is not None and (mask is None or mask[i - num_cached_blocks]):
+            h = bh[b]
+            if b and h is not None and (mask is None or mask[i - num_cached_blocks]):
                 queue.tenant[b] = t
-                if pins and (group, bh[b]) in pins:
-                    queue.pinned[b] = True
+                holders = pins.get((group, h)) if pins else None
+                if holders:
+                    queue.pinned[b] = holders
 
     def cache_partial_block(
         self, request: RequestLike, block: int, num_tokens: int, group: int
@@ -200,8 +220,9 @@ class RetentionPool(BlockPool):
                 extras = request.hash_extras
                 queue.tenant[block] = self.tenant_id(
                     extras.cache_salt if extras is not None else None)
-            if (group, h) in self.pins.keys:
-                queue.pinned[block] = True
+            holders = self.pins.keys.get((group, h))
+            if holders:
+                queue.pinned[block] = holders
         return h
 
     def evict_blocks(self, ids: Iterable[int]) -> None:
@@ -236,6 +257,8 @@ class RetentionPool(BlockPool):
         queue = self._pq
         if queue is None:
             return super().reset_prefix_cache()
+        if queue.deadline != _INF:
+            queue.tick()  # the unhashed blocks keep the order of the moment
         if queue.num_free + queue.num_parked != self.num_blocks - 1:
             return False
         queue.rebuild_unhashed()
@@ -269,8 +292,9 @@ class RetentionPool(BlockPool):
             queue.now_s = now
         queue.plain = False
         for key in new:
+            holders = self.pins.keys[key]
             for b in self._blocks_of(key):
-                queue.set_pinned(b, True)
+                queue.set_pinned(b, holders)
         queue.deadline = min(queue.deadline, lease.expires_at)
         return lease
 
@@ -318,9 +342,12 @@ class RetentionPool(BlockPool):
     # ------------------------------------------------------------------ checks
 
     def debug_state(self) -> dict[str, Any]:
-        """The base pool's state plus the retention state."""
-        state = super().debug_state()
+        """The base pool's state plus the retention state, as of now (due expiries
+        take effect first)."""
         queue = self._pq
+        if queue is not None and queue.deadline != _INF:
+            queue.tick()
+        state = super().debug_state()
         if queue is None:
             n = self.num_blocks
             hashed_free = sum(1 for b in self.free_queue if self.block_hash[b] is not None)
@@ -354,7 +381,9 @@ class RetentionPool(BlockPool):
         assert self.free_queue is queue, "the pool's free queue is not its retention queue"
         for b in range(1, self.num_blocks):
             h = self.block_hash[b]
-            want = h is not None and (self.block_group[b], h) in self.pins.keys
-            assert queue.pinned[b] == want, (
-                f"block {b}: pinned mark {queue.pinned[b]}, key pinned {want}"
+            holders = self.pins.keys.get((self.block_group[b], h)) if h is not None else None
+            assert bool(queue.pinned[b]) == bool(holders), (
+                f"block {b}: pinned mark {bool(queue.pinned[b])}, key pinned {bool(holders)}"
             )
+            assert not holders or queue.pinned[b] is holders, (
+                f"block {b}: its pin mark is not its key's leases")

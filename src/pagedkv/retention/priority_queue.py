@@ -26,8 +26,6 @@ dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import repeat
-from operator import is_
 
 from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
@@ -45,7 +43,9 @@ class PriorityFreeQueue(FreeBlockQueue):
     ``num_free`` counts evictable blocks (parked pinned blocks excluded). Reading it, and
     every operation that depends on the order, first lets expired durations and pin leases
     take effect (``on_deadline``, called with the clock's time once it passes
-    ``deadline``).
+    ``deadline``) whenever they could change its result (see :meth:`expiries_move_blocks`;
+    an expiry that could not is applied at the next tick, with the same effect, since
+    expiries are processed at their own times).
     """
 
     __slots__ = (
@@ -85,7 +85,10 @@ class PriorityFreeQueue(FreeBlockQueue):
         self.priority = [default_priority] * n
         self.duration_s: list[float | None] = [None] * n
         self.tenant = [-1] * n
-        self.pinned = [False] * n
+        #: Per block: False, or while its content is pinned a truthy mark its owner
+        #: chooses (the pool stores the list of leases holding the block's key, so a
+        #: hit finds them without a lookup).
+        self.pinned: list[object] = [False] * n
         #: True while no block has been pinned, given a duration or a tenant quota (set
         #: False by the pool, for good): freeing then only sorts blocks by priority.
         self.plain = not tenant_quotas
@@ -148,16 +151,18 @@ class PriorityFreeQueue(FreeBlockQueue):
 
     # ------------------------------------------------------------------ counts
 
-    @property
-    def num_free(self) -> int:
-        """Evictable free blocks, after letting due expiries take effect."""
-        if self.deadline != _INF and self._clock() >= self.deadline:
-            self.tick()
-        return self._num_free
+    # ``num_free``: the ``_num_free`` slot itself (bound below the class) while no block
+    # is parked; :class:`ParkingFreeQueue` reads the clock first.
 
-    @num_free.setter
-    def num_free(self, value: int) -> None:
-        self._num_free = value
+    def expiries_move_blocks(self) -> bool:
+        """Whether a due expiry could change the order of the free blocks: only while a
+        free block has a duration (it would move to the default level) or a free block is
+        pinned (a lease ending moves it into its level). Otherwise an expiry only clears
+        the pin marks of blocks in use, and the operations that read those (placing a
+        freed pinned block, a hit refreshing a lease) tick first themselves: operations
+        that depend on the order tick first only when this holds. O(1).
+        """
+        return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
 
     def tick(self) -> float:
         """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
@@ -230,6 +235,8 @@ class PriorityFreeQueue(FreeBlockQueue):
             else:
                 self._link_back(_PARKED, b)
                 self.num_parked += 1
+                if self.num_parked == 1:
+                    self.__class__ = ParkingFreeQueue
             return
         p = self.priority[b]
         self._link_back(_LEVEL0 + p, b)
@@ -289,6 +296,8 @@ class PriorityFreeQueue(FreeBlockQueue):
                 self._mask &= ~(1 << (lst - _LEVEL0))
         if lst == _PARKED:
             self.num_parked -= 1
+            if not self.num_parked:
+                self.__class__ = PriorityFreeQueue
         else:
             self._num_free -= 1
 
@@ -301,38 +310,57 @@ class PriorityFreeQueue(FreeBlockQueue):
                 self.tick()
             self._append_plain(ids)
             return
-        self.tick()  # timers start now, and due expiries go first
+        # Due expiries first if they could move a free block; otherwise they can wait
+        # until the first pinned, timed or tenant-tracked block (its timer starts now, and
+        # a lease that ended must not park it): an expiry never makes a block special.
+        ticked = self.deadline != _INF and self.expiries_move_blocks()
+        if ticked:
+            self.tick()
         prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
-        if not (any(map(pinned.__getitem__, ids))
-                or not all(map(is_, map(dur.__getitem__, ids), repeat(None)))
-                or (self._quota and max(map(tenant.__getitem__, ids)) >= 0)):
-            # No block is pinned, timed or tenant-tracked (checked in C): as if plain.
-            self._append_plain(ids)
-            return
+        # Tenant marks exist only once a tenant is registered: until then the check
+        # does not read them (one array less per block).
+        quotas = bool(self._quota)
         nxt, prv, where, count = self._next, self._prev, self._where, self._count
-        tail0 = self._n + 2 * _LEVEL0 + 1
+        base = self._n
         mask = self._mask
         placed = 0
-        for b in ids:
-            p = prio[b]
-            if pinned[b] or dur[b] is not None or tenant[b] >= 0:
+        i, m = 0, len(ids)
+        while i < m:
+            b = ids[i]
+            if pinned[b] or dur[b] is not None or (quotas and tenant[b] >= 0):
                 self._mask = mask
                 self._num_free += placed
                 placed = 0
+                if not ticked:
+                    self.tick()
+                    ticked = True
                 self._place(b)
                 mask = self._mask
+                i += 1
                 continue
-            # Common case, inlined: to the back of level p.
-            tail = tail0 + 2 * p
+            # Common case, inlined: the run of plain blocks of level p from here is
+            # spliced to the back of the level as one chain.
+            p = prio[b]
+            lst = _LEVEL0 + p
+            tail = base + 2 * lst + 1
             last = prv[tail]
-            nxt[last] = b
-            prv[b] = last
-            nxt[b] = tail
-            prv[tail] = b
-            where[b] = _LEVEL0 + p
-            count[_LEVEL0 + p] += 1
+            j = i
+            while j < m:
+                b = ids[j]
+                if (prio[b] != p or pinned[b] or dur[b] is not None
+                        or (quotas and tenant[b] >= 0)):
+                    break
+                nxt[last] = b
+                prv[b] = last
+                where[b] = lst
+                last = b
+                j += 1
+            nxt[last] = tail
+            prv[tail] = last
+            count[lst] += j - i
             mask |= 1 << p
-            placed += 1
+            placed += j - i
+            i = j
         self._mask = mask
         self._num_free += placed
 
@@ -398,12 +426,39 @@ class PriorityFreeQueue(FreeBlockQueue):
 
         Precondition: ``n <= num_free``. O(n + log levels per level visited).
         """
-        if self.deadline != _INF:
-            self.tick()
-        out: list[int] = []
         count, nxt, prv, where = self._count, self._next, self._prev, self._where
+        if count[_UNHASHED] >= n:
+            # Unhashed blocks only (the common decode step): no expiry moves one (they
+            # go to levels), none is pinned, timed or tenant-tracked.
+            head = self._n
+            out = [0] * n
+            b = nxt[head]
+            prio, dur = self.priority, self.duration_s
+            default = self.default_priority
+            for i in range(n):
+                out[i] = b
+                where[b] = -1
+                prio[b] = default
+                dur[b] = None
+                b = nxt[b]
+            nxt[head] = b
+            prv[b] = head
+            count[_UNHASHED] -= n
+            self._num_free -= n
+            return out
+        # Due expiries first if they could move a free block (expiries_move_blocks,
+        # inlined).
+        if self.deadline != _INF and (self._xlists.size or self.num_parked
+                                      or count[_PINNED]):
+            self.tick()
+        out = []
         base = self._n
-        side_lists = bool(self._xkey) or bool(self._tkey)
+        prio, dur, pinned = self.priority, self.duration_s, self.pinned
+        default = self.default_priority
+        # Without timed or tenant lists holding blocks, a taken block forgets its
+        # priority and duration as it is taken (one pass); otherwise those lists are
+        # left first (they read the priority and tenant), in a second pass.
+        listed = self._xlists.size or self._tenant_lists.size
         left = n
         while left:
             # The first non-empty list in eviction order (module docstring).
@@ -421,16 +476,18 @@ class PriorityFreeQueue(FreeBlockQueue):
             c = count[lst]
             head = base + 2 * lst
             b = nxt[head]
-            if left == 1:  # the common decode case
-                out.append(b)
-                where[b] = -1
-                b = nxt[b]
-                k = 1
-            else:
-                k = c if c < left else left
+            k = c if c < left else left
+            if listed:
                 for _ in range(k):
                     out.append(b)
                     where[b] = -1
+                    b = nxt[b]
+            else:
+                for _ in range(k):
+                    out.append(b)
+                    where[b] = -1
+                    prio[b] = default
+                    dur[b] = None
                     b = nxt[b]
             nxt[head] = b
             prv[b] = head
@@ -438,14 +495,12 @@ class PriorityFreeQueue(FreeBlockQueue):
             left -= k
             if lst >= _LEVEL0 and c == k:
                 self._mask &= ~(1 << (lst - _LEVEL0))
-        prio, dur, tenant, pinned = self.priority, self.duration_s, self.tenant, self.pinned
-        default = self.default_priority
-        if self.plain:
-            for b in out:
-                prio[b] = default
-            self._num_free -= n
-            return out
-        if side_lists:
+            elif lst == _PINNED:  # only blocks of this list carry a pin mark
+                for b in out[-k:]:
+                    pinned[b] = False
+        self._num_free -= n
+        tenant = self.tenant
+        if listed:  # some taken block may be timed or tenant-listed
             xw, tw = self._xlists.where, self._tenant_lists.where
             for b in out:
                 if xw[b] != -1:
@@ -455,26 +510,21 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
                 dur[b] = None
                 tenant[b] = -1
-                pinned[b] = False
         elif self._quota:
             for b in out:
-                prio[b] = default
-                dur[b] = None
                 tenant[b] = -1
-                pinned[b] = False
-        else:  # no tenant registered: every tenant mark is already -1
-            for b in out:
-                prio[b] = default
-                dur[b] = None
-                pinned[b] = False
-        self._num_free -= n
+        # else no tenant registered: every tenant mark is already -1
         return out
 
     # ------------------------------------------------------------------ retention moves
 
-    def set_pinned(self, b: int, pinned: bool) -> None:
-        """Mark ``b``'s content pinned or not; a free block moves accordingly. O(1)."""
-        if self.pinned[b] == pinned:
+    def set_pinned(self, b: int, pinned: object) -> None:
+        """Mark ``b``'s content pinned (``pinned`` not False: the mark, see ``pinned``)
+        or not (False); a free block moves accordingly. A mark is tested by identity
+        with False here: the pool's mark, the key's list of leases, is already empty
+        when the pool unpins the key's blocks. O(1)."""
+        if (self.pinned[b] is not False) == (pinned is not False):
+            self.pinned[b] = pinned
             return
         self.plain = False
         lst = self._where[b]
@@ -535,6 +585,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         for b in order:
             self._detach(b)
         self.num_parked = 0
+        self.__class__ = PriorityFreeQueue
         self._num_free = 0
         for b in order:
             self.make_unhashed(b)
@@ -573,6 +624,8 @@ class PriorityFreeQueue(FreeBlockQueue):
             f"retention queue: num_free {self._num_free}, order holds {len(order)}"
         )
         assert len(parked) == self.num_parked, "retention queue: parked count wrong"
+        assert (type(self) is ParkingFreeQueue) == bool(self.num_parked), (
+            f"retention queue: class {type(self).__name__} with {self.num_parked} parked")
         assert len(set(every)) == len(every), "retention queue: an id appears twice"
         for lst in range(len(self._count)):
             items = self._list_items(lst)
@@ -584,6 +637,10 @@ class PriorityFreeQueue(FreeBlockQueue):
                     assert not self.pinned[b], f"pinned block {b} in a level list"
                 if lst in (_PARKED, _PINNED):
                     assert self.pinned[b], f"unpinned block {b} parked"
+                elif lst in (_UNHASHED, _OVER):
+                    assert not self.pinned[b], f"pinned block {b} in list {lst}"
+                if lst == _UNHASHED:
+                    assert self.tenant[b] == -1, f"unhashed block {b} has a tenant"
             if lst >= _LEVEL0:
                 bit = bool(self._mask >> (lst - _LEVEL0) & 1)
                 assert bit == bool(items), f"level {lst - _LEVEL0}: mask bit {bit}"
@@ -600,3 +657,31 @@ class PriorityFreeQueue(FreeBlockQueue):
         for t, q in enumerate(self._quota):
             assert q is None or self._tcount[t] <= q, f"tenant {t} over quota in levels"
         return every
+
+
+# While no block is parked no expiry can change the count of evictable blocks (a duration
+# expiry moves a block between levels, a lease ending only clears marks of blocks in
+# use), so ``num_free`` is the ``_num_free`` slot itself: the capacity check of every
+# allocation reads it as cheaply as the base queue's attribute.
+# (setattr: the base declares ``num_free`` an int attribute, this is its descriptor.)
+setattr(PriorityFreeQueue, "num_free", PriorityFreeQueue.__dict__["_num_free"])  # noqa: B010
+
+
+class ParkingFreeQueue(PriorityFreeQueue):
+    """The class of a :class:`PriorityFreeQueue` while free pinned blocks are parked: a
+    lease ending makes them evictable, so reading ``num_free`` first lets due expiries
+    take effect. A queue switches class when its first block is parked and back when
+    the last one leaves (the state is the same; only ``num_free`` differs)."""
+
+    __slots__ = ()
+
+    @property
+    def num_free(self) -> int:
+        """Evictable free blocks, after letting due expiries take effect."""
+        if self._clock() >= self.deadline:
+            self.tick()
+        return self._num_free
+
+    @num_free.setter
+    def num_free(self, value: int) -> None:
+        self._num_free = value
