@@ -14,6 +14,7 @@ MODULES = [
     "pagedkv.coordinator_base",
     "pagedkv.hashing",
     "pagedkv.manager",
+    "pagedkv.manager_queries",
     "pagedkv.managers.base",
     "pagedkv.managers.chunked_local",
     "pagedkv.managers.cross_attention",

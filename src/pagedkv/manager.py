@@ -24,7 +24,7 @@ in the prefix index (the first two already were).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pagedkv import validation
 from pagedkv.cached_tokens import estimate_cached_tokens
@@ -37,16 +37,15 @@ from pagedkv.coordinator import (
     PartialHitCoordinator,
     UnitaryCoordinator,
 )
-from pagedkv.errors import UnknownRequestError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.recorder import EventBuffer, EventRecorder, GroupInfo
-from pagedkv.events.records import BlockStored, KVCacheEvent
 from pagedkv.hashing import BlockHasher, HashExtras
 from pagedkv.hashing_lookahead import LookaheadBlockHasher, LookaheadEventBuffer, apply_to_managers
+from pagedkv.manager_queries import ManagerQueries
 from pagedkv.manager_surface import ManagerSurface
 from pagedkv.managers import SingleTypeManager, manager_class_for
 from pagedkv.managers.full import FullAttentionManager, PartialHitFullManager
-from pagedkv.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
+from pagedkv.metrics import HitRateWindow, LookupCounters
 from pagedkv.partial_hits import partial_hits_enabled
 from pagedkv.pool import BlockPool
 from pagedkv.request import Request, RequestLike
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["ComputedBlocks", "KVCacheManager"]
 
 
-class KVCacheManager(ManagerSurface):
+class KVCacheManager(ManagerQueries, ManagerSurface):
     """Block tables, prefix caching and events for every KV-cache group of one model.
 
     Not thread-safe: one scheduler thread calls it. Every per-request operation costs
@@ -471,152 +470,3 @@ class KVCacheManager(ManagerSurface):
             self.retention.before_free(live)
         del self.live_requests[rid]
         self.coordinator.free(rid)
-
-    # ---------------------------------------------------------------- queries
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        """The request's block table per group (copies; the null block is 0).
-
-        Raises:
-            UnknownRequestError: the manager holds no blocks for this request.
-        """
-        self.require_live(request_id)
-        return self.coordinator.block_ids(request_id)
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        """The request's tables clipped to the blocks covering its first
-        ``num_computed_tokens`` tokens (attention groups; Mamba and cross-attention tables
-        whole), as vLLM's method of this name. Block 4, table ``[1, 2, 3]``, 5 tokens ->
-        ``[1, 2]``.
-
-        Raises:
-            UnknownRequestError: the manager holds no blocks for this request.
-        """
-        self.require_live(request_id)
-        return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
-
-    def get_num_common_prefix_blocks(
-        self, request_id: str, num_running_requests: int
-    ) -> list[int]:
-        """Per group, the leading blocks of ``request_id`` shared by all running requests
-        (cascade attention); 0 for kinds that do not support it.
-
-        Raises:
-            UnknownRequestError: the manager holds no blocks for this request.
-        """
-        self.require_live(request_id)
-        validation.check_count("num_running_requests", num_running_requests)
-        return self.coordinator.num_common_prefix_blocks(request_id, num_running_requests)
-
-    def has_request(self, request_id: str) -> bool:
-        """Whether the request holds blocks (allocated and not freed yet). O(1)."""
-        return request_id in self.live_requests
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Free blocks, cached ones (eviction candidates) included."""
-        return self.pool.free_queue.num_free
-
-    @property
-    def usage(self) -> float:
-        """Fraction of non-null blocks in use (ref count > 0)."""
-        pool = self.pool
-        return 1.0 - pool.free_queue.num_free / (pool.num_blocks - 1)
-
-    @property
-    def num_evicted_blocks(self) -> int:
-        """Cached blocks evicted so far."""
-        return self.pool.num_evicted_blocks
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Lookup statistics since the previous call (then starts a new interval)."""
-        return self.lookups.take()
-
-    # ---------------------------------------------------------------- cache control
-
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix; only possible when no block is in use.
-
-        Returns whether it happened. Also clears the hit-rate window.
-        """
-        ok = self.pool.reset_prefix_cache()
-        if ok:
-            self.hit_rate_window.reset()
-        return ok
-
-    def evict_blocks(self, block_ids: Sequence[int]) -> None:
-        """Drop the given blocks from the prefix index (in-use blocks stay allocated).
-
-        Raises:
-            InvalidArgumentError: an id outside the pool; nothing is evicted.
-        """
-        self.pool.evict_blocks(block_ids)
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """The KV-cache events buffered since the last call (empty when events are off)."""
-        return self.recorder.take()
-
-    def publish_events(self) -> int:
-        """Hand the events buffered since the last call to the ZeroMQ publisher (configured
-        by ``CacheConfig.kv_events``) and return how many there were.
-
-        Call once per scheduler step, also when nothing happened: snapshot requests from
-        subscribers are answered on this call. Never blocks: a slow or absent subscriber
-        costs nothing here (the publisher drops and counts batches past its queue).
-        Without a publisher the events are simply taken and discarded.
-        """
-        events = self.recorder.take()
-        if self.publisher is not None:
-            self.publisher.publish(events)
-        return len(events)
-
-    def close(self) -> None:
-        """Release the event publisher's sockets and thread (if any). Idempotent."""
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
-
-    def prefix_index_snapshot(self) -> list[BlockStored]:
-        """Stored events recreating the current prefix index (events must be on)."""
-        return self.recorder.snapshot(self.pool.block_hash, self.pool.block_group)
-
-    # ---------------------------------------------------------------- checks
-
-    def require_live(self, request_id: str) -> None:
-        """Raise :class:`UnknownRequestError` unless the request holds blocks. O(1)."""
-        if type(request_id) is not str or request_id not in self.live_requests:
-            raise UnknownRequestError(
-                f"unknown request {request_id!r}: it was never allocated or is already freed; "
-                "call allocate_slots for it first"
-            )
-
-    def debug_state(self) -> dict[str, Any]:
-        """A deep copy of all state (pool, block tables, statistics), for tests and bug
-        reports: two equal dumps mean the manager would behave identically. O(num_blocks)."""
-        return {
-            "pool": self.pool.debug_state(),
-            "block_tables": [
-                {rid: list(b) for rid, b in m.req_to_blocks.items()} for m in self.managers
-            ],
-            "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
-            "live_requests": list(self.live_requests),
-            "held_outside": dict(self.held_outside),
-            "new_block_ids": [list(ids) for ids in self.coordinator.new_block_ids],
-            "stats": self.lookups.snapshot(),
-            "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
-                                self.hit_rate_window.num_requests),
-        }
-
-    def check_invariants(self) -> None:
-        """Walk all state: the pool, each group, and that every block's ref count equals
-        the number of block tables holding it. O(num_blocks + held blocks)."""
-        self.pool.check_invariants()
-        held = dict(self.held_outside)
-        if isinstance(self.coordinator, PartialHitCoordinator):
-            for b in self.coordinator.iter_pending_copy_blocks():
-                held[b] = held.get(b, 0) + 1
-        self.coordinator.check_invariants(held)
-        assert self.coordinator.request_ids() == self.live_requests.keys(), (
-            "the live requests and the requests holding block tables differ")
