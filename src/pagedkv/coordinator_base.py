@@ -217,16 +217,17 @@ class Coordinator:
         (Mamba, cross attention, sinks) go through their methods."""
         plan = self._grow_plan
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
-        counts: list[int] = []
+        counts: list[int] = []  # plain groups: blocks to add; the others: their slots
         num_needed = 0
         for m, bs, tables in plan:
             if tables is not None:
                 n = -(-num_tokens // bs) - len(tables[request_id])
+                counts.append(n)
             else:
                 slots = main if m.ignores_lookahead else m.slots_needed(
                     num_tokens, num_encoder_tokens)
                 n = m.get_num_blocks_to_allocate(request_id, slots, [], total_computed_tokens)
-            counts.append(n)
+                counts.append(slots)
             if n > 0:
                 num_needed += n
         pool = self.pool
@@ -243,9 +244,7 @@ class Coordinator:
                 new = pool.get_new_blocks(n)
                 tables[request_id].extend(new)
             else:
-                slots = main if m.ignores_lookahead else m.slots_needed(
-                    num_tokens, num_encoder_tokens)
-                new = m.allocate_new_blocks(request_id, slots)
+                new = m.allocate_new_blocks(request_id, counts[g])
             if zeroing[g] and new:
                 self.new_block_ids[g].extend(b for b in new if b)
             out.append(new)
