@@ -101,8 +101,8 @@ def cycle(mgr: KVCacheManager, prefix: list[int], offset: int) -> Any:
 
 
 def ghost_bytes_per_entry(n: int = 20_000) -> float:
-    from pagedkv.events.recorder import EventRecorder
-    from pagedkv.hashing import BlockHasher
+    from pagedkv.core.recorder import EventRecorder
+    from pagedkv.core.hashing import BlockHasher
 
     ghost = GhostRecorder(EventRecorder(), ghost_entries=n, shadow_hasher=BlockHasher(16),
                           clock=time.monotonic)

@@ -13,7 +13,7 @@ Capacities are fractions of the blocks an unlimited cache would end up holding.
         --trace-limit 3000 --only conversation_trace system-prompts
 
 Uses only public APIs: ``pagedkv.sim`` (workloads, bounds) and
-``pagedkv.retention.replay`` (policies and the replay).
+``pagedkv.sim.retention_replay`` (policies and the replay).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedkv.retention.replay import (
+from pagedkv.sim.retention_replay import (
     LRU,
     PinPopularPrefixes,
     PopularityPriority,

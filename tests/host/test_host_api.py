@@ -6,8 +6,8 @@ import pytest
 from host_support import finish_step, make, run
 
 from pagedkv import CacheConfig, FullAttentionSpec
+from pagedkv.core.records import BlockStored
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import BlockStored
 from pagedkv.host import (
     AdmitAfterHits,
     HostTierConfig,
@@ -100,7 +100,7 @@ def test_host_events_without_device_events():
 
 def test_cpu_events_on_the_wire_with_lora():
     from pagedkv import HashExtras, LoRA
-    from pagedkv.events.records import BlockRemoved
+    from pagedkv.core.records import BlockRemoved
     from pagedkv.events.wire import decode_batch, encode_batch, wire_hash
 
     spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)

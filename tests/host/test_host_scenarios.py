@@ -8,8 +8,10 @@ import pytest
 from host_support import BS, finish_step, make, run, spec
 
 from pagedkv import CacheConfig
+from pagedkv.core.manager import KVCacheManager
+from pagedkv.core.records import BlockRemoved, BlockStored
+from pagedkv.core.specs import MLAAttentionSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError, InvalidHitError
-from pagedkv.events.records import BlockRemoved, BlockStored
 from pagedkv.host import (
     AFTER_FORWARD,
     BEFORE_FORWARD,
@@ -21,8 +23,6 @@ from pagedkv.host import (
     WriteThrough,
     make_manager,
 )
-from pagedkv.manager import KVCacheManager
-from pagedkv.specs import MLAAttentionSpec, SlidingWindowSpec
 
 A = list(range(21))            # 5 full blocks + 1 token
 B = list(range(100, 137))      # 9 full blocks + 1 token: evicts everything of A

@@ -305,12 +305,11 @@ def test_explain_lookup_refuses_what_a_lookup_refuses() -> None:
 
 
 def test_attribution_keeps_the_retention_pool() -> None:
-    from pagedkv.retention import RetentionConfig
-    from pagedkv.retention.pool import RetentionPool
+    from pagedkv.retention import RetentionConfig, RetentionPolicy
 
     mgr = observed([full(16)], retention=RetentionConfig(),
                    observe=ObserveConfig(residency_sample_every=None))
-    assert isinstance(mgr.pool, RetentionPool) and mgr.retention is not None
+    assert isinstance(mgr.pool.policy, RetentionPolicy) and mgr.retention is not None
     compute(mgr, mgr.new_request("a", list(range(40))))
     assert spans(mgr.explain_lookup(mgr.new_request("b", list(range(40))))) == [
         (0, 32, "hit"), (32, 40, "partial_block")]

@@ -9,7 +9,7 @@ from observe_support import Clock, compute, full, observed
 
 from pagedkv import InvalidArgumentError
 from pagedkv.observe import LookupExplanation, ObserveConfig
-from pagedkv.observe.sim_support import (
+from pagedkv.sim.observe_support import (
     intervals_from_explanations,
     merge_miss_stats,
     miss_table,
