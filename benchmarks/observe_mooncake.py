@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 from pagedkv import CacheConfig, ComputedBlocks
+from pagedkv.core.request import RequestLike
 from pagedkv.observe import LookupExplanation, ObserveConfig, ObservedKVCacheManager
+from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
 from pagedkv.sim.observe_support import (
     intervals_from_explanations,
     merge_miss_stats,
@@ -27,8 +29,6 @@ from pagedkv.sim.observe_support import (
     plot_missed_tokens,
     render_miss_table,
 )
-from pagedkv.core.request import RequestLike
-from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
 from pagedkv.sim.scheduler import EngineSimulator
 from pagedkv.sim.workloads import load_trace
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from pagedkv.sim import SimRequest, Workload, belady_hits, load_trace, system_prompts
+from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
+from pagedkv.sim.pure_cache import unlimited_num_blocks
 from pagedkv.sim.retention_replay import (
     LRU,
     PinPopularPrefixes,
@@ -29,9 +32,6 @@ from pagedkv.sim.retention_replay import (
     TenantQuota,
     replay_pure_cache,
 )
-from pagedkv.sim import SimRequest, Workload, belady_hits, load_trace, system_prompts
-from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
-from pagedkv.sim.pure_cache import unlimited_num_blocks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = os.path.join(HERE, "..", "..", "shared", "data", "traces")

@@ -8,8 +8,8 @@ from typing import Any
 import pagedkv
 from conformance.layouts import GroupDesc, Layout
 from conformance.model import ReqDesc, Snapshot
-from pagedkv.events.wire import encode_batch
 from pagedkv.core.hashing import HashExtras, LoRA, MultiModalItem
+from pagedkv.events.wire import encode_batch
 
 __all__ = ["WATERMARK", "PagedSide"]
 

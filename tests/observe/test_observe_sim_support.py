@@ -29,7 +29,7 @@ def replay() -> list[tuple[float, LookupExplanation]]:
             d = i // 6
             prompt = list(range(5000 + d * 100, 5000 + d * 100 + 50))
         r = mgr.new_request(f"r{i}", prompt)
-        timed.append((clock.now, mgr.explain_lookup(r)))
+        timed.append((clock.now, mgr.observe.explain_lookup(r)))
         compute(mgr, r)
         mgr.free(r)
     return timed
