@@ -170,10 +170,7 @@ def run(
     result: SimResult
     host_sim = None
     if engine and cfg.host is not None:
-        if observer is not None:
-            raise InvalidArgumentError("missed-token attribution and metrics do not observe "
-                                       "a host tier yet: drop --host-memory or them")
-        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg), observer)
         result = host_sim.run(progress)
     elif engine:
         factory = cap.factory if observer is None else observer.wrap(cap.factory)

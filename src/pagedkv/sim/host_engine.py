@@ -22,6 +22,7 @@ load too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from pagedkv import KVCacheManager
@@ -70,8 +71,9 @@ def host_manager_factory(inner: ManagerFactory, num_host_blocks: int,
 
 class HostEngineSimulator(EngineSimulator):
     """An engine replica whose manager has a host tier of ``host.memory_bytes`` (blocks
-    of ``block_bytes``); ``policy`` decides load versus recompute (default: the cheaper).
-    Other arguments as :class:`EngineSimulator`. ``host_stats`` holds the tier's figures.
+    of ``block_bytes``); ``policy`` decides load versus recompute (default: the cheaper);
+    ``wrap`` wraps the manager factory (an observer's). Other arguments as
+    :class:`EngineSimulator`. ``host_stats`` holds the tier's figures.
 
     Raises:
         InvalidArgumentError: host memory smaller than one block.
@@ -88,16 +90,18 @@ class HostEngineSimulator(EngineSimulator):
         config: SchedulerConfig | None = None,
         manager_factory: ManagerFactory | None = None,
         policy: LoadPolicy | None = None,
+        wrap: Callable[[ManagerFactory], ManagerFactory] | None = None,
     ) -> None:
         num_host = host.num_blocks(block_bytes)
         if num_host < 1:
             raise InvalidArgumentError(
                 f"--host-memory {host.memory_bytes:,} bytes holds no block of "
                 f"{block_bytes:,} bytes; give at least that")
+        factory = host_manager_factory(manager_factory or build_manager, num_host,
+                                       host.write_policy)
         super().__init__(
             workload, block_size=block_size, num_blocks=num_blocks, config=config,
-            manager_factory=host_manager_factory(manager_factory or build_manager, num_host,
-                                                 host.write_policy))
+            manager_factory=wrap(factory) if wrap is not None else factory)
         self.cost = TransferCost(block_bytes=block_bytes, bandwidth_gbps=host.bandwidth_gbps)
         self.policy: LoadPolicy = policy or CostBasedLoad()
         self.host_stats = HostRunStats(
