@@ -11,10 +11,8 @@ per tier and TTFT: the tier's effect.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.planner import format_bytes
 from pagedkv.sim.engine import EngineSimulator
