@@ -42,7 +42,10 @@ class EvictionListener(PoolListener):
     keys another (duplicate) block still holds in the index."""
 
     def __init__(self, on_evicted: Callable[[list[DeviceBlock]], None]) -> None:
-        self.evicted = on_evicted  # type: ignore[method-assign]
+        self.on_evicted = on_evicted
+
+    def evicted(self, blocks: list[DeviceBlock]) -> None:
+        self.on_evicted(blocks)
 
 
 class HostFeedingRecorder(ForwardingRecorder):

@@ -361,7 +361,6 @@ class RetentionPolicy(EvictionPolicy):
             "pinned_keys": sorted(self.pins.keys),
             "levels": queue.level_counts(),
         }
-        return state
 
     def check_invariants(self) -> None:
         """The queue's and the pin table's checks, and: a hashed block is marked pinned
