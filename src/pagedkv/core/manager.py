@@ -107,6 +107,12 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
         self._before_allocate = hook_users(self.components, "before_allocate")
         self._allocate_hit = hook_users(self.components, "allocate_hit")
         self._after_allocate = hook_users(self.components, "after_allocate")
+        # Hooked entry points only where a component hooks them: without components
+        # the class's own methods run, with no test at all.
+        if self._after_lookup:
+            self.get_computed_blocks = self._lookup_with_components  # type: ignore[method-assign]
+        if self._before_allocate or self._allocate_hit or self._after_allocate:
+            self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
         self._before_free = hook_users(self.components, "before_free")
         self._component_events = hook_users(self.components, "take_events")
         self._component_state = hook_users(self.components, "debug_state")
@@ -200,8 +206,6 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             validation.check_lookup(self, request)
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
         if found is None:  # caching off: no lookup, nothing counted
-            for after in self._after_lookup:
-                after(request, self._empty_hit)
             return self._empty_hit
         blocks, num_hit = found
         lookups = self.lookups
@@ -214,8 +218,12 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             lookups.queries += num_tokens
             lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
-        hit = ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
-                             self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
+                              self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+
+    def _lookup_with_components(self, request: RequestLike) -> ComputedBlocks:
+        """:meth:`get_computed_blocks`, then each component's ``after_lookup``."""
+        hit = KVCacheManager.get_computed_blocks(self, request)
         for after in self._after_lookup:
             after(request, hit)
         return hit
@@ -292,43 +300,6 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             InvalidHitError: a hit from another manager or request, or stale.
             In every case state is unchanged.
         """
-        if self._before_allocate or self._allocate_hit or self._after_allocate:
-            call = AllocateCall(
-                num_new_tokens, new_computed_blocks, num_new_computed_tokens,
-                num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
-                delay_caching, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit)
-            return self._allocate_with_components(request, call)
-        return self._allocate(
-            request, num_new_tokens, new_computed_blocks, num_new_computed_tokens,
-            num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
-            delay_caching, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit)
-
-    def _allocate_with_components(self, request: RequestLike,
-                                  call: AllocateCall) -> tuple[list[int], ...] | None:
-        """:meth:`allocate_slots` through the components' hooks: ``before_allocate``, a
-        foreign hit to the component that issued it, ``after_allocate``."""
-        for before in self._before_allocate:
-            before(request)
-        hit = call.new_computed_blocks
-        if hit is not None and type(hit) is not ComputedBlocks:
-            for allocate in self._allocate_hit:
-                try:
-                    return allocate(request, call)  # type: ignore[no-any-return]
-                except NotImplementedError:
-                    continue
-        new = self._allocate(request, call.num_new_tokens, *list(call.as_kwargs().values()))
-        for after in self._after_allocate:
-            after(request, hit, new)
-        return new
-
-    def _allocate(
-        self, request: RequestLike, num_new_tokens: int,
-        new_computed_blocks: object, num_new_computed_tokens: int | None,
-        num_lookahead_tokens: int, num_external_computed_tokens: int,
-        num_encoder_tokens: int, delay_caching: bool, reserved_blocks: int,
-        has_scheduled_reqs: bool, full_sequence_must_fit: bool,
-    ) -> tuple[list[int], ...] | None:
-        """:meth:`allocate_slots` itself (the arguments in its order)."""
         try:
             rid = request.request_id
             num_computed = request.num_computed_tokens
@@ -379,15 +350,35 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             return None
         headroom = reserved_blocks + watermark  # watermark: only when admitting
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens, headroom, local_computed,
-        )
+            rid, hit, num_computed_tokens=num_computed, total_computed_tokens=total_computed,
+            num_tokens=num_tokens, num_encoder_tokens=num_encoder_tokens,
+            num_tokens_main_model=total_computed + num_new_tokens, headroom_blocks=headroom,
+            num_local_computed_tokens=local_computed)
         if new_blocks is not None:
             if first:
                 self.live_requests[rid] = request
             if not delay_caching:
                 coordinator.cache_blocks(request, total_computed + num_new_tokens)
         return new_blocks
+
+    def _allocate_with_components(self, request: RequestLike, num_new_tokens: int,
+                                  **kwargs: Any) -> tuple[list[int], ...] | None:
+        """:meth:`allocate_slots` through the components' hooks: ``before_allocate``, a
+        hit object a component issued to that component, ``after_allocate``."""
+        for before in self._before_allocate:
+            before(request)
+        hit = kwargs.get("new_computed_blocks")
+        if hit is not None and type(hit) is not ComputedBlocks:
+            call = AllocateCall(num_new_tokens, **kwargs)
+            for allocate in self._allocate_hit:
+                try:
+                    return allocate(request, call)  # type: ignore[no-any-return]
+                except NotImplementedError:
+                    continue
+        new = KVCacheManager.allocate_slots(self, request, num_new_tokens, **kwargs)
+        for after in self._after_allocate:
+            after(request, hit, new)
+        return new
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         """Register the request's full blocks within its first ``num_computed_tokens``
