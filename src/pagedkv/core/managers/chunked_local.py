@@ -44,7 +44,8 @@ Admission: the current chunk plus one scheduling step plus one block of misalign
 
 from __future__ import annotations
 
-from pagedkv.core.managers.base import SkippingManager, register_manager
+from pagedkv.core.managers.base import register_manager
+from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.specs import ChunkedLocalAttentionSpec, cdiv
 from pagedkv.errors import InvalidArgumentError

@@ -42,7 +42,8 @@ of misalignment: ``SlidingWindowSpec.max_admission_blocks``.
 
 from __future__ import annotations
 
-from pagedkv.core.managers.base import SkippingManager, register_manager
+from pagedkv.core.managers.base import register_manager
+from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.specs import SlidingWindowSpec, cdiv
 
