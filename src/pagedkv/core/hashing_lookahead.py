@@ -45,7 +45,7 @@ from pagedkv.core.hashing import (
     event_extra_keys,
 )
 from pagedkv.core.managers.base import SingleTypeManager
-from pagedkv.core.recorder import EventBuffer, GroupInfo
+from pagedkv.core.recorder import EventBuffer, GroupInfo, StoredRun
 from pagedkv.core.records import MEDIUM_GPU, BlockStored
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
@@ -254,29 +254,17 @@ class LookaheadEventBuffer(EventBuffer):
             if entry is not None and entry[0] is old:
                 announced[b] = (event, entry[1], entry[2], entry[3])
 
-    def stored(
-        self,
-        request: RequestLike,
-        blocks: Sequence[int],
-        hashes: list[bytes],
-        start: int,
-        end: int,
-        skipped: Sequence[int],
-        group: int,
-    ) -> None:
+    def stored(self, run: StoredRun) -> None:
         """:meth:`EventBuffer.stored`'s record, built once with the lookahead tokens and
         the extra keys over each block and its lookahead (the hasher's recorded keys
         where it recorded them: they are those)."""
+        request, blocks, hashes, start, end, skipped, group = run
         info = self.groups[group]
         bs = info.block_size
         la = self.lookahead_tokens
         extras = request.hash_extras
         lora = extras.lora if extras is not None else None
-        if skipped:
-            left_out = set(skipped)
-            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
-        else:
-            positions = range(start, end)
+        positions = run.positions()
         extra: list[Any] | None
         if extras is None:
             extra = [None] * len(positions)

@@ -17,8 +17,9 @@ Partial-prefix entries (hybrid groups whose block is k > 1 hash blocks long) reg
 block under the hash of a shorter prefix that ends inside it, as a *secondary* key; see
 ``cache_partial_block``.
 
-Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered,
-evicted or cleared, once per run of blocks; the default recorder does nothing and builds no
+Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
+(one :class:`~pagedkv.core.recorder.StoredRun` record per run, built only for a recorder
+that ``hears_stored``), evicted or cleared; the default recorder does nothing and builds no
 event object, so the pool never tests whether events are on.
 
 Components (:mod:`pagedkv.core.components`): an optional
@@ -32,12 +33,13 @@ of ``None`` or of an empty tuple.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any
 
 from pagedkv.core.components import DeviceBlock, EvictionPolicy, PoolListener
 from pagedkv.core.free_queue import FreeBlockQueue
-from pagedkv.core.recorder import EventRecorder, GroupInfo
+from pagedkv.core.recorder import EventRecorder, GroupInfo, StoredRun
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
 
@@ -45,6 +47,8 @@ __all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo"]
 
 #: Block id of the null block.
 NULL_BLOCK = 0
+#: Builds a StoredRun from a 7-tuple (skips the named tuple's Python-level __new__).
+_new_run = partial(tuple.__new__, StoredRun)
 
 
 class BlockPool:
@@ -307,9 +311,10 @@ class BlockPool:
             primary = index.setdefault(h, b)
             if primary != b:
                 self._dups[group].setdefault(h, []).append(b)
-        self.recorder.stored(
-            request, blocks, hashes, num_cached_blocks, num_full_blocks, skipped, group
-        )
+        recorder = self.recorder
+        if recorder.hears_stored:
+            recorder.stored(_new_run(
+                (request, blocks, hashes, num_cached_blocks, num_full_blocks, skipped, group)))
         if self.policy is not None:
             self.policy.registered(request, blocks, num_cached_blocks, num_full_blocks, group,
                                    mask)
