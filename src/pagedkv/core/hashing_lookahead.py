@@ -35,15 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagedkv.core.cbor import block_payloads, canonical_cbor, cbor_head, token_table, uint16_run
-from pagedkv.core.hashing import (
-    _CHUNK_TOKENS,
-    _NULL,
-    BlockHasher,
-    HashExtras,
-    _keys_cbor,
-    _lora_keys_cbor,
-    event_extra_keys,
-)
+from pagedkv.core.hash_extras import HashExtras, event_extra_keys, keys_cbor, lora_keys_cbor
+from pagedkv.core.hashing import _CHUNK_TOKENS, _NULL, BlockHasher
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.recorder import EventBuffer, GroupInfo, StoredRun
 from pagedkv.core.records import MEDIUM_GPU, BlockStored
@@ -162,7 +155,7 @@ class LookaheadBlockHasher(BlockHasher):
         # none) share one encoding; the others (window [s, s + bs + L) overlapping a
         # multimodal item, the salted first block, every block with embeddings) are keyed
         # one by one.
-        plain_extra = _NULL if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        plain_extra = _NULL if lora is None else lora_keys_cbor(lora.name, lora.path)
         special: set[int] | None = None
         if extras is not None and extras.prompt_embeds is None:
             special = set()
@@ -204,7 +197,7 @@ class LookaheadBlockHasher(BlockHasher):
                     if special is None or s in special:
                         keys = extras.block_keys(s, s + bs + la)
                         if keys is not None:
-                            extra = _keys_cbor(keys) if cache_keys else canonical_cbor(keys)
+                            extra = keys_cbor(keys) if cache_keys else canonical_cbor(keys)
                     elif lora is not None:
                         keys = [["lora", lora.name, lora.path]]
                         extra = plain_extra
