@@ -26,7 +26,6 @@ MODULES = [
     "pagedkv.core.managers.sliding_window",
     "pagedkv.core.metrics",
     "pagedkv.core.partial_hits",
-    "pagedkv.core.recorder",
     "pagedkv.core.request",
     "pagedkv.core.specs",
     "pagedkv.planner",

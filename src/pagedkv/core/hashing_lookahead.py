@@ -122,6 +122,22 @@ class LookaheadBlockHasher(BlockHasher):
                 keys_out.append(keys)
             start = end
 
+    def _special_blocks(self, extras: HashExtras | None) -> set[int] | None:
+        """The first tokens of the blocks whose window ``[s, s + bs + L)`` has keys beyond
+        the LoRA adapter's (a multimodal item overlaps it, or the salted first block);
+        None: every block is keyed one by one (no extras, or prompt embeddings)."""
+        if extras is None or extras.prompt_embeds is not None:
+            return None
+        bs = self.block_size
+        la = self.lookahead_tokens
+        special: set[int] = set()
+        for item in extras.mm_items:
+            first = max(0, item.offset - bs - la + 1)
+            special.update(range(-(-first // bs) * bs, item.offset + item.length, bs))
+        if extras.cache_salt:
+            special.add(0)
+        return special
+
     def _extend_ahead(
         self,
         hashes: list[bytes],
@@ -156,14 +172,7 @@ class LookaheadBlockHasher(BlockHasher):
         # multimodal item, the salted first block, every block with embeddings) are keyed
         # one by one.
         plain_extra = _NULL if lora is None else lora_keys_cbor(lora.name, lora.path)
-        special: set[int] | None = None
-        if extras is not None and extras.prompt_embeds is None:
-            special = set()
-            for item in extras.mm_items:
-                first = max(0, item.offset - bs - la + 1)
-                special.update(range(-(-first // bs) * bs, item.offset + item.length, bs))
-            if extras.cache_salt:
-                special.add(0)
+        special = self._special_blocks(extras)
         parent = hashes[-1] if hashes else self.seed
         chunk = max(1, _CHUNK_TOKENS // bs) * bs
         use_memo = self.memo_blocks > 0
@@ -257,7 +266,11 @@ class LookaheadEventBuffer(EventBuffer):
         la = self.lookahead_tokens
         extras = request.hash_extras
         lora = extras.lora if extras is not None else None
-        positions = run.positions()
+        if skipped:
+            left_out = set(skipped)
+            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+        else:
+            positions = range(start, end)
         extra: list[Any] | None
         if extras is None:
             extra = [None] * len(positions)

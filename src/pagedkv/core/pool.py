@@ -14,9 +14,9 @@ the reference counts, the free queue, and the inlined eviction of the cached blo
 hands out.
 
 Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
-(one :class:`~pagedkv.core.recorder.StoredRun` record per run, built only for a recorder
-that ``hears_stored``), evicted or cleared; the default recorder does nothing and builds no
-event object, so the pool never tests whether events are on.
+(one ``StoredRun`` record per run, built only for a recorder that ``hears_stored``),
+evicted or cleared; the default recorder does nothing and builds no event object, so the
+pool never tests whether events are on.
 
 Components (:mod:`pagedkv.core.components`): an optional
 :class:`~pagedkv.core.components.EvictionPolicy` (retention) is called where the order of

@@ -23,7 +23,6 @@ Every registration, eviction and move is told to the recorder
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import partial
 
 from pagedkv.core.components import EvictionPolicy
 from pagedkv.core.recorder import EventRecorder, GroupInfo, StoredRun
@@ -32,8 +31,6 @@ from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["PrefixIndex"]
 
-#: Builds a StoredRun from a 7-tuple (skips the named tuple's Python-level __new__).
-_new_run = partial(tuple.__new__, StoredRun)
 
 
 class PrefixIndex:
@@ -152,8 +149,9 @@ class PrefixIndex:
                 self._dups[group].setdefault(h, []).append(b)
         recorder = self.recorder
         if recorder.hears_stored:
-            recorder.stored(_new_run(
-                (request, blocks, hashes, num_cached_blocks, num_full_blocks, skipped, group)))
+            run: StoredRun = (request, blocks, hashes, num_cached_blocks, num_full_blocks,
+                              skipped, group)
+            recorder.stored(run)
         if self.policy is not None:
             self.policy.registered(request, blocks, num_cached_blocks, num_full_blocks, group,
                                    mask)

@@ -4,7 +4,9 @@ The pool calls its recorder at most once per run of blocks it registers or evict
 call (``stored``, ``stored_partial``, ``removed``, ``cleared``) and never tests whether
 events are on: that is the recorder's class. A registered run reaches ``stored`` as one
 :class:`StoredRun` record, which the pool builds only for a recorder that hears
-registrations (``hears_stored``): with the null recorder nothing is built.
+registrations (``hears_stored``): with the null recorder nothing is built. The record
+is a plain tuple: a named tuple or a slotted class costs about 0.5 us more per
+registration (``python benchmarks/ab_hot_paths.py``).
 
 * :class:`EventRecorder` — the null recorder: every call does nothing, no event object is
   ever built. The default.
@@ -20,7 +22,7 @@ four calls; the pool does not change.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pagedkv.core.hashing import event_extra_keys
 from pagedkv.core.records import (
@@ -50,31 +52,12 @@ class GroupInfo:
         self.sliding_window = sliding_window
 
 
-class StoredRun(NamedTuple):
-    """One run of blocks the pool registered in one call: table positions ``[start,
-    end)`` of ``request``'s ``blocks`` in ``group``, position ``i`` under ``hashes[i]``
-    (the group's hashes, one per block), except the ascending positions ``skipped`` (null
-    or already registered blocks). Read-only for recorders (the lists are the pool's).
-
-    >>> run = StoredRun(None, [4, 0, 5], [b"a", b"b", b"c"], 0, 3, [1], 0)
-    >>> list(run.positions())
-    [0, 2]
-    """
-
-    request: RequestLike
-    blocks: Sequence[int]
-    hashes: list[bytes]
-    start: int
-    end: int
-    skipped: Sequence[int]
-    group: int
-
-    def positions(self) -> Sequence[int]:
-        """The positions newly registered, ascending. O(end - start)."""
-        if not self.skipped:
-            return range(self.start, self.end)
-        left_out = set(self.skipped)
-        return [i for i in range(self.start, self.end) if i not in left_out]
+#: One run of blocks the pool registered in one call, ``(request, blocks, hashes, start,
+#: end, skipped, group)``: table positions ``[start, end)`` of ``request``'s ``blocks`` in
+#: ``group``, position ``i`` under ``hashes[i]`` (the group's hashes, one per block),
+#: except the ascending positions ``skipped`` (null or already registered blocks).
+#: Read-only for recorders (the lists are the pool's).
+StoredRun = tuple["RequestLike", Sequence[int], list[bytes], int, int, Sequence[int], int]
 
 
 class EventRecorder:
@@ -85,11 +68,12 @@ class EventRecorder:
     """
 
     #: Whether :meth:`stored` wants to hear of registered runs (the pool builds the
-    #: :class:`StoredRun` record only then). A recorder overriding ``stored`` sets it.
+    #: ``StoredRun`` record only then). A recorder overriding ``stored`` sets it.
     hears_stored: ClassVar[bool] = False
 
     def stored(self, run: StoredRun) -> None:
-        """The pool registered the blocks of ``run`` (:class:`StoredRun`)."""
+        """The pool registered the blocks of ``run`` (``StoredRun``, unpack it:
+        ``request, blocks, hashes, start, end, skipped, group = run``)."""
 
     def stored_partial(
         self, request: RequestLike, block: int, i: int, group: int, primary: bool
@@ -208,7 +192,11 @@ class EventBuffer(EventRecorder):
         bs = info.block_size
         extras = request.hash_extras
         lora = extras.lora if extras is not None else None
-        positions = run.positions()
+        if skipped:
+            left_out = set(skipped)
+            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+        else:
+            positions = range(start, end)
         if extras is None:
             extra: list[Any] = [None] * len(positions)
         elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
