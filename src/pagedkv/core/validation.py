@@ -25,7 +25,7 @@ Rules (every violation raises the exception named, state unchanged):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 from pagedkv.core.coordinator import ComputedBlocks, Coordinator
 from pagedkv.core.hashing import BlockHasher, HashExtras
@@ -209,7 +209,7 @@ def _refuse_headroom(reserved: object, has_scheduled: object, must_fit: object) 
         )
 
 
-def _refuse_live(rid: str, same_object: bool) -> None:
+def _refuse_live(rid: str, same_object: bool) -> NoReturn:
     """Raise for a live request id given again: by another object, or with hit blocks."""
     if not same_object:
         raise DuplicateRequestError(
