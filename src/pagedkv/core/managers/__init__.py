@@ -22,8 +22,8 @@ coordinators, the factory and the queries read the capabilities each class decla
 (class attributes of :class:`~pagedkv.core.managers.base.SingleTypeManager`, documented
 there: ``cacheable``, ``positional``, ``grows_plainly``, ``drops_blocks``,
 ``may_hold_null_blocks``, ``ignores_lookahead``, ``caps_registration_itself``,
-``prefix_closed_hits``, ``drives_partial_hits``, ``partial_hit_class``, and the method
-``admission_cap_blocks``) and those of its spec (``event_kind``,
+``prefix_closed_hits``, ``drives_partial_hits``, ``partial_hit_class``, ``hit_shape``,
+and the method ``admission_cap_blocks``) and those of its spec (``event_kind``,
 ``event_sliding_window``, ``zeroes_kv_by_default``, ``zeroable``, ``max_admission_blocks``).
 
 How to add a kind:

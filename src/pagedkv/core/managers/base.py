@@ -123,6 +123,11 @@ class SingleTypeManager:
     #: end a hit inside a block, so such a model needs its block to be the hash block
     #: (or the kind never caches).
     partial_hit_class: ClassVar[type[SingleTypeManager] | None] = None
+    #: What a hit of this kind is, for explanations of a shortened hit
+    #: (:mod:`pagedkv.observe`): ``"prefix"`` (blocks from the start), ``"window"`` (a run
+    #: of blocks ending at the hit), ``"chunk"`` (the current chunk's run), ``"state"``
+    #: (one state block), ``"never"`` (never hits); ``"other"`` for none of these.
+    hit_shape: ClassVar[str] = "other"
 
     def admission_cap_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
         """The most blocks a request's table of this kind can need at once under

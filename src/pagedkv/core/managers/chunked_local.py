@@ -57,6 +57,8 @@ __all__ = ["ChunkedLocalManager"]
 class ChunkedLocalManager(SkippingManager):
     """Chunked-local groups. No cascade attention (leading blocks are null)."""
 
+    hit_shape = "chunk"
+
     def __init__(
         self,
         spec: ChunkedLocalAttentionSpec,

@@ -44,6 +44,7 @@ class FullAttentionManager(SingleTypeManager):
 
     may_hold_null_blocks = False
     prefix_closed_hits = True
+    hit_shape = "prefix"
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         hashes = self.group_hashes(block_hashes)

@@ -82,6 +82,7 @@ class MambaManager(SingleTypeManager):
     positional = False
     cacheable = False
     grows_plainly = False  # one state block, whatever the length
+    hit_shape = "state"
 
     @classmethod
     def variant_for(
@@ -124,6 +125,7 @@ class MambaCheckpointManager(SkippingManager):
     """State checkpoints at every ``block_size`` boundary (module docstring)."""
 
     positional = False
+    hit_shape = "state"
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens of finished checkpoints: interval 64, 130 computed -> live block 2, so
@@ -160,6 +162,7 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
 
     ignores_lookahead = True
     positional = False
+    hit_shape = "state"
     grows_plainly = False  # at most one new block per call, nulls before it
     caps_registration_itself = True  # its prompt's tail state needs the uncapped count
     drives_partial_hits = True

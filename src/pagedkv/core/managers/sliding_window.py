@@ -54,6 +54,8 @@ __all__ = ["SlidingWindowManager"]
 class SlidingWindowManager(SkippingManager):
     """Sliding-window groups. No cascade attention (leading blocks are null)."""
 
+    hit_shape = "window"
+
     def __init__(
         self, spec: SlidingWindowSpec, pool: BlockPool, group: int, *, drop_last_hit: bool = False
     ) -> None:
