@@ -24,6 +24,7 @@ from pagedkv import (
     Request,
     SlidingWindowSpec,
 )
+from pagedkv.cli_args import seconds_arg
 from pagedkv.cluster.index import ClusterIndex
 from pagedkv.cluster.router import CacheAware, Router
 
@@ -46,11 +47,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--subscribe", action="append", required=True,
                        metavar="[POD=]tcp://HOST:PORT[,replay=tcp://HOST:PORT]",
                        help="a publisher to follow (repeat for many)")
-    serve.add_argument("--status-every", type=float, default=10.0, metavar="SECONDS",
+    serve.add_argument("--status-every", type=seconds_arg("--status-every"),
+                       default=10.0, metavar="SECONDS",
                        help="status line period on stderr (default 10)")
-    serve.add_argument("--request-timeout", type=float, default=1.0, metavar="SECONDS",
+    serve.add_argument("--request-timeout", type=seconds_arg("--request-timeout"),
+                       default=1.0, metavar="SECONDS",
                        help="wait for a replay or snapshot answer (default 1)")
-    serve.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
+    serve.add_argument("--max-seconds", type=seconds_arg("--max-seconds", allow_zero=True),
+                       default=None, metavar="SECONDS",
                        help="stop after this long (default: run until SIGTERM)")
     serve.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                        help="serve Prometheus metrics (index size, events ingested, gaps, "

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pagedkv.cli_args import MAX_SECONDS, number_arg, seconds_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
@@ -56,6 +57,17 @@ _GEN_PARAMS: dict[str, dict[str, str]] = {
         "interval_s": "interval_s", "think_s": "think_s",
     },
 }
+# Numeric option types: finite, in range (pagedkv.cli_args); a bad value is a usage error.
+_FRACTION = number_arg("--gpu-memory-utilization", minimum=0, minimum_exclusive=True,
+                       maximum=1)
+_STAGGER_S = seconds_arg("--session-stagger-s", allow_zero=True)
+_INTERVAL_S = seconds_arg("--interval-s", allow_zero=True)
+_THINK_S = seconds_arg("--think-s", allow_zero=True)
+_RATE_SCALE = number_arg("--rate-scale", minimum=0, minimum_exclusive=True, maximum=1e6)
+_STEP_MS = number_arg("--step-overhead-ms", minimum=0, maximum=MAX_SECONDS)
+_PREFILL_US = number_arg("--prefill-token-us", minimum=0, maximum=MAX_SECONDS)
+_DECODE_US = number_arg("--decode-seq-us", minimum=0, maximum=MAX_SECONDS)
+_WARMUP = number_arg("--warmup-fraction", minimum=0, maximum=1, maximum_exclusive=True)
 _ALL_GEN_FLAGS = sorted({d for m in _GEN_PARAMS.values() for d in m})
 
 
@@ -82,7 +94,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="a synthetic workload with an analytic ideal hit rate")
     w.add_argument("--trace-format", choices=["auto", *formats()], default="auto",
                    help="trace format (default: detected from the content, else the name)")
-    w.add_argument("--session-stagger-s", type=float, default=0.0, metavar="S",
+    w.add_argument("--session-stagger-s", type=_STAGGER_S, default=0.0, metavar="S",
                    help="several files: file k starts k*S seconds after the first (default 0)")
     w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
                    help="tokens per hash_ids entry of a JSONL trace (default 512)")
@@ -103,9 +115,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--first-tokens", type=int, metavar="TOKENS", help="agent: task length")
     g.add_argument("--output-tokens", type=int, metavar="TOKENS",
                    help="answer / reply / action length")
-    g.add_argument("--interval-s", type=float, metavar="S",
+    g.add_argument("--interval-s", type=_INTERVAL_S, metavar="S",
                    help="seconds between request (session) starts")
-    g.add_argument("--think-s", type=float, metavar="S",
+    g.add_argument("--think-s", type=_THINK_S, metavar="S",
                    help="multi-turn, agent: seconds from a reply to the next turn")
     c = p.add_argument_group("cache capacity")
     c.add_argument("--block-size", type=int, default=16, metavar="TOKENS",
@@ -118,7 +130,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"(default without --num-blocks: {DEFAULT_MODEL})")
     c.add_argument("--gpu-memory", metavar="SIZE",
                    help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY}: an '80 GB' H100)")
-    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    c.add_argument("--gpu-memory-utilization", type=_FRACTION, default=0.9, metavar="FRACTION",
                    help="share of GPU memory the engine may use (default 0.9)")
     c.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size for --model (default 1)")
@@ -134,17 +146,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tokens computed per step (default 8192)")
     e.add_argument("--max-running", type=int, default=256, metavar="N",
                    help="most requests running at once (default 256)")
-    e.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+    e.add_argument("--rate-scale", type=_RATE_SCALE, default=1.0, metavar="X",
                    help="arrival rate multiplier: 2 = twice as fast (default 1)")
     e.add_argument("--arrivals", choices=["trace", "at-once"], default="trace",
                    help="arrival times from the workload (default) or all at time 0")
     d = StepTimeModel()
-    e.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_s * 1e3,
+    e.add_argument("--step-overhead-ms", type=_STEP_MS, default=d.step_overhead_s * 1e3,
                    metavar="MS", help=f"step-time model: per step (default "
                    f"{d.step_overhead_s * 1e3:g} ms)")
-    e.add_argument("--prefill-token-us", type=float, default=d.prefill_token_s * 1e6,
+    e.add_argument("--prefill-token-us", type=_PREFILL_US, default=d.prefill_token_s * 1e6,
                    metavar="US", help=f"per prefill token (default {d.prefill_token_s * 1e6:g} µs)")
-    e.add_argument("--decode-seq-us", type=float, default=d.decode_seq_s * 1e6,
+    e.add_argument("--decode-seq-us", type=_DECODE_US, default=d.decode_seq_s * 1e6,
                    metavar="US", help=f"per decoding sequence (default "
                    f"{d.decode_seq_s * 1e6:g} µs)")
     a = p.add_argument_group("analysis and output")
@@ -157,7 +169,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also search the KV memory or replicas that meet --ttft-p99")
     a.add_argument("--ttft-p99", default="2s", metavar="DURATION",
                    help="TTFT p99 target for --find-capacity (default 2s)")
-    a.add_argument("--warmup-fraction", type=float, default=0.5, metavar="F",
+    a.add_argument("--warmup-fraction", type=_WARMUP, default=0.5, metavar="F",
                    help="'after warm-up' rates count requests from this fraction on "
                    "(default 0.5)")
     a.add_argument("--no-bounds", action="store_true",
