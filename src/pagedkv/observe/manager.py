@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pagedkv import validation
+from pagedkv.checks import check_clock, check_whole
 from pagedkv.config import CacheConfig
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.recorder import EventRecorder, GroupInfo
@@ -53,8 +54,9 @@ class ObserveConfig:
     seconds for eviction records and residency (a simulator passes its simulated clock).
 
     Raises:
-        InvalidArgumentError: a negative ``ghost_entries`` or ``residency_sample_every``
-            below 1.
+        InvalidArgumentError: a negative ``ghost_entries``, a ``residency_sample_every``
+            below 1, a ``clock`` that is not callable (each count a whole number, not a
+            bool).
     """
 
     ghost_entries: int = 65536
@@ -62,15 +64,11 @@ class ObserveConfig:
     clock: Callable[[], float] = field(default=time.monotonic)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ghost_entries, int) or self.ghost_entries < 0:
-            raise InvalidArgumentError(
-                f"ghost_entries must be an int >= 0, got {self.ghost_entries!r}"
-            )
-        every = self.residency_sample_every
-        if every is not None and (not isinstance(every, int) or every < 1):
-            raise InvalidArgumentError(
-                f"residency_sample_every must be None or an int >= 1, got {every!r}"
-            )
+        check_whole("ObserveConfig.ghost_entries", self.ghost_entries, minimum=0)
+        if self.residency_sample_every is not None:
+            check_whole("ObserveConfig.residency_sample_every", self.residency_sample_every,
+                        minimum=1, hint=" (None: no residency sampling)")
+        check_clock("ObserveConfig.clock", self.clock)
 
 
 class _MissCounters:

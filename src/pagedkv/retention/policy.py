@@ -26,6 +26,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pagedkv.checks import check_clock, check_flag, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = [
@@ -308,17 +309,19 @@ class RetentionConfig:
             raise InvalidArgumentError(
                 f"pin_budget_fraction must be in (0, 1], got {f!r}"
             )
+        check_flag("RetentionConfig.preempt_pins", self.preempt_pins)
+        if not isinstance(self.tenant_quota_blocks, Mapping):
+            raise InvalidArgumentError(
+                f"tenant_quota_blocks must be a mapping of tenant (cache salt or None) to "
+                f"blocks, got {self.tenant_quota_blocks!r}")
         quotas = dict(self.tenant_quota_blocks)
         if self.default_tenant_quota_blocks is not None:
             quotas["(default)"] = self.default_tenant_quota_blocks
         for tenant, q in quotas.items():
-            if not isinstance(q, int) or isinstance(q, bool) or q < 0:
-                raise InvalidArgumentError(
-                    f"quota of tenant {tenant!r} must be an int >= 0 blocks, got {q!r}"
-                )
-        if not callable(self.clock):
-            raise InvalidArgumentError(f"clock must be a callable returning seconds, "
-                                       f"got {self.clock!r}")
+            if tenant is not None and tenant != "(default)":
+                check_text("a tenant of tenant_quota_blocks", tenant)
+            check_whole(f"quota of tenant {tenant!r}", q, minimum=0)
+        check_clock("RetentionConfig.clock", self.clock)
 
     @property
     def has_quotas(self) -> bool:

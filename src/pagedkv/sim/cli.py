@@ -188,6 +188,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ev.add_argument("--kv-events-topic", default="", help="topic frame, e.g. kv@pod@model")
     ev.add_argument("--kv-events-form", choices=("map", "array"), default="map",
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
+    ev.add_argument("--kv-events-allow-remote", action="store_true",
+                    help="allow endpoints that listen beyond this host (tcp://*:PORT, "
+                    "0.0.0.0): the messages carry prompt token ids, unauthenticated")
     add_retention_arguments(a)
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
@@ -256,6 +259,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
             replay_endpoint=args.kv_events_replay_endpoint,
             topic=args.kv_events_topic,
             wire_form=args.kv_events_form,
+            allow_remote=args.kv_events_allow_remote,
         )
     sched = SchedulerConfig(
         token_budget=args.token_budget, max_running=args.max_running,
