@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.checks import check_flag, check_whole
 from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.manager import KVCacheManager
 from pagedkv.request import Request
@@ -58,10 +59,14 @@ class BenchConfig:
         if self.workload not in WORKLOADS:
             raise InvalidArgumentError(
                 f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        if self.hash_algo not in ("sha256_cbor", "xxhash_cbor"):
+            raise InvalidArgumentError(
+                f"hash_algo must be 'sha256_cbor' or 'xxhash_cbor', got {self.hash_algo!r}")
+        check_flag("BenchConfig.enable_events", self.enable_events)
+        check_whole("BenchConfig.seed", self.seed, minimum=None)
         for name in ("num_requests", "block_size", "concurrency"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+            check_whole(name, value, minimum=1, maximum=10_000_000)
         if self.num_blocks is not None and (
                 isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
                 or not 2 <= self.num_blocks <= _MAX_BENCH_BLOCKS):

@@ -35,8 +35,8 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, PagedKVError
 
-__all__ = ["MAX_INT", "check_clock", "check_flag", "check_number", "check_text",
-           "check_whole", "describe_range"]
+__all__ = ["MAX_INT", "check_clock", "check_fits_memory", "check_flag", "check_number",
+           "check_text", "check_whole", "describe_range", "physical_memory_bytes"]
 
 #: Largest whole number any field accepts (int64): beyond it C APIs overflow.
 MAX_INT = 2**63 - 1
@@ -134,6 +134,29 @@ def check_text(name: str, value: object, *, allow_empty: bool = True,
         what = "a string" if allow_empty else "a non-empty string"
         raise error(f"{name} must be {what} without NUL characters, got {_shown(value)}")
     return value
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the system does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_memory(what: str, count: int, bytes_each: int, hint: str,
+                      *, error: ErrorClass = InvalidArgumentError) -> None:
+    """Refuse ``count`` items of ``bytes_each`` host bytes when they pass this machine's
+    physical memory (a huge count would fail later with MemoryError, or swap)."""
+    total = physical_memory_bytes()
+    need = count * bytes_each
+    if total is not None and need > total:
+        raise error(
+            f"{what}={count:,} needs about {need / 2**30:,.0f} GiB of host memory "
+            f"({bytes_each} bytes each), but this machine has {total / 2**30:,.0f} GiB; "
+            f"{hint}")
 
 
 def check_clock(name: str, value: object, *,
