@@ -36,6 +36,7 @@ __all__ = [
     "RequestRetention",
     "RetentionConfig",
     "TokenRangeRetention",
+    "read_clock",
 ]
 
 MIN_PRIORITY = 0
@@ -58,6 +59,26 @@ def _check_duration(what: str, d: object) -> None:
         raise InvalidArgumentError(
             f"{what} must be a positive finite number of seconds or None, got {d!r}"
         )
+
+
+def read_clock(clock: Callable[[], float], not_before: float) -> float:
+    """``clock()``, held at ``not_before`` if it went back (a wall clock stepped back, a
+    simulator's clock reset): time on the retention clock never runs backwards, so no
+    deadline passes twice and no expiry is undone.
+
+    >>> read_clock(lambda: 5.0, 7.0), read_clock(lambda: 9.0, 7.0)
+    (7.0, 9.0)
+
+    Raises:
+        InvalidArgumentError: the clock returned something other than a finite number
+            of seconds (``RetentionConfig.clock`` must, e.g. ``time.monotonic``).
+    """
+    now = clock()
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise InvalidArgumentError(
+            f"the retention clock returned {now!r:.60}; RetentionConfig.clock must return "
+            "seconds as a finite number (e.g. time.monotonic)")
+    return now if now >= not_before else not_before
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,6 +31,7 @@ the checks (as in the base pool) and the one conversion out of uniform mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -39,7 +40,7 @@ from pagedkv.free_queue import FreeBlockQueue
 from pagedkv.pool import BlockPool
 from pagedkv.request import RequestLike
 from pagedkv.retention.pins import PinKey, PinLease, PinTable
-from pagedkv.retention.policy import RetentionConfig
+from pagedkv.retention.policy import RetentionConfig, read_clock
 from pagedkv.retention.priority_queue import PriorityFreeQueue
 
 __all__ = ["RetentionPool"]
@@ -285,7 +286,7 @@ class RetentionPool(BlockPool):
             InvalidArgumentError: a bad ``ttl_s`` or no keys; nothing changed.
         """
         was_uniform = self._pq is None
-        now = self.retention.clock() if self._pq is None else self._pq.tick()
+        now = read_clock(self.retention.clock, -math.inf) if self._pq is None else self._pq.tick()
         lease, new = self.pins.pin(keys, ttl_s=ttl_s, now=now, refresh_on_hit=refresh_on_hit)
         queue = self.specialise()
         if was_uniform:
@@ -307,7 +308,7 @@ class RetentionPool(BlockPool):
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
         """Make ``lease`` expire ``ttl_s`` seconds from now (see :meth:`PinTable.renew`)."""
         queue = self._pq
-        now = self.retention.clock() if queue is None else queue.tick()
+        now = read_clock(self.retention.clock, -math.inf) if queue is None else queue.tick()
         self.pins.renew(lease, ttl_s=ttl_s, now=now)
         if queue is not None:
             queue.deadline = min(queue.deadline, lease.expires_at)
