@@ -28,7 +28,10 @@ from pagedkv.cli_args import seconds_arg
 from pagedkv.cluster.index import ClusterIndex
 from pagedkv.cluster.router import CacheAware, Router
 
-__all__ = ["add_parser"]
+__all__ = ["MAX_TOKEN_FILE_BYTES", "add_parser"]
+
+#: The most bytes ``index query --tokens @FILE`` reads (about 6 million token ids).
+MAX_TOKEN_FILE_BYTES = 64 * 2**20
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -185,11 +188,7 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
         return hashes, args.num_tokens or len(hashes) * args.block_size + 1
     text = args.tokens
     if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InputFileError(str(path), f"cannot read token ids: {exc.strerror}") from exc
+        text = _read_token_file(Path(text[1:]))
     tokens = _int_list(text, "--tokens")
     if not tokens:
         raise InvalidArgumentError("--tokens: the prompt is empty")
@@ -199,6 +198,24 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
     extras = None if args.cache_salt is None else HashExtras(cache_salt=args.cache_salt)
     request = Request("query", tokens, hasher=hasher, hash_extras=extras)
     return [wire_hash(h) for h in request.block_hashes], len(tokens)
+
+
+def _read_token_file(path: Path) -> str:
+    """The text of a ``--tokens @FILE`` file, read up to :data:`MAX_TOKEN_FILE_BYTES`
+    (a device such as /dev/zero, or a huge file, is refused, not read into memory)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read token ids: {exc.strerror}") from exc
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise InputFileError(str(path), f"more than {MAX_TOKEN_FILE_BYTES // 2**20} MiB of "
+                             "token ids; a prompt's ids fit in far less")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(path), f"not UTF-8 text (byte offset {exc.start}); write "
+                             "token ids as decimal text") from None
 
 
 def _query(args: argparse.Namespace) -> int:
