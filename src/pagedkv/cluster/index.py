@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ __all__ = [
     "MemoryIndex",
     "Replica",
     "ReplicaState",
+    "ref_digest",
+    "ref_member",
 ]
 
 BlockRef = tuple[int, int, str]
@@ -49,6 +52,28 @@ ANY_TIER = None
 """``tier`` argument of lookups that accept a block on any tier."""
 
 _SEP = "|"
+
+DIGEST_MODULUS = 1 << 48
+"""Block-set digests are sums modulo 2**48 (exact in Redis's Lua numbers, doubles)."""
+
+
+def ref_member(ref: BlockRef) -> str:
+    """A block reference as a replica's reverse-set member: ``<group>:<hash hex>|<tier>``.
+
+    >>> ref_member((0, 255, "GPU"))
+    '0:00000000000000ff|GPU'
+    """
+    group_idx, block_hash, tier = ref
+    return f"{group_idx}:{block_hash:016x}|{tier}"
+
+
+def ref_digest(ref: BlockRef) -> int:
+    """A block reference's share of its replica's digest: the first 48 bits of the SHA-1
+    of :func:`ref_member`. A replica's digest is the sum of its references' shares modulo
+    :data:`DIGEST_MODULUS` (order-free, updated per change; the Redis backend computes the
+    same sum server-side), so two block sets that differ in content almost surely differ
+    in digest even when their sizes are equal."""
+    return int(hashlib.sha1(ref_member(ref).encode()).hexdigest()[:12], 16)
 
 
 class IndexUnavailableError(PagedKVError):
@@ -95,10 +120,13 @@ class ReplicaState:
     """What the index says about one replica: ``state`` is ``"synced"`` (the entries
     mirror every event) or ``"rebuilding"`` (a gap nobody could repair: the replica's
     entries were cleared and are rebuilt from the events that followed), ``num_blocks``
-    the block references it holds."""
+    the block references it holds, ``digest`` the sum of their :func:`ref_digest` shares
+    modulo :data:`DIGEST_MODULUS` (what :meth:`IndexIngest.heal
+    <pagedkv.cluster.ingest.IndexIngest.heal>` compares with its own)."""
 
     state: str
     num_blocks: int
+    digest: int = 0
 
 
 class ClusterIndex(ABC):
@@ -169,7 +197,8 @@ class MemoryIndex(ClusterIndex):
     strings, so the hot loops hash cached strings only.
     """
 
-    __slots__ = ("_holders", "_owned", "_replicas", "_states", "_tier_bits", "model")
+    __slots__ = ("_digests", "_holders", "_owned", "_replicas", "_states", "_tier_bits",
+                 "model")
 
     def __init__(self, *, model: str) -> None:
         self.model = model
@@ -178,6 +207,7 @@ class MemoryIndex(ClusterIndex):
         self._states: dict[str, str] = {}
         self._replicas: dict[str, Replica] = {}
         self._tier_bits: dict[str, int] = {}
+        self._digests: dict[str, int] = {}
 
     def _bit(self, tier: str) -> int:
         bit = self._tier_bits.get(tier)
@@ -200,9 +230,12 @@ class MemoryIndex(ClusterIndex):
         owned = self._owned[rkey]
         holders_of = self._holders
         bits = self._tier_bits
+        digest = self._digests.get(rkey, 0)
         for ref in added:
             group_idx, block_hash, tier = ref
             bit = bits.get(tier) or self._bit(tier)
+            if ref not in owned:
+                digest += ref_digest(ref)
             owned.add(ref)
             holders = holders_of.get((group_idx, block_hash))
             if holders is None:
@@ -213,6 +246,8 @@ class MemoryIndex(ClusterIndex):
             if ref in owned:
                 owned.discard(ref)
                 self._drop(rkey, ref)
+                digest -= ref_digest(ref)
+        self._digests[rkey] = digest % DIGEST_MODULUS
 
     def _drop(self, rkey: str, ref: BlockRef) -> None:
         group_idx, block_hash, tier = ref
@@ -232,6 +267,7 @@ class MemoryIndex(ClusterIndex):
             for ref in owned:
                 self._drop(rkey, ref)
             owned.clear()
+        self._digests.pop(rkey, None)
 
     def set_state(self, replica: Replica, state: str) -> None:
         _check_state(state)
@@ -245,7 +281,8 @@ class MemoryIndex(ClusterIndex):
 
     def replicas(self) -> dict[Replica, ReplicaState]:
         return {
-            self._replicas[k]: ReplicaState(state=s, num_blocks=len(self._owned[k]))
+            self._replicas[k]: ReplicaState(state=s, num_blocks=len(self._owned[k]),
+                                            digest=self._digests.get(k, 0))
             for k, s in self._states.items()
         }
 
@@ -291,6 +328,9 @@ class MemoryIndex(ClusterIndex):
                 holders = rebuilt.setdefault((group_idx, block_hash), {})
                 holders[rkey] = holders.get(rkey, 0) | self._tier_bits[tier]
         assert rebuilt == self._holders, "holder table out of step with the reverse table"
+        for rkey, refs in self._owned.items():
+            expected = sum(ref_digest(r) for r in refs) % DIGEST_MODULUS
+            assert self._digests.get(rkey, 0) == expected, f"{rkey}: digest out of step"
         for state in self._states.values():
             _check_state(state)
 

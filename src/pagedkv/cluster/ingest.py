@@ -28,7 +28,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
-from pagedkv.cluster.index import BlockRef, ClusterIndex, IndexUnavailableError, Replica
+from pagedkv.cluster.index import (
+    DIGEST_MODULUS,
+    BlockRef,
+    ClusterIndex,
+    IndexUnavailableError,
+    Replica,
+    ref_digest,
+)
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.events.wire import wire_hash
@@ -41,14 +48,53 @@ NO_TIER = "-"
 
 
 class _Feed:
-    """One publisher: its replica, copy counts and sync state."""
+    """One publisher: its replica, copy counts, the digest of the counted references
+    (:func:`~pagedkv.cluster.index.ref_digest`) and sync state."""
 
-    __slots__ = ("counts", "replica", "state")
+    __slots__ = ("counts", "digest", "replica", "state")
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
         self.counts: dict[BlockRef, int] = {}
+        self.digest = 0
         self.state = "synced"
+
+    def clear(self) -> None:
+        self.counts.clear()
+        self.digest = 0
+
+
+#: One step of a checked batch: +1 (stored) or -1 (removed) and the references, or None
+#: for AllBlocksCleared.
+_Step = tuple[int, list[BlockRef]] | None
+
+
+def _checked_steps(events: Iterable[KVCacheEvent]) -> list[_Step]:
+    """The batch as steps, every record checked first, so a bad one raises before anything
+    changes (a batch applies entirely or not at all).
+
+    Raises:
+        InvalidArgumentError: a record that is not a KV-cache event, or one whose group,
+            hashes or medium are malformed.
+    """
+    steps: list[_Step] = []
+    for event in events:
+        if isinstance(event, (BlockStored, BlockRemoved)):
+            group_idx, tier = event.group_idx, event.medium or NO_TIER
+            if type(group_idx) is not int or group_idx < 0 or type(tier) is not str:
+                raise InvalidArgumentError(
+                    f"bad KV-cache event (group {group_idx!r}, medium {tier!r}): {event!r:.200}")
+            try:
+                refs = [(group_idx, wire_hash(h), tier) for h in event.block_hashes]
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InvalidArgumentError(
+                    f"bad block hash in a KV-cache event ({exc}): {event!r:.200}") from None
+            steps.append((1 if type(event) is BlockStored else -1, refs))
+        elif isinstance(event, AllBlocksCleared):
+            steps.append(None)
+        else:
+            raise InvalidArgumentError(f"not a KV-cache event record: {event!r:.200}")
+    return steps
 
 
 class IndexIngest:
@@ -80,37 +126,39 @@ class IndexIngest:
 
     def reset(self, publisher_id: str) -> None:
         feed = self._feed(publisher_id)
-        feed.counts.clear()
+        feed.clear()
         self._write(lambda: self.index.clear_replica(feed.replica))
 
     def apply(self, publisher_id: str, events: Iterable[KVCacheEvent]) -> None:
+        """Apply one batch, entirely or not at all.
+
+        Raises:
+            InvalidArgumentError: a malformed record anywhere in the batch; nothing
+                changed (counts and index as before).
+        """
+        steps = _checked_steps(events)
         feed = self._feed(publisher_id)
         counts = feed.counts
         before: dict[BlockRef, bool] = {}  # presence before this batch, of touched refs
         num_blocks = 0
-        for event in events:
-            if isinstance(event, (BlockStored, BlockRemoved)):
-                group_idx = event.group_idx
-                tier = event.medium or NO_TIER
-                delta = 1 if type(event) is BlockStored else -1
-                for raw_hash in event.block_hashes:
-                    ref = (group_idx, wire_hash(raw_hash), tier)
-                    copies = counts.get(ref, 0)
-                    if delta < 0 and copies == 0:
-                        continue  # removal of a block stored before we joined
-                    before.setdefault(ref, copies > 0)
-                    if copies + delta:
-                        counts[ref] = copies + delta
-                    else:
-                        del counts[ref]
-                num_blocks += len(event.block_hashes)
-            elif isinstance(event, AllBlocksCleared):
+        for step in steps:
+            if step is None:  # AllBlocksCleared
                 self._flush(feed, before)
                 before = {}
-                counts.clear()
+                feed.clear()
                 self._write(lambda: self.index.clear_replica(feed.replica))
-            else:
-                raise InvalidArgumentError(f"not a KV-cache event record: {event!r}")
+                continue
+            delta, refs = step
+            for ref in refs:
+                copies = counts.get(ref, 0)
+                if delta < 0 and copies == 0:
+                    continue  # removal of a block stored before we joined
+                before.setdefault(ref, copies > 0)
+                if copies + delta:
+                    counts[ref] = copies + delta
+                else:
+                    del counts[ref]
+            num_blocks += len(refs)
         self._flush(feed, before)
         self.num_batches += 1
         self.num_block_events += num_blocks
@@ -124,7 +172,7 @@ class IndexIngest:
         if clear:
             logger.warning("replica %s lost events for good: cleared, rebuilding",
                            feed.replica.key)
-            feed.counts.clear()
+            feed.clear()
             self._write(lambda: self.index.clear_replica(feed.replica))
         feed.state = "rebuilding"
         self._write(lambda: self.index.set_state(feed.replica, "rebuilding"))
@@ -153,20 +201,25 @@ class IndexIngest:
         return set(self._feed(publisher_id).counts)
 
     def heal(self) -> bool:
-        """Rewrite every replica whose index entries may be missing; True when the index
-        is known complete afterwards. Costs one registry read (with each replica's block
-        count) when nothing is wrong."""
+        """Rewrite every replica whose index entries may differ from the counts; True when
+        the index is known complete afterwards. Costs one registry read (with each
+        replica's block count and digest) when nothing is wrong.
+
+        A replica counts as intact when it is registered with exactly as many blocks as
+        counted for it *and* the same digest (:func:`~pagedkv.cluster.index.ref_digest`):
+        a restarted, empty Redis that a write reached before this check registers the
+        replica again with fewer blocks; another writer, or a lost write, can leave as
+        many blocks but other ones."""
         try:
             if not self.dirty:
-                # A replica counts as intact when it is registered with exactly the blocks
-                # counted for it: a restarted, empty Redis that a write reached before this
-                # check registers the replica again, but with fewer blocks.
                 registered = self.index.replicas()
                 if all(f.replica in registered
                        and registered[f.replica].num_blocks == len(f.counts)
+                       and registered[f.replica].digest == f.digest
                        for f in self._feeds.values()):
                     return True
-                logger.warning("cluster index lost its entries (restarted?): rewriting")
+                logger.warning("cluster index differs from the counts (restarted, or "
+                               "written by another ingest?): rewriting")
             for feed in self._feeds.values():
                 self.index.clear_replica(feed.replica)
                 self.index.update(feed.replica, added=list(feed.counts), removed=[])
@@ -212,6 +265,8 @@ class IndexIngest:
         counts = feed.counts
         added = [ref for ref, was in before.items() if not was and ref in counts]
         removed = [ref for ref, was in before.items() if was and ref not in counts]
+        feed.digest = (feed.digest + sum(map(ref_digest, added))
+                       - sum(map(ref_digest, removed))) % DIGEST_MODULUS
         if added or removed:
             self._write(lambda: self.index.update(feed.replica, added=added, removed=removed))
 

@@ -9,6 +9,8 @@ key                                    type    members
 ``pkv:{M}:b:<group>:<hash>``           SET     ``<pod>|<rank>|<tier>``: who holds the block
 ``pkv:{M}:r:<pod>|<rank>``             SET     ``<group>:<hash>|<tier>``: what a replica holds
 ``pkv:{M}:replicas``                   HASH    ``<pod>|<rank>`` → ``synced`` / ``rebuilding``
+``pkv:{M}:digests``                    HASH    ``<pod>|<rank>`` → digest of its block set
+``pkv:{M}:writers``                    HASH    ``<pod>|<rank>`` → the ingest holding its lease
 =====================================  ======  ===============================================
 
 ``<hash>`` is the block's wire hash in 16 lower-case hex digits, ``<rank>`` the DP rank or
@@ -16,7 +18,10 @@ key                                    type    members
 
 * **update** (one event batch of one replica): one ``EVALSHA`` of a Lua script that
   adds (``SADD``) or removes (``SREM``) the replica in each changed block key and the
-  reference in its reverse set (atomic, so the forward and reverse sets never disagree);
+  reference in its reverse set (atomic, so the forward and reverse sets never disagree),
+  and adds or subtracts each reference's share of the replica's digest
+  (:func:`~pagedkv.cluster.index.ref_digest`, computed server-side with ``sha1hex``) for
+  the members that really changed;
 * **clear a replica** (restart, ``AllBlocksCleared``, unrepairable gap): ``SSCAN`` its
   reverse set in chunks of 1,000, ``SREM`` itself from each block key and the chunk from
   the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held),
@@ -37,12 +42,15 @@ from typing import Any
 
 from pagedkv.cluster.index import (
     ANY_TIER,
+    DIGEST_MODULUS,
     BlockRef,
     ClusterIndex,
     IndexUnavailableError,
     Replica,
     ReplicaState,
     _check_state,
+    ref_digest,
+    ref_member,
 )
 from pagedkv.errors import InvalidArgumentError, require
 
@@ -91,19 +99,28 @@ return out
 # prefix ("pkv:{M}:b:"), ARGV[2]: the replica key, ARGV[3]: added and ARGV[4]: removed
 # references, each "<group>:<hash>|<tier>" (the reverse member), comma-separated.
 # Atomic: the forward and reverse sets change together.
+# KEYS[3]: the digests hash. The digest is a sum modulo 2^48 of each member's first 48
+# bits of SHA-1 (exact in Lua's doubles), changed only for members really added/removed.
 _UPDATE_LUA = """
 local prefix, rkey = ARGV[1], ARGV[2]
+local modulus = 281474976710656
+local digest = tonumber(redis.call('HGET', KEYS[3], rkey) or '0')
 redis.call('HSETNX', KEYS[2], rkey, 'synced')
 for ref in string.gmatch(ARGV[3], '[^,]+') do
   local cut = string.find(ref, '|', 1, true)
   redis.call('SADD', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
-  redis.call('SADD', KEYS[1], ref)
+  if redis.call('SADD', KEYS[1], ref) == 1 then
+    digest = (digest + tonumber(string.sub(redis.sha1hex(ref), 1, 12), 16)) % modulus
+  end
 end
 for ref in string.gmatch(ARGV[4], '[^,]+') do
   local cut = string.find(ref, '|', 1, true)
   redis.call('SREM', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
-  redis.call('SREM', KEYS[1], ref)
+  if redis.call('SREM', KEYS[1], ref) == 1 then
+    digest = (digest - tonumber(string.sub(redis.sha1hex(ref), 1, 12), 16)) % modulus
+  end
 end
+redis.call('HSET', KEYS[3], rkey, string.format('%.0f', digest))
 return 0
 """
 
@@ -136,6 +153,7 @@ class RedisIndex(ClusterIndex):
         self.model = model
         self._prefix = f"pkv:{{{model}}}:"
         self._replicas_key = self._prefix + "replicas"
+        self._digests_key = self._prefix + "digests"
         self._longest = client.register_script(_LONGEST_PREFIX_LUA)
         self._update = client.register_script(_UPDATE_LUA)
 
@@ -158,12 +176,12 @@ class RedisIndex(ClusterIndex):
             return
         with self._guard():
             self._update(
-                keys=[self.reverse_key(replica), self._replicas_key],
+                keys=[self.reverse_key(replica), self._replicas_key, self._digests_key],
                 args=[
                     self._prefix + "b:",
                     replica.key,
-                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in added]),
-                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in removed]),
+                    ",".join([ref_member(ref) for ref in added]),
+                    ",".join([ref_member(ref) for ref in removed]),
                 ],
             )
 
@@ -186,7 +204,10 @@ class RedisIndex(ClusterIndex):
                     pipe.execute()
                 if cursor == 0:
                     break
-            client.delete(reverse_key)
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(reverse_key)
+            pipe.hdel(self._digests_key, rkey)
+            pipe.execute()
 
     def set_state(self, replica: Replica, state: str) -> None:
         _check_state(state)
@@ -205,11 +226,14 @@ class RedisIndex(ClusterIndex):
             raw = self._client.hgetall(self._replicas_key)
             keys = [k.decode() for k in raw]
             pipe = self._client.pipeline(transaction=False)
+            pipe.hgetall(self._digests_key)
             for key in keys:
                 pipe.scard(f"{self._prefix}r:{key}")
-            sizes = pipe.execute()
+            digests, *sizes = pipe.execute()
         return {
-            Replica.from_key(key): ReplicaState(state=raw[key.encode()].decode(), num_blocks=n)
+            Replica.from_key(key): ReplicaState(
+                state=raw[key.encode()].decode(), num_blocks=n,
+                digest=int(digests.get(key.encode(), b"0")))
             for key, n in zip(keys, sizes, strict=True)
         }
 
@@ -277,6 +301,9 @@ class RedisIndex(ClusterIndex):
         assert forward == reverse, (
             f"forward and reverse sets disagree: {sorted(forward ^ reverse)[:5]}"
         )
+        for replica, state in self.replicas().items():
+            expected = sum(ref_digest(r) for r in self.blocks_of(replica)) % DIGEST_MODULUS
+            assert state.digest == expected, f"{replica.key}: digest out of step"
 
     def close(self) -> None:
         self._client.close()
