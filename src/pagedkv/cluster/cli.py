@@ -59,6 +59,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-seconds", type=seconds_arg("--max-seconds", allow_zero=True),
                        default=None, metavar="SECONDS",
                        help="stop after this long (default: run until SIGTERM)")
+    serve.add_argument("--writer-lease", type=seconds_arg("--writer-lease"), default=5.0,
+                       metavar="SECONDS",
+                       help="write each pod's entries under a lease in Redis: a second "
+                       "'index serve' for the same pod stands by and takes over this long "
+                       "after the writer dies (default 5)")
     serve.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                        help="serve Prometheus metrics (index size, events ingested, gaps, "
                        "resyncs) on 127.0.0.1:PORT (0: a free port, printed); needs "
@@ -122,7 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
         stop["now"] = True
 
     previous = [signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)]
-    service = IndexService(index, sources, request_timeout_s=args.request_timeout)
+    service = IndexService(index, sources, request_timeout_s=args.request_timeout,
+                           lease_ttl_s=args.writer_lease)
     exporter = None
     try:
         print(f"pagedkv index serve: {len(sources)} publisher(s) -> {args.redis} "

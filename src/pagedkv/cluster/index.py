@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ __all__ = [
     "MemoryIndex",
     "Replica",
     "ReplicaState",
+    "WriterConflictError",
     "ref_digest",
     "ref_member",
 ]
@@ -80,6 +82,15 @@ class IndexUnavailableError(PagedKVError):
     """The index backend cannot be reached (e.g. Redis is down). Callers degrade: the
     router routes by load alone, the ingest keeps counting and rewrites the index when
     the backend is back."""
+
+
+class WriterConflictError(PagedKVError):
+    """An update under a writer lease that another writer holds: the replica is written
+    by another ingest (``holder``); nothing was written. The ingest stands by."""
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
@@ -132,18 +143,33 @@ class ReplicaState:
 class ClusterIndex(ABC):
     """Presence of blocks on replicas, for one model (``model`` namespaces the data).
 
-    Writers: one ingest per replica. Readers: any number of routers. Every method may
-    raise :class:`IndexUnavailableError` when the backend is unreachable.
+    Writers: one ingest per replica, made single by a *writer lease* per replica
+    (:meth:`claim_writer`; an ingest that does not hold it stands by and takes over when
+    the holder stops renewing it). Readers: any number of routers. Every method may raise
+    :class:`IndexUnavailableError` when the backend is unreachable.
     """
 
     model: str
 
     @abstractmethod
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
         """Record that ``replica`` now holds ``added`` and no longer holds ``removed``
-        (net changes: a reference is in at most one of them)."""
+        (net changes: a reference is in at most one of them). With ``writer``, only if
+        ``writer`` holds the replica's lease (checked atomically with the write), else
+        :class:`WriterConflictError` and nothing is written."""
+
+    @abstractmethod
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        """Take or renew ``replica``'s writer lease for ``writer`` for ``ttl_s`` seconds;
+        returns None when ``writer`` holds it now, else the holder's id (the lease ends
+        ``ttl_s`` after the holder's last renewal)."""
+
+    @abstractmethod
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        """End ``writer``'s lease on ``replica`` (nothing if another writer holds it)."""
 
     @abstractmethod
     def clear_replica(self, replica: Replica) -> None:
@@ -197,8 +223,8 @@ class MemoryIndex(ClusterIndex):
     strings, so the hot loops hash cached strings only.
     """
 
-    __slots__ = ("_digests", "_holders", "_owned", "_replicas", "_states", "_tier_bits",
-                 "model")
+    __slots__ = ("_digests", "_holders", "_leases", "_owned", "_replicas", "_states",
+                 "_tier_bits", "model")
 
     def __init__(self, *, model: str) -> None:
         self.model = model
@@ -208,6 +234,19 @@ class MemoryIndex(ClusterIndex):
         self._replicas: dict[str, Replica] = {}
         self._tier_bits: dict[str, int] = {}
         self._digests: dict[str, int] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # replica key -> writer, expiry
+
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        now = time.monotonic()
+        holder, expires_s = self._leases.get(replica.key, (writer, now))
+        if holder != writer and expires_s > now:
+            return holder
+        self._leases[replica.key] = (writer, now + ttl_s)
+        return None
+
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        if self._leases.get(replica.key, ("",))[0] == writer:
+            del self._leases[replica.key]
 
     def _bit(self, tier: str) -> int:
         bit = self._tier_bits.get(tier)
@@ -224,8 +263,15 @@ class MemoryIndex(ClusterIndex):
         return key
 
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
+        if writer is not None:
+            holder, expires_s = self._leases.get(replica.key, ("", 0.0))
+            if holder != writer or expires_s <= time.monotonic():
+                raise WriterConflictError(
+                    f"{replica.key}: writer {writer!r} does not hold the writer lease "
+                    f"(holder: {holder or 'nobody'})", holder=holder)
         rkey = self._register(replica)
         owned = self._owned[rkey]
         holders_of = self._holders

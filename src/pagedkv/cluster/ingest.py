@@ -25,15 +25,20 @@ Memory: one dict entry per cached block reference per replica, whatever the back
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Iterable
 
+from pagedkv.checks import check_number
+from pagedkv.cli_args import MAX_SECONDS
 from pagedkv.cluster.index import (
     DIGEST_MODULUS,
     BlockRef,
     ClusterIndex,
     IndexUnavailableError,
     Replica,
+    WriterConflictError,
     ref_digest,
 )
 from pagedkv.errors import InvalidArgumentError
@@ -51,13 +56,14 @@ class _Feed:
     """One publisher: its replica, copy counts, the digest of the counted references
     (:func:`~pagedkv.cluster.index.ref_digest`) and sync state."""
 
-    __slots__ = ("counts", "digest", "replica", "state")
+    __slots__ = ("counts", "digest", "owned", "replica", "state")
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, *, owned: bool) -> None:
         self.replica = replica
         self.counts: dict[BlockRef, int] = {}
         self.digest = 0
         self.state = "synced"
+        self.owned = owned  # holds the writer lease (always, without leases)
 
     def clear(self) -> None:
         self.counts.clear()
@@ -103,6 +109,13 @@ class IndexIngest:
     ``replica_of(publisher_id)`` names the replica a publisher's events belong to; it is
     asked again before every batch, so a DP rank learned from the payloads moves the
     entries (default: the publisher id is the pod, no DP rank).
+
+    ``lease_ttl_s``: write a replica only while holding its writer lease
+    (:meth:`ClusterIndex.claim_writer`, as ``writer_id``, default a random id), renewed
+    by :meth:`heal`; None (default): no leases. Without the lease the ingest *stands by*:
+    it keeps its counts from the events but writes nothing; when the holder stops
+    renewing (it died), :meth:`heal` takes the lease and rewrites the replica from its
+    own counts. So two ingests following one pod never flap its entries.
     """
 
     def __init__(
@@ -110,8 +123,15 @@ class IndexIngest:
         index: ClusterIndex,
         *,
         replica_of: Callable[[str], Replica] | None = None,
+        lease_ttl_s: float | None = None,
+        writer_id: str | None = None,
     ) -> None:
+        if lease_ttl_s is not None:
+            check_number("lease_ttl_s", lease_ttl_s, minimum=0.001, maximum=MAX_SECONDS)
         self.index = index
+        self.lease_ttl_s = lease_ttl_s
+        self.writer_id = writer_id if writer_id is not None else uuid.uuid4().hex
+        self.num_standby_replicas = 0
         self._replica_of = replica_of or (lambda publisher_id: Replica(pod=publisher_id))
         self._feeds: dict[str, _Feed] = {}
         self.dirty = False
@@ -127,7 +147,7 @@ class IndexIngest:
     def reset(self, publisher_id: str) -> None:
         feed = self._feed(publisher_id)
         feed.clear()
-        self._write(lambda: self.index.clear_replica(feed.replica))
+        self._write(feed, lambda: self.index.clear_replica(feed.replica))
 
     def apply(self, publisher_id: str, events: Iterable[KVCacheEvent]) -> None:
         """Apply one batch, entirely or not at all.
@@ -146,7 +166,7 @@ class IndexIngest:
                 self._flush(feed, before)
                 before = {}
                 feed.clear()
-                self._write(lambda: self.index.clear_replica(feed.replica))
+                self._write(feed, lambda: self.index.clear_replica(feed.replica))
                 continue
             delta, refs = step
             for ref in refs:
@@ -173,21 +193,34 @@ class IndexIngest:
             logger.warning("replica %s lost events for good: cleared, rebuilding",
                            feed.replica.key)
             feed.clear()
-            self._write(lambda: self.index.clear_replica(feed.replica))
+            self._write(feed, lambda: self.index.clear_replica(feed.replica))
         feed.state = "rebuilding"
-        self._write(lambda: self.index.set_state(feed.replica, "rebuilding"))
+        self._write(feed, lambda: self.index.set_state(feed.replica, "rebuilding"))
 
     def mark_synced(self, publisher_id: str) -> None:
         """The subscriber is back in step (a snapshot arrived)."""
         feed = self._feed(publisher_id)
         feed.state = "synced"
-        self._write(lambda: self.index.set_state(feed.replica, "synced"))
+        self._write(feed, lambda: self.index.set_state(feed.replica, "synced"))
 
     def remove_publisher(self, publisher_id: str) -> None:
         """Forget a publisher and its replica's entries."""
         feed = self._feeds.pop(publisher_id, None)
         if feed is not None:
-            self._write(lambda: self.index.remove_replica(feed.replica))
+            self._write(feed, lambda: self.index.remove_replica(feed.replica))
+            self._release(feed)
+
+    def close(self) -> None:
+        """End the writer leases held (a standby ingest takes over at once, not after
+        ``lease_ttl_s``). Idempotent; the index stays open."""
+        for feed in self._feeds.values():
+            self._release(feed)
+
+    def _release(self, feed: _Feed) -> None:
+        if self.lease_ttl_s is not None and feed.owned:
+            feed.owned = False
+            with contextlib.suppress(IndexUnavailableError):  # it expires on its own
+                self.index.release_writer(feed.replica, self.writer_id)
 
     def replica(self, publisher_id: str) -> Replica:
         return self._feed(publisher_id).replica
@@ -211,19 +244,22 @@ class IndexIngest:
         replica again with fewer blocks; another writer, or a lost write, can leave as
         many blocks but other ones."""
         try:
+            taken = self._renew_leases()
+            if taken:
+                logger.warning("took over writing %s (the previous writer stopped)",
+                               ", ".join(f.replica.key for f in taken))
+                self.dirty = True
             if not self.dirty:
                 registered = self.index.replicas()
                 if all(f.replica in registered
                        and registered[f.replica].num_blocks == len(f.counts)
                        and registered[f.replica].digest == f.digest
-                       for f in self._feeds.values()):
+                       for f in self._feeds.values() if f.owned):
                     return True
                 logger.warning("cluster index differs from the counts (restarted, or "
                                "written by another ingest?): rewriting")
             for feed in self._feeds.values():
-                self.index.clear_replica(feed.replica)
-                self.index.update(feed.replica, added=list(feed.counts), removed=[])
-                self.index.set_state(feed.replica, feed.state)
+                self._rewrite(feed)
         except IndexUnavailableError:
             self.dirty = True
             return False
@@ -236,7 +272,7 @@ class IndexIngest:
         """Counts are positive; unless dirty, the index holds exactly the counted refs."""
         for feed in self._feeds.values():
             assert all(c > 0 for c in feed.counts.values()), feed.replica
-            if not self.dirty:
+            if not self.dirty and feed.owned:
                 held = self.index.blocks_of(feed.replica)
                 assert held == set(feed.counts), (
                     f"{feed.replica.key}: index has {len(held)} refs, counts "
@@ -245,19 +281,57 @@ class IndexIngest:
 
     # --- internals ----------------------------------------------------------------------
 
+    def _renew_leases(self) -> list[_Feed]:
+        """Take or renew each replica's lease; the feeds just taken over."""
+        if self.lease_ttl_s is None:
+            return []
+        taken = []
+        standby = 0
+        for feed in self._feeds.values():
+            holder = self.index.claim_writer(feed.replica, self.writer_id, self.lease_ttl_s)
+            if holder is None and not feed.owned:
+                taken.append(feed)
+            feed.owned = holder is None
+            standby += holder is not None
+        self.num_standby_replicas = standby
+        return taken
+
     def _feed(self, publisher_id: str) -> _Feed:
         replica = self._replica_of(publisher_id)
         feed = self._feeds.get(publisher_id)
         if feed is None:
-            feed = self._feeds[publisher_id] = _Feed(replica)
-            self._write(lambda: self.index.set_state(replica, "synced"))
+            feed = self._feeds[publisher_id] = _Feed(replica, owned=self.lease_ttl_s is None)
+            if self.lease_ttl_s is not None:
+                self._claim(feed)
+            self._write(feed, lambda: self.index.set_state(replica, "synced"))
         elif feed.replica != replica:  # e.g. the DP rank became known
             old = feed.replica
+            self._write(feed, lambda: self.index.remove_replica(old))
+            self._release(feed)
             feed.replica = replica
-            self._write(lambda: self.index.remove_replica(old))
-            self._write(lambda: self.index.update(replica, added=list(feed.counts), removed=[]))
-            self._write(lambda: self.index.set_state(replica, feed.state))
+            if self.lease_ttl_s is not None:
+                self._claim(feed)
+            else:
+                feed.owned = True
+            if not self.dirty:
+                try:
+                    self._rewrite(feed)
+                except IndexUnavailableError:
+                    self.dirty = True
         return feed
+
+    def _rewrite(self, feed: _Feed) -> None:
+        """Replace the replica's entries with the counted ones (the owner only)."""
+        if not feed.owned:
+            return
+        writer = None if self.lease_ttl_s is None else self.writer_id
+        self.index.clear_replica(feed.replica)
+        try:
+            self.index.update(feed.replica, added=list(feed.counts), removed=[], writer=writer)
+        except WriterConflictError:
+            feed.owned = False
+            return
+        self.index.set_state(feed.replica, feed.state)
 
     def _flush(self, feed: _Feed, before: dict[BlockRef, bool]) -> None:
         if not before:
@@ -268,13 +342,30 @@ class IndexIngest:
         feed.digest = (feed.digest + sum(map(ref_digest, added))
                        - sum(map(ref_digest, removed))) % DIGEST_MODULUS
         if added or removed:
-            self._write(lambda: self.index.update(feed.replica, added=added, removed=removed))
+            writer = None if self.lease_ttl_s is None else self.writer_id
+            self._write(feed, lambda: self.index.update(feed.replica, added=added,
+                                                        removed=removed, writer=writer))
 
-    def _write(self, operation: Callable[[], None]) -> None:
-        if self.dirty:
-            return  # heal() rewrites everything from the counts
+    def _claim(self, feed: _Feed) -> None:
+        assert self.lease_ttl_s is not None
+        try:
+            holder = self.index.claim_writer(feed.replica, self.writer_id, self.lease_ttl_s)
+        except IndexUnavailableError:
+            self.dirty = True  # heal() claims again
+            return
+        feed.owned = holder is None
+        if holder is not None:
+            logger.warning("replica %s is written by ingest %s: standing by",
+                           feed.replica.key, holder)
+
+    def _write(self, feed: _Feed, operation: Callable[[], None]) -> None:
+        if self.dirty or not feed.owned:
+            return  # heal() rewrites everything from the counts; a standby never writes
         try:
             operation()
+        except WriterConflictError:
+            feed.owned = False  # the lease went to another ingest: stand by
+            logger.warning("replica %s: writer lease lost; standing by", feed.replica.key)
         except IndexUnavailableError as exc:
             self.num_index_failures += 1
             self.dirty = True

@@ -10,7 +10,8 @@ key                                    type    members
 ``pkv:{M}:r:<pod>|<rank>``             SET     ``<group>:<hash>|<tier>``: what a replica holds
 ``pkv:{M}:replicas``                   HASH    ``<pod>|<rank>`` → ``synced`` / ``rebuilding``
 ``pkv:{M}:digests``                    HASH    ``<pod>|<rank>`` → digest of its block set
-``pkv:{M}:writers``                    HASH    ``<pod>|<rank>`` → the ingest holding its lease
+``pkv:{M}:w:<pod>|<rank>``             STRING  the ingest holding the replica's writer lease
+                                               (expires unless renewed: ``PX``)
 =====================================  ======  ===============================================
 
 ``<hash>`` is the block's wire hash in 16 lower-case hex digits, ``<rank>`` the DP rank or
@@ -21,7 +22,11 @@ key                                    type    members
   reference in its reverse set (atomic, so the forward and reverse sets never disagree),
   and adds or subtracts each reference's share of the replica's digest
   (:func:`~pagedkv.cluster.index.ref_digest`, computed server-side with ``sha1hex``) for
-  the members that really changed;
+  the members that really changed; under a writer lease the script first checks that the
+  caller holds it (else nothing is written);
+* **writer lease** (one per replica, :meth:`~ClusterIndex.claim_writer`): a ``SET ... PX``
+  key renewed by its holder; a script takes it only when absent (expired: the holder
+  died) or already the caller's;
 * **clear a replica** (restart, ``AllBlocksCleared``, unrepairable gap): ``SSCAN`` its
   reverse set in chunks of 1,000, ``SREM`` itself from each block key and the chunk from
   the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held),
@@ -48,6 +53,7 @@ from pagedkv.cluster.index import (
     IndexUnavailableError,
     Replica,
     ReplicaState,
+    WriterConflictError,
     _check_state,
     ref_digest,
     ref_member,
@@ -99,10 +105,15 @@ return out
 # prefix ("pkv:{M}:b:"), ARGV[2]: the replica key, ARGV[3]: added and ARGV[4]: removed
 # references, each "<group>:<hash>|<tier>" (the reverse member), comma-separated.
 # Atomic: the forward and reverse sets change together.
-# KEYS[3]: the digests hash. The digest is a sum modulo 2^48 of each member's first 48
-# bits of SHA-1 (exact in Lua's doubles), changed only for members really added/removed.
+# KEYS[3]: the digests hash, KEYS[4]: the writer lease key; ARGV[5]: the writer ("" = no
+# lease check); returns 1, writing nothing, when the lease is not the writer's. The
+# digest is a sum modulo 2^48 of each member's first 48 bits of SHA-1 (exact in Lua's
+# doubles), changed only for members really added/removed.
 _UPDATE_LUA = """
 local prefix, rkey = ARGV[1], ARGV[2]
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
+  return 1
+end
 local modulus = 281474976710656
 local digest = tonumber(redis.call('HGET', KEYS[3], rkey) or '0')
 redis.call('HSETNX', KEYS[2], rkey, 'synced')
@@ -121,6 +132,25 @@ for ref in string.gmatch(ARGV[4], '[^,]+') do
   end
 end
 redis.call('HSET', KEYS[3], rkey, string.format('%.0f', digest))
+return 0
+"""
+
+# KEYS[1]: the lease key. ARGV[1]: the writer, ARGV[2]: time to live in ms. Returns the
+# holder when another writer holds the lease, else takes or renews it and returns "".
+_CLAIM_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then
+  return holder
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ''
+"""
+
+# KEYS[1]: the lease key. ARGV[1]: the writer. Deletes the lease only if it is the writer's.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
 return 0
 """
 
@@ -156,6 +186,8 @@ class RedisIndex(ClusterIndex):
         self._digests_key = self._prefix + "digests"
         self._longest = client.register_script(_LONGEST_PREFIX_LUA)
         self._update = client.register_script(_UPDATE_LUA)
+        self._claim = client.register_script(_CLAIM_LUA)
+        self._release = client.register_script(_RELEASE_LUA)
 
     # --- keys -------------------------------------------------------------------------
 
@@ -169,21 +201,42 @@ class RedisIndex(ClusterIndex):
 
     # --- writes -------------------------------------------------------------------------
 
+    def lease_key(self, replica: Replica) -> str:
+        """The writer lease key of one replica: ``pkv:{M}:w:<pod>|<rank>``."""
+        return f"{self._prefix}w:{replica.key}"
+
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        with self._guard():
+            holder = self._claim(keys=[self.lease_key(replica)],
+                                 args=[writer, max(1, int(ttl_s * 1000))])
+        return holder.decode() if holder else None
+
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        with self._guard():
+            self._release(keys=[self.lease_key(replica)], args=[writer])
+
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
         if not added and not removed:
             return
         with self._guard():
-            self._update(
-                keys=[self.reverse_key(replica), self._replicas_key, self._digests_key],
+            conflict = self._update(
+                keys=[self.reverse_key(replica), self._replicas_key, self._digests_key,
+                      self.lease_key(replica)],
                 args=[
                     self._prefix + "b:",
                     replica.key,
                     ",".join([ref_member(ref) for ref in added]),
                     ",".join([ref_member(ref) for ref in removed]),
+                    writer or "",
                 ],
             )
+        if conflict:
+            raise WriterConflictError(
+                f"{replica.key}: writer {writer!r} does not hold the writer lease",
+                holder="")
 
     def clear_replica(self, replica: Replica) -> None:
         rkey = replica.key
