@@ -50,6 +50,7 @@ __all__ = ["IndexIngest"]
 logger = logging.getLogger("pagedkv.cluster")
 
 NO_TIER = "-"
+_U64 = 1 << 64
 
 
 class _Feed:
@@ -95,6 +96,9 @@ def _checked_steps(events: Iterable[KVCacheEvent]) -> list[_Step]:
             except (TypeError, ValueError, OverflowError) as exc:
                 raise InvalidArgumentError(
                     f"bad block hash in a KV-cache event ({exc}): {event!r:.200}") from None
+            if not all(type(r[1]) is int and 0 <= r[1] < _U64 for r in refs):
+                raise InvalidArgumentError(
+                    f"block hashes are bytes or unsigned 64-bit ints: {event!r:.200}")
             steps.append((1 if type(event) is BlockStored else -1, refs))
         elif isinstance(event, AllBlocksCleared):
             steps.append(None)
