@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.checks import check_flag, check_whole
+from pagedkv.cli_args import whole_arg
 from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.manager import KVCacheManager
 from pagedkv.request import Request
@@ -273,7 +274,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="workload random seed (default: %(default)s)")
     p.add_argument("--events", action="store_true", help="buffer KV events, drain each step")
-    p.add_argument("--repeat", type=_positive_int, default=1,
+    p.add_argument("--repeat", type=whole_arg("--repeat", minimum=1, maximum=1000), default=1,
                    help="runs on fresh managers; the median core ops/s is shown")
     p.add_argument("--smoke", action="store_true", help="a tiny run (200 requests) for CI")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -56,14 +56,17 @@ def describe_range(
     >>> describe_range(0, 1, minimum_exclusive=True)
     'in (0, 1]'
     """
+    def fmt(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
     lo = "(" if minimum_exclusive else "["
     hi = ")" if maximum_exclusive else "]"
     if minimum is not None and maximum is not None:
-        return f"in {lo}{minimum:g}, {maximum:g}{hi}"
+        return f"in {lo}{fmt(minimum)}, {fmt(maximum)}{hi}"
     if minimum is not None:
-        return f"{'>' if minimum_exclusive else '>='} {minimum:g}"
+        return f"{'>' if minimum_exclusive else '>='} {fmt(minimum)}"
     if maximum is not None:
-        return f"{'<' if maximum_exclusive else '<='} {maximum:g}"
+        return f"{'<' if maximum_exclusive else '<='} {fmt(maximum)}"
     return "any"
 
 

@@ -227,6 +227,8 @@ def _read_token_file(path: Path) -> str:
 def _query(args: argparse.Namespace) -> int:
     if args.block_size < 1:
         raise InvalidArgumentError("--block-size must be >= 1")
+    if args.num_tokens is not None and args.num_tokens < 1:
+        raise InvalidArgumentError(f"--num-tokens must be >= 1, got {args.num_tokens}")
     specs = _groups(args.group, args.block_size)
     hashes, num_tokens = _prompt(args)
     index = _open_index(args)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pagedkv.cli_args import MAX_SECONDS, number_arg, seconds_arg
+from pagedkv.cli_args import MAX_SECONDS, number_arg, seconds_arg, whole_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
@@ -96,7 +96,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="trace format (default: detected from the content, else the name)")
     w.add_argument("--session-stagger-s", type=_STAGGER_S, default=0.0, metavar="S",
                    help="several files: file k starts k*S seconds after the first (default 0)")
-    w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
+    w.add_argument("--trace-block-size", default=512, metavar="TOKENS",
+                   type=whole_arg("--trace-block-size", minimum=1, maximum=10_000_000),
                    help="tokens per hash_ids entry of a JSONL trace (default 512)")
     w.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     w.add_argument("--skip-bad-lines", action="store_true",
