@@ -142,7 +142,7 @@ class CacheConfig:
                 f"{self.max_in_flight_tokens!r}; pass the scheduler's token budget per step "
                 "times the steps in flight"
             )
-        if self.zero_new_blocks not in (None, True, False):
+        if self.zero_new_blocks is not None and type(self.zero_new_blocks) is not bool:
             raise InvalidArgumentError(
                 f"zero_new_blocks must be None, True or False, got {self.zero_new_blocks!r}"
             )
