@@ -80,8 +80,8 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         """The module is the new path's, already executed: only its own spec is put
         back (the import system set the old path's)."""
-        module.__spec__ = self._real_specs.pop(module.__spec__.name  # type: ignore[union-attr]
-                                                if module.__spec__ else "", module.__spec__)
+        name = module.__spec__.name if module.__spec__ is not None else ""
+        module.__spec__ = self._real_specs.pop(name, module.__spec__)
 
 
 def install() -> None:

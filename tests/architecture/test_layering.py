@@ -155,7 +155,7 @@ def test_old_module_paths_are_the_moved_modules() -> None:
     from pagedkv._moved import MOVED
 
     for old, new in MOVED.items():
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             module = importlib.import_module(old)
         assert module is importlib.import_module(new), old
