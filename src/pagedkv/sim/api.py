@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.bounds import BoundResult
+from pagedkv.sim.clock import clock_summary, with_clock
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_sweep import host_simulator, with_host_tier
 from pagedkv.sim.host_tier import HostMemoryConfig
@@ -81,6 +82,14 @@ class SimConfig:
     retention: str | None = None
     #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
     host: HostMemoryConfig | None = None
+    #: The GPU (:mod:`pagedkv.planner.gpus`: a name or a JSON spec path): the clock's
+    #: peaks, and the memory the planner sizes the pool from unless ``gpu_memory``.
+    gpu: str | None = None
+    #: "auto" (the roofline clock whenever the model is known), "roofline" or "linear"
+    #: (``scheduler.step_time``); :func:`pagedkv.sim.clock.with_clock`.
+    step_model: str = "auto"
+    #: The roofline clock's constants: a set name or a calibration file (None: default).
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -92,8 +101,8 @@ class SimConfig:
             raise InvalidArgumentError(
                 "--semantics reference is the published curves' convention for lookup-store "
                 "replays: use it with --mode pure-cache (an engine stores full blocks only)")
-        if self.num_blocks is not None and (self.model or self.gpu_memory):
-            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
+        if self.num_blocks is not None and (self.model or self.gpu_memory or self.gpu):
+            raise InvalidArgumentError("give either --num-blocks or --model/--gpu/--gpu-memory")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise InvalidArgumentError(
                 f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
@@ -127,9 +136,14 @@ def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
     if config.num_blocks is not None:
         return fixed_capacity(workload, block_size=config.block_size,
                               num_blocks=config.num_blocks)
+    memory = config.gpu_memory
+    if memory is None and config.gpu is not None:
+        from pagedkv.planner.gpus import resolve_gpu
+
+        memory = resolve_gpu(config.gpu).memory
     return plan_capacity(
         workload, model=config.model or DEFAULT_MODEL,
-        gpu_memory=config.gpu_memory or DEFAULT_GPU_MEMORY,
+        gpu_memory=memory or DEFAULT_GPU_MEMORY,
         utilization=config.gpu_memory_utilization, tp=config.tp,
         block_size=config.block_size, memory_scale=config.memory_scale,
     )
@@ -158,6 +172,8 @@ def run(
     say = phase or (lambda _label: None)
     if not workload.requests:
         raise InvalidArgumentError("the workload has no requests")
+    if cfg.mode == "engine":
+        cfg = with_clock(cfg, workload)
     cap = capacity_for(workload, cfg)
     bs = cap.block_size
     engine = cfg.mode == "engine"
@@ -216,7 +232,8 @@ def run(
                         arrivals=s.arrivals, rate_scale=s.rate_scale,
                         step_overhead_s=s.step_time.step_overhead_s,
                         prefill_token_s=s.step_time.prefill_token_s,
-                        decode_seq_s=s.step_time.decode_seq_s)
+                        decode_seq_s=s.step_time.decode_seq_s,
+                        clock=clock_summary(s.step_time)["clock"])
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
     report = build_report(
@@ -227,6 +244,8 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if engine:
+        report = replace(report, clock=clock_summary(cfg.scheduler.step_time, result))
     if host_sim is not None and cfg.host is not None:
         if cfg.host.sweep_memory_bytes:
             say("host memory sweep")
