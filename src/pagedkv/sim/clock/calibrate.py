@@ -9,9 +9,9 @@ request of ``i`` input and ``o`` output tokens, decoding at context ``c = i + o/
            D: a decode step of C sequences; the other C-1 requests each prefill once
            during its life, and that step is a prefill step P instead of D
 
-Every step time is linear in ``theta = (1/e, 1/u, step, seq, layer)`` once it is known
+Every step time is linear in ``theta = (1/e, 1/u, step, seq)`` once it is known
 which roofline term wins each max(), so the fit is Gauss-Newton on the relative errors
-of TTFT and TPOT: solve the 5x5 normal equations ``(J^T J + lambda I) d = J^T r``
+of TTFT and TPOT: solve the 4x4 normal equations ``(J^T J + lambda I) d = J^T r``
 (``lambda`` keeps a direction the data cannot see at its start value), step, repeat
 until the step is tiny. Constants stay in range (``e``, ``u`` <= 1, overheads >= 0).
 
@@ -40,6 +40,9 @@ from pagedkv.sim.clock.shape import ModelShape
 __all__ = ["Fit", "fit_constants", "mean_abs_error", "predict", "synthetic_measurements"]
 
 CHUNK_TOKENS = 8192
+#: Fitted: 1/e, 1/u, step and sequence overheads (the per-layer overhead is not: with one
+#: model it cannot be told from the per-step one, so it keeps its set's value).
+_N = 4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,15 +109,15 @@ def _residuals(keyed: dict[tuple[int, int, int], list[Measured]], shape: ModelSh
 
 def _theta(c: ClockConstants) -> list[float]:
     return [1.0 / c.hbm_efficiency, 1.0 / c.compute_utilization, c.step_overhead_s,
-            c.seq_overhead_s, c.layer_overhead_s]
+            c.seq_overhead_s]
 
 
 def _constants(base: ClockConstants, theta: Sequence[float], name: str) -> ClockConstants:
     return base.with_values({
         "hbm_efficiency": 1.0 / max(theta[0], 1.0),
         "compute_utilization": 1.0 / max(theta[1], 1.0),
-        "step_overhead_s": max(theta[2], 0.0), "seq_overhead_s": max(theta[3], 0.0),
-        "layer_overhead_s": max(theta[4], 0.0)}, name=name)
+        "step_overhead_s": max(theta[2], 0.0), "seq_overhead_s": max(theta[3], 0.0)},
+        name=name)
 
 
 def _clamp(theta: list[float]) -> list[float]:
@@ -161,24 +164,24 @@ def fit_constants(data: Sequence[Measured], shape: ModelShape, gpu: GpuSpec,
     it = 0
     for it in range(1, max_iterations + 1):  # noqa: B007 (reported)
         cols = []
-        for j in range(5):
+        for j in range(_N):
             t2 = theta[:]
             t2[j] += scale[j] * 1e-4
             r2 = _residuals(keyed, shape, gpu, _constants(base, t2, name))
             cols.append([(x2 - x) / (scale[j] * 1e-4) for x, x2 in zip(r, r2, strict=True)])
         # normal equations in scaled variables, with a small ridge
         jtj = [[sum(cols[a][k] * cols[b][k] for k in range(len(r))) * scale[a] * scale[b]
-                for b in range(5)] for a in range(5)]
-        ridge = 1e-9 * max(sum(jtj[a][a] for a in range(5)), 1e-12)
-        for a in range(5):
+                for b in range(_N)] for a in range(_N)]
+        ridge = 1e-9 * max(sum(jtj[a][a] for a in range(_N)), 1e-12)
+        for a in range(_N):
             jtj[a][a] += ridge
-        jtr = [-sum(cols[a][k] * r[k] for k in range(len(r))) * scale[a] for a in range(5)]
+        jtr = [-sum(cols[a][k] * r[k] for k in range(len(r))) * scale[a] for a in range(_N)]
         step = _solve(jtj, jtr)
-        new = _clamp([theta[a] + step[a] * scale[a] for a in range(5)])
+        new = _clamp([theta[a] + step[a] * scale[a] for a in range(_N)])
         r_new = _residuals(keyed, shape, gpu, _constants(base, new, name))
         if sum(x * x for x in r_new) > sum(x * x for x in r):
             break  # no better: keep the last
-        moved = max(abs(new[a] - theta[a]) / scale[a] for a in range(5))
+        moved = max(abs(new[a] - theta[a]) / scale[a] for a in range(_N))
         theta, r = new, r_new
         if moved < 1e-9:
             break

@@ -27,8 +27,7 @@ from pagedkv.errors import InputFileError, InvalidArgumentError
 __all__ = ["CONSTANT_SETS", "FITTED", "ClockConstants", "load_constants", "save_constants"]
 
 #: The constants ``--calibrate`` fits (the others keep their set's value).
-FITTED = ("hbm_efficiency", "compute_utilization", "step_overhead_s", "seq_overhead_s",
-          "layer_overhead_s")
+FITTED = ("hbm_efficiency", "compute_utilization", "step_overhead_s", "seq_overhead_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,7 +45,7 @@ class ClockConstants:
     name: str = "default"
     hbm_efficiency: float = 0.85
     compute_utilization: float = 0.6
-    util_half_tokens: float = 128.0
+    util_half_tokens: float = 64.0
     step_overhead_s: float = 0.0006
     seq_overhead_s: float = 20e-6
     layer_overhead_s: float = 5e-6
