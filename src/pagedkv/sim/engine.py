@@ -24,9 +24,10 @@ One step, as vLLM's v1 scheduler does it:
    may still be cached.
 4. **Clock**: the step takes the roofline clock's time for its batch
    (:mod:`pagedkv.sim.clock`: every scheduled request's context and new tokens), or with
-   the linear model ``StepTimeModel.step_time_s(prefill tokens, decode sequences)``; then every scheduled request advances, a request whose last scheduled
-   token completes its known tokens samples one output token (the first one is its time to
-   first token), and a request with all its output tokens finishes and is freed.
+   the linear model ``StepTimeModel.step_time_s(prefill tokens, decode sequences)``; then
+   every scheduled request advances, a request whose last scheduled token completes its
+   known tokens samples one output token (the first one is its time to first token), and
+   a request with all its output tokens finishes and is freed.
 
 The clock jumps to the next arrival when nothing runs or waits. A request that could not
 fit even in an empty cache (the blocks its groups' specs need for prompt + output - 1

@@ -110,8 +110,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     shape = model_shape(args.model or DEFAULT_MODEL, tp=args.tp)
     data = [m for path in args.calibrate for m in load_measured(path)]
     fit = fit_constants(data, shape, gpu, start, name=out.stem)
-    figures = {"model": shape.name, "gpu": gpu.name, "tp": shape.tp,
-               "measured_files": [Path(p).name for p in args.calibrate],
+    names = [Path(p).name for p in args.calibrate]
+    figures: dict[str, object] = {"model": shape.name, "gpu": gpu.name, "tp": shape.tp,
+               "measured_files": names,
                "requests": fit.num_requests, "mean_abs_error_before": fit.error_before,
                "mean_abs_error_after": fit.error_after, "start_constants": start.name}
     save_constants(fit.constants, out, fit=figures)
@@ -123,7 +124,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         return 0
     c = fit.constants
     print(f"calibrated the roofline clock of {shape.name} TP {shape.tp} on {gpu.name} to "
-          f"{fit.num_requests:,} measured requests ({', '.join(figures['measured_files'])})")
+          f"{fit.num_requests:,} measured requests ({', '.join(names)})")
     print(f"  TTFT/TPOT mean absolute error: {100 * fit.error_before:.1f} % with "
           f"'{start.name}' -> {100 * fit.error_after:.1f} % fitted")
     print(f"  hbm_efficiency {c.hbm_efficiency:.3f}, compute_utilization "

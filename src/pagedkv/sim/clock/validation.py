@@ -116,9 +116,9 @@ def closed_loop(run: Run, *, stagger_s: float = 0.0) -> Workload:
 
 def simulate_run(run: Run, constants: ClockConstants | None = None) -> dict[str, float]:
     """Replay ``run`` on the roofline clock; mean TTFT and TPOT (ms), output tokens/s."""
+    from pagedkv.planner.gpus import resolve_gpu
     from pagedkv.sim.api import SimConfig
     from pagedkv.sim.api import run as simulate
-    from pagedkv.planner.gpus import resolve_gpu
     from pagedkv.sim.clock import typical_context
     from pagedkv.sim.clock.roofline import RooflineStepModel
     from pagedkv.sim.clock.shape import model_shape
