@@ -25,10 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv import planner
-from pagedkv.errors import ConfigError, InvalidArgumentError, PagedKVError
-from pagedkv.planner.readers.base import fields_for
-from pagedkv.specs import (
+from pagedkv import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -36,7 +33,10 @@ from pagedkv.specs import (
     MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
+    planner,
 )
+from pagedkv.errors import ConfigError, InvalidArgumentError, PagedKVError
+from pagedkv.planner.readers.base import fields_for
 
 __all__ = ["AttentionKind", "ModelShape", "model_shape", "shape_from_config"]
 
