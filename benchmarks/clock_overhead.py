@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pagedkv.sim import SimConfig, run
-from pagedkv.sim.clock import with_clock
+from pagedkv.sim.api import with_clock
 from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.scheduler import StepTimeModel
 from pagedkv.sim.workloads import bundled_trace_path

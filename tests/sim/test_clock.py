@@ -17,7 +17,8 @@ import pytest
 from pagedkv.errors import ConfigError, InputFileError, InvalidArgumentError
 from pagedkv.planner.gpus import GPUS, find_gpu, load_gpu_spec, resolve_gpu
 from pagedkv.sim import SimConfig, run, system_prompts
-from pagedkv.sim.clock import RooflineStepModel, model_shape, with_clock
+from pagedkv.sim.api import with_clock
+from pagedkv.sim.clock import RooflineStepModel, model_shape
 from pagedkv.sim.clock.calibrate import fit_constants, synthetic_measurements
 from pagedkv.sim.clock.constants import CONSTANT_SETS, FITTED, load_constants
 from pagedkv.sim.clock.measured import load_measured

@@ -16,8 +16,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.sim.bounds import BoundResult
-from pagedkv.sim.clock import clock_summary, with_clock
+from pagedkv.sim.clock import (
+    STEP_MODELS,
+    RooflineStepModel,
+    clock_summary,
+    model_shape,
+    typical_context,
+)
+from pagedkv.sim.clock.constants import load_constants
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_sweep import host_simulator, with_host_tier
 from pagedkv.sim.host_tier import HostMemoryConfig
@@ -31,7 +39,7 @@ from pagedkv.sim.models import (
 from pagedkv.sim.parallel import bounds_in_background, sweep_rows
 from pagedkv.sim.pure_cache import run_pure_cache
 from pagedkv.sim.results import SimResult
-from pagedkv.sim.scheduler import SchedulerConfig
+from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
@@ -39,7 +47,7 @@ from pagedkv.sim.workloads import Workload
 if TYPE_CHECKING:
     from pagedkv.sim.observe_engine import ReplayObserver
 
-__all__ = ["MODES", "SimConfig", "capacity_for", "run"]
+__all__ = ["MODES", "SimConfig", "capacity_for", "run", "with_clock"]
 
 MODES = ("engine", "pure-cache")
 #: (done, total) progress callback, and a phase label setter.
@@ -138,8 +146,6 @@ def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
                               num_blocks=config.num_blocks)
     memory = config.gpu_memory
     if memory is None and config.gpu is not None:
-        from pagedkv.planner.gpus import resolve_gpu
-
         memory = resolve_gpu(config.gpu).memory
     return plan_capacity(
         workload, model=config.model or DEFAULT_MODEL,
@@ -147,6 +153,40 @@ def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
         utilization=config.gpu_memory_utilization, tp=config.tp,
         block_size=config.block_size, memory_scale=config.memory_scale,
     )
+
+
+def with_clock(config: SimConfig, workload: Workload) -> SimConfig:
+    """``config`` with its scheduler's step time resolved: the roofline clock of
+    ``config.model`` (default the planner's default model) on ``config.gpu`` with
+    ``config.calibration``'s constants — unless ``step_model`` is "linear", the pool is
+    a bare ``num_blocks`` (no model), or the linear model's figures were changed ("auto").
+    Idempotent.
+
+    Raises:
+        InvalidArgumentError: ``step_model`` "roofline" without a model, an unknown GPU
+            or constant set.
+        InputFileError, ConfigError: a bad GPU spec or calibration file; a model whose
+            size cannot be derived.
+    """
+    sched = config.scheduler
+    if isinstance(sched.step_time, RooflineStepModel):
+        return config
+    mode = config.step_model
+    if mode not in STEP_MODELS:
+        raise InvalidArgumentError(f"--step-model must be one of {', '.join(STEP_MODELS)}, "
+                                   f"got {mode!r}")
+    if mode == "roofline" and config.num_blocks is not None:
+        raise InvalidArgumentError("the roofline clock needs the model: give --model "
+                                   "instead of --num-blocks, or --step-model linear")
+    gpu = resolve_gpu(config.gpu)  # checks --gpu even for the linear model
+    constants = load_constants(config.calibration)
+    if mode == "linear" or config.num_blocks is not None or (
+            mode == "auto" and sched.step_time != StepTimeModel()):
+        return config
+    shape = model_shape(config.model or DEFAULT_MODEL, tp=config.tp)
+    clock = RooflineStepModel.build(shape, gpu, constants,
+                                    typical_context_tokens=typical_context(workload))
+    return replace(config, scheduler=replace(sched, step_time=clock))
 
 
 def run(

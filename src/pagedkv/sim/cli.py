@@ -16,8 +16,7 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
-from pagedkv.sim.api import SimConfig, run
-from pagedkv.sim.clock import with_clock
+from pagedkv.sim.api import SimConfig, run, with_clock
 from pagedkv.sim.clock.cli import add_clock_flags, linear_step_time, run_calibrate, step_model_of
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args

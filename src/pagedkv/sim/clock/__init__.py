@@ -9,26 +9,23 @@
   ``vllm bench serve`` / GuideLLM results;
 * :mod:`~pagedkv.sim.clock.validation` — published measurements the clock is checked on.
 
-The GPU table is :mod:`pagedkv.planner.gpus` (the planner sizes memory from it too). The
+A run's clock is chosen by :func:`pagedkv.sim.api.with_clock`. The GPU table is
+:mod:`pagedkv.planner.gpus` (the planner sizes memory from it too). The
 linear model (:class:`pagedkv.sim.StepTimeModel`) stays for reference runs
 (``--step-model linear``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.planner.gpus import resolve_gpu
-from pagedkv.sim.clock.constants import CONSTANT_SETS, ClockConstants, load_constants
+from pagedkv.sim.clock.constants import CONSTANT_SETS, ClockConstants
 from pagedkv.sim.clock.roofline import TERMS, RooflineStepModel
 from pagedkv.sim.clock.shape import ModelShape, model_shape
 from pagedkv.sim.scheduler import StepTimeModel
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:
-    from pagedkv.sim.api import SimConfig
     from pagedkv.sim.results import SimResult
 
 __all__ = [
@@ -41,7 +38,6 @@ __all__ = [
     "clock_summary",
     "model_shape",
     "typical_context",
-    "with_clock",
 ]
 
 STEP_MODELS = ("auto", "roofline", "linear")
@@ -54,42 +50,6 @@ def typical_context(workload: Workload) -> int:
         return 1
     total = sum(r.num_prompt_tokens + max(1, r.num_output_tokens) / 2 for r in reqs)
     return max(1, int(total / len(reqs)))
-
-
-def with_clock(config: SimConfig, workload: Workload) -> SimConfig:
-    """``config`` with its scheduler's step time resolved: the roofline clock of
-    ``config.model`` (default the planner's default model) on ``config.gpu`` with
-    ``config.calibration``'s constants — unless ``step_model`` is "linear", the pool is
-    a bare ``num_blocks`` (no model), or the linear model's figures were changed ("auto").
-    Idempotent.
-
-    Raises:
-        InvalidArgumentError: ``step_model`` "roofline" without a model, an unknown GPU
-            or constant set.
-        InputFileError, ConfigError: a bad GPU spec or calibration file; a model whose
-            size cannot be derived.
-    """
-    sched = config.scheduler
-    if isinstance(sched.step_time, RooflineStepModel):
-        return config
-    mode = config.step_model
-    if mode not in STEP_MODELS:
-        raise InvalidArgumentError(f"--step-model must be one of {', '.join(STEP_MODELS)}, "
-                                   f"got {mode!r}")
-    if mode == "roofline" and config.num_blocks is not None:
-        raise InvalidArgumentError("the roofline clock needs the model: give --model "
-                                   "instead of --num-blocks, or --step-model linear")
-    gpu = resolve_gpu(config.gpu)  # checks --gpu even for the linear model
-    constants = load_constants(config.calibration)
-    if mode == "linear" or config.num_blocks is not None or (
-            mode == "auto" and sched.step_time != StepTimeModel()):
-        return config
-    from pagedkv.sim.models import DEFAULT_MODEL
-
-    shape = model_shape(config.model or DEFAULT_MODEL, tp=config.tp)
-    clock = RooflineStepModel.build(shape, gpu, constants,
-                                    typical_context_tokens=typical_context(workload))
-    return replace(config, scheduler=replace(sched, step_time=clock))
 
 
 def clock_summary(step_time: StepTimeModel, result: SimResult | None = None
