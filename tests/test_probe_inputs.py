@@ -28,10 +28,10 @@ from pagedkv.bench import BenchConfig
 from pagedkv.cli import main
 from pagedkv.cluster.replica_engine import EngineConfig
 from pagedkv.cluster.router import CostWeights, ReplicaLoad
-from pagedkv.events.config import KVEventsConfig
-from pagedkv.host.config import HostTierConfig
-from pagedkv.observe.manager import ObserveConfig
-from pagedkv.retention.policy import RetentionConfig
+from pagedkv.events import KVEventsConfig
+from pagedkv.host import HostTierConfig
+from pagedkv.observe import ObserveConfig
+from pagedkv.retention import RetentionConfig
 from pagedkv.sim.api import SimConfig
 from pagedkv.sim.host_tier import HostMemoryConfig
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel

@@ -31,10 +31,10 @@ from typing import Any
 
 from pagedkv.checks import check_flag, check_whole
 from pagedkv.cli_args import whole_arg
+from pagedkv.core.manager import KVCacheManager
+from pagedkv.core.request import Request
+from pagedkv.core.specs import FullAttentionSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError
-from pagedkv.manager import KVCacheManager
-from pagedkv.request import Request
-from pagedkv.specs import FullAttentionSpec
 
 __all__ = ["BenchConfig", "add_parser", "build_workload", "run_bench"]
 

@@ -41,8 +41,8 @@ from pagedkv.cluster.index import (
     WriterConflictError,
     ref_digest,
 )
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.events.wire import wire_hash
 
 __all__ = ["IndexIngest"]

@@ -30,9 +30,9 @@ import time
 from typing import Any
 
 from pagedkv.checks import check_text
+from pagedkv.core.records import KVCacheEvent
 from pagedkv.errors import InvalidArgumentError, require
 from pagedkv.events.mirror import MirrorIndex, MirrorSink
-from pagedkv.events.records import KVCacheEvent
 from pagedkv.events.snapshot import (
     SNAPSHOT_REPLY,
     SNAPSHOT_REQUEST,
