@@ -18,7 +18,7 @@ from pagedkv.cluster import MemoryIndex, Replica
 from pagedkv.cluster.index import ref_digest
 from pagedkv.cluster.ingest import IndexIngest
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored
 
 POD = "pod0"
 R = Replica(pod=POD)

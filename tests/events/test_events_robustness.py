@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pagedkv.errors import ConfigError, InvalidArgumentError
-from pagedkv.events.records import BlockStored
+from pagedkv.core.records import BlockStored
 
 zmq = pytest.importorskip("zmq")
 
