@@ -17,8 +17,8 @@ import pytest
 from pagedkv.cluster import MemoryIndex, Replica
 from pagedkv.cluster.index import ref_digest
 from pagedkv.cluster.ingest import IndexIngest
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored
+from pagedkv.errors import InvalidArgumentError
 
 POD = "pod0"
 R = Replica(pod=POD)

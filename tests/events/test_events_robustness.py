@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.core.records import BlockStored
+from pagedkv.errors import ConfigError, InvalidArgumentError
 
 zmq = pytest.importorskip("zmq")
 
