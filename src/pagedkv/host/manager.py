@@ -22,13 +22,17 @@ step before anything writes into that step's blocks (loads included). (2) A requ
 load in flight is neither allocated nor freed until ``complete_load`` (both raise
 :class:`~pagedkv.errors.InvalidArgumentError`). (3) After ``complete_load(plan, False)``
 the request's tokens past ``plan.num_device_tokens`` are not computed: the engine
-recomputes them (its blocks are there, unregistered) or frees the request. (4) A
-write-through (``after_forward``) store runs before its block's request is freed.
+recomputes them (its blocks are there, unregistered) or frees the request; when
+``plan.resumable`` is False (a window or Mamba group released the device hit's blocks)
+it frees the request. (4) A write-through (``after_forward``) store runs before its
+block's request is freed. (5) A Mamba group's state is loaded into the request's live
+block: the engine starts the step from it.
 
-Supported layouts: every group full attention (MLA, sinks included) with the group block
-size equal to the hash block size; caching on; no ``drop_last_hit``.
-Others raise :class:`~pagedkv.errors.ConfigError` naming the group (sliding-window and
-Mamba groups would need their own host hit rules: not built yet).
+Supported layouts: any mix of full attention (MLA, sinks), sliding window, chunked local
+and Mamba groups, each served by its own host hit rule (:mod:`pagedkv.host.rules`, from
+the managers' ``hit_span``), every group's block size equal to the hash block size;
+caching on; no ``drop_last_hit``. Others (cross attention, mixed block sizes) raise
+:class:`~pagedkv.errors.ConfigError` naming the group.
 """
 
 from __future__ import annotations
