@@ -17,6 +17,7 @@ from pagedkv.host import (
     BEFORE_FORWARD,
     AdmitAfterHits,
     GroupLoad,
+    HostTierComponent,
     HostTierConfig,
     HostTieredKVCacheManager,
     LookupState,
@@ -309,13 +310,13 @@ def test_mla_layout_is_supported():
     m.check_invariants()
 
 
-def test_make_manager_attaches_the_host_component_only_when_asked():
+def test_make_manager_attaches_the_host_component():
     cfg = CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64)
     plain = make_manager(cfg)
-    assert type(plain) is KVCacheManager and plain.host is None
+    assert type(plain) is KVCacheManager and plain.host is None and not plain.components
     tiered = make_manager(cfg, HostTierConfig(num_blocks=2))
-    assert type(tiered) is KVCacheManager and tiered.host is not None
-    assert tiered.host.tier.pool.num_blocks == 2
+    assert type(tiered) is KVCacheManager
+    assert tiered.host is tiered.component(HostTierComponent)
 
 
 def test_two_full_attention_groups_load_every_group():

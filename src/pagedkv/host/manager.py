@@ -228,7 +228,9 @@ class HostTierComponent(ManagerComponent):
                              self._load_targets(request.request_id, host_hit),
                              hit.device.num_computed_tokens,
                              self._holds_hit(request.request_id, hit.device.num_computed_tokens))
-        self._count_hits(request, hit.device.num_computed_tokens, host_hit.num_tokens)
+        # the device part was counted by after_allocate; count the host keys loaded
+        if self._hit_tracker is not None:
+            self._hit_tracker.on_hits(k for keys in host_hit.keys for k in keys)
         return new
 
     def _load_targets(self, rid: str, host_hit: HostHit) -> list[tuple[int, list[int]]]:
@@ -258,7 +260,7 @@ class HostTierComponent(ManagerComponent):
                        new: BlockTables | None) -> None:
         """A device-only hit that was adopted counts for the admission rule's hits."""
         if new is not None and isinstance(hit, ComputedBlocks) and self._hit_tracker:
-            self._count_hits(request, hit.num_computed_tokens, 0)
+            self._count_hits(request, hit.num_computed_tokens)
 
     def _check_host_hit(self, request: RequestLike, hit: TieredHit,
                         call: AllocateCall) -> None:
@@ -282,15 +284,15 @@ class HostTierComponent(ManagerComponent):
         if why is not None:
             raise InvalidHitError(why)
 
-    def _count_hits(self, request: RequestLike, device_tokens: int, host_tokens: int) -> None:
-        """Count the keys the hit uses: per group, the positions its rule needs."""
+    def _count_hits(self, request: RequestLike, num_tokens: int) -> None:
+        """The admission rule hears of a device hit of ``num_tokens`` tokens: per group,
+        the keys of the positions its rule needs."""
         tracker = self._hit_tracker
         if tracker is None:
             return
         hashes = request.block_hashes
-        n = device_tokens + host_tokens
         tracker.on_hits((hashes[p], g) for g, span in enumerate(self._spans)
-                        for p in range(*span(n)))
+                        for p in range(*span(num_tokens)))
 
     def before_free(self, request: RequestLike | str, live: RequestLike | None) -> None:
         """A request with a load in flight is not freed (its device blocks are being
