@@ -340,6 +340,7 @@ def replay(adapter: Adapter, reqs: Sequence[BenchRequest], concurrency: int,
         st["kv_events"] += max(0, adapter.take_events())
     return {
         "core_ops_per_s": clock.rate(CORE_OPS),
+        "core_op_time_s": round(sum(sum(clock.ns.get(op, ())) for op in CORE_OPS) / 1e9, 6),
         "core_plus_hash_ops_per_s": clock.rate(CORE_OPS + HASH_OPS),
         "wall_s": round(time.perf_counter() - wall0, 4),
         **st,
