@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the façade's boundary checks (``pagedkv/validation.py``) cost the hot path.
+"""What the façade's boundary checks (``pagedkv/core/validation.py``) cost the hot path.
 
 Two managers are driven by the same continuous-batching loop, operation by operation (the
 side that goes first alternates): the real :class:`pagedkv.KVCacheManager`, and a subclass

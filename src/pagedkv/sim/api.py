@@ -36,7 +36,7 @@ from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:
-    from pagedkv.observe.sim_observe import ReplayObserver
+    from pagedkv.sim.observe_engine import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run"]
 
@@ -77,7 +77,7 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
-    #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
+    #: A retention policy to compare with LRU (:mod:`pagedkv.sim.retention_support`).
     retention: str | None = None
     #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
     host: HostMemoryConfig | None = None
@@ -107,7 +107,7 @@ class SimConfig:
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
         if self.retention is not None:
-            from pagedkv.retention.sim_support import check_policy
+            from pagedkv.sim.retention_support import check_policy
 
             check_policy(self.retention)
             if self.semantics != "vllm":
@@ -149,7 +149,7 @@ def run(
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
     ``observer``: an engine replay on an observed manager instead of the plain one
-    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
+    (:mod:`pagedkv.sim.observe_engine`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -170,10 +170,7 @@ def run(
     result: SimResult
     host_sim = None
     if engine and cfg.host is not None:
-        if observer is not None:
-            raise InvalidArgumentError("missed-token attribution and metrics do not observe "
-                                       "a host tier yet: drop --host-memory or them")
-        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg), observer)
         result = host_sim.run(progress)
     elif engine:
         factory = cap.factory if observer is None else observer.wrap(cap.factory)
@@ -233,7 +230,7 @@ def run(
         report = with_host_tier(report, host_sim, workload, cap, cfg.host, _with_checks(cfg))
     if cfg.retention is not None:
         say(f"retention policy {cfg.retention} vs LRU")
-        from pagedkv.retention.sim_support import compare_retention
+        from pagedkv.sim.retention_support import compare_retention
 
         cmp = compare_retention(
             workload, policy=cfg.retention, block_size=bs, num_blocks=cap.num_blocks,

@@ -16,16 +16,16 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
-from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
-from pagedkv.retention.sim_support import add_arguments as add_retention_arguments
 from pagedkv.sim.api import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
+from pagedkv.sim.observe_cli import SimObserving, add_observe_flags
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
 from pagedkv.sim.replicas_cli import add_replica_flags, check_replica_args, run_replicas_cli
 from pagedkv.sim.report import ProgressReporter, print_report
+from pagedkv.sim.retention_support import add_arguments as add_retention_arguments
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.search import find_capacity, parse_seconds
 from pagedkv.sim.semantics import SEMANTICS

@@ -70,7 +70,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
         ]))
     sections.extend(host_sections(s))
     if s.get("retention"):
-        from pagedkv.retention.sim_support import render_rows
+        from pagedkv.sim.retention_support import render_rows
 
         sections.append(render_rows(s["retention"]))
     return sections

@@ -148,7 +148,7 @@ class SimReport:
     engine: EngineStats | None = None
     verdict: Verdict | None = None
     sweep: tuple[SweepRow, ...] = ()
-    #: ``--retention``: :meth:`pagedkv.retention.sim_support.RetentionComparison.to_dict`.
+    #: ``--retention``: :meth:`pagedkv.sim.retention_support.RetentionComparison.to_dict`.
     retention: dict[str, Any] | None = None
     result: SimResult | None = field(default=None, repr=False, compare=False)
     #: The host tier's figures and host-size sweep (:mod:`pagedkv.sim.host_sweep`).
