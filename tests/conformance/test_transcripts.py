@@ -29,7 +29,6 @@ from conformance.transcript import (
 from conformance.workload import run_seed
 
 from conformance import __main__ as cli
-from pagedkv.free_queue import FreeBlockQueue
 
 DIR = str(Path(__file__).parent / "transcripts")
 SEEDS, OPS = 10, 300
@@ -95,12 +94,13 @@ def test_replay_catches_a_planted_free_queue_order_bug(monkeypatch: pytest.Monke
     at the first operation whose free-queue order differs from vLLM's."""
     layout = layout_by_name("full-16")
     transcript = _load(layout)
-    original = FreeBlockQueue.append_n
+    queue_cls = type(PagedSide(layout).mgr.pool.free_queue)  # wherever the engine keeps it
+    original = queue_cls.append_n
 
-    def reversed_append(self: FreeBlockQueue, ids: list[int]) -> None:
+    def reversed_append(self: Any, ids: list[int]) -> None:
         original(self, ids[::-1])
 
-    monkeypatch.setattr(FreeBlockQueue, "append_n", reversed_append)
+    monkeypatch.setattr(queue_cls, "append_n", reversed_append)
     res = replay_seed(layout, transcript, transcript.seeds[0], PagedSide(layout))
     assert res.divergence is not None
     assert "free_order" in res.divergence.detail
