@@ -17,6 +17,7 @@ from pagedkv.host import (
     BEFORE_FORWARD,
     AdmitAfterHits,
     GroupLoad,
+    HostTierComponent,
     HostTierConfig,
     HostTieredKVCacheManager,
     LookupState,
@@ -100,13 +101,13 @@ def test_load_in_flight_protects_host_blocks():
     (plan,) = m.host.take_load_plans()
     # a2's allocation evicted b's cached blocks: every host block is pinned, none stored.
     assert m.host.take_store_plans() == []
-    pinned = m.host.pool.debug_state()["entries"]
+    pinned = m.host.tier.pool.debug_state()["entries"]
     assert all(pins == 1 for _, _, pins in pinned.values()) and len(pinned) == 5
     e = m.new_request("e", list(range(700, 709)))      # 3 blocks: evicts more of b's
     assert m.allocate_slots(e, 9, new_computed_blocks=m.host.lookup(e)) is not None
     assert m.host.take_store_plans() == []
     assert m.host.make_host_stats().no_room_blocks >= 4
-    assert m.host.pool.debug_state()["entries"] == pinned
+    assert m.host.tier.pool.debug_state()["entries"] == pinned
     m.host.complete_load(plan, True)
     m.free(e)
     f = m.new_request("f", list(range(800, 809)))      # evicts e's blocks: now they fit
@@ -153,7 +154,7 @@ def test_failed_load_leaves_both_tiers_consistent_and_request_recomputes():
         m.allocate_slots(a2, 1)
     m.host.complete_load(plan, False)
     assert all(m.pool.block_hash[x] is None for x in plan.groups[0].device_block_ids)
-    assert m.host.pool.state((a2.block_hashes[0], 0)) is LookupState.HIT   # host copy kept
+    assert m.host.tier.pool.state((a2.block_hashes[0], 0)) is LookupState.HIT   # host copy kept
     with pytest.raises(InvalidArgumentError, match="not a load plan in flight"):
         m.host.complete_load(plan, True)
     # Recompute: the request keeps its blocks; the next allocation registers them.
@@ -182,13 +183,13 @@ def test_failed_store_rolls_back():
     m = make(events=True)
     a, b, store = _evict_a_into_host(m)
     key = (a.block_hashes[0], 0)
-    assert m.host.pool.state(key) is LookupState.HIT_PENDING
+    assert m.host.tier.pool.state(key) is LookupState.HIT_PENDING
     a2 = m.new_request("a2", A)
     hit = m.host.lookup(a2)
     assert hit.num_host_tokens == 0 and hit.host.num_pending_blocks == 5
     m.take_events()
     m.host.complete_store(store, False)
-    assert m.host.pool.state(key) is LookupState.MISS
+    assert m.host.tier.pool.state(key) is LookupState.MISS
     assert m.host.num_free_host_blocks == 16
     assert [e for e in m.take_events() if e.medium == "CPU"] == []
     with pytest.raises(InvalidArgumentError, match="not a store plan in flight"):
@@ -298,10 +299,13 @@ def test_mla_layout_is_supported():
     m.check_invariants()
 
 
-def test_make_manager_without_host_is_the_plain_class():
+def test_make_manager_attaches_the_host_component():
     cfg = CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64)
-    assert type(make_manager(cfg)) is KVCacheManager
-    assert type(make_manager(cfg, HostTierConfig(num_blocks=2))) is HostTieredKVCacheManager
+    plain = make_manager(cfg)
+    assert type(plain) is KVCacheManager and plain.host is None and not plain.components
+    tiered = make_manager(cfg, HostTierConfig(num_blocks=2))
+    assert type(tiered) is KVCacheManager
+    assert tiered.host is tiered.component(HostTierComponent)
 
 
 def test_two_full_attention_groups_load_every_group():

@@ -109,7 +109,7 @@ class TwoTiers(RuleBasedStateMachine):
         if success:
             req.num_computed_tokens = req.num_tokens
         self.mgr.host.complete_load(plan, success)
-        self.model.host.complete_load(rid, req.block_hashes, req.num_computed_tokens, success)
+        self.model.complete_load(rid, req.block_hashes, req.num_computed_tokens, success)
         self._sync_stores()
 
     @precondition(lambda self: bool(self.stores))
@@ -117,7 +117,7 @@ class TwoTiers(RuleBasedStateMachine):
     def complete_store(self, data: st.DataObject, success: bool) -> None:
         i = data.draw(st.integers(0, len(self.stores) - 1))
         self.mgr.host.complete_store(self.stores.pop(i), success)
-        self.model.host.complete_store(i, success)
+        self.model.complete_store(i, success)
 
     @invariant()
     def agree(self) -> None:

@@ -207,15 +207,15 @@ def test_explain_lookup_leaves_debug_state_byte_identical(events: bool) -> None:
         compute(mgr, r)
         mgr.free(r)
     before = pickle.dumps(mgr.debug_state())
-    ghost_before = pickle.dumps((dict(mgr.ghost.ghost), mgr.ghost.shadow_index,
-                                 list(mgr.ghost._shadow_cache)))
+    ghost_before = pickle.dumps((dict(mgr.observe.ghost.ghost), mgr.observe.ghost.shadow_index,
+                                 list(mgr.observe.ghost._shadow_cache)))
     for probe in (list(range(70)), list(range(7, 77)), list(range(500, 600))):
         for extras in (None, HashExtras(cache_salt="x")):
             e = mgr.observe.explain_lookup(mgr.new_request("p", probe, hash_extras=extras))
             assert [g.blocks() for g in e.groups]  # the group detail, built on first read
     assert pickle.dumps(mgr.debug_state()) == before
-    assert pickle.dumps((dict(mgr.ghost.ghost), mgr.ghost.shadow_index,
-                         list(mgr.ghost._shadow_cache))) == ghost_before
+    assert pickle.dumps((dict(mgr.observe.ghost.ghost), mgr.observe.ghost.shadow_index,
+                         list(mgr.observe.ghost._shadow_cache))) == ghost_before
 
 
 def test_miss_stats_per_interval_with_preempted_lookups_apart() -> None:
@@ -256,16 +256,11 @@ def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
 def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
-    from pagedkv.observe import (
-        attribution_scan,
-        manager,
-        reasons,
-        residency,
-        sim_observe,
-        sim_support,
-    )
+    from pagedkv.observe import attribution_scan, observer, reasons, residency
+    from pagedkv.sim import observe_engine, observe_support
 
-    for module in (attribution_scan, manager, reasons, residency, sim_observe, sim_support):
+    for module in (attribution_scan, observer, reasons, residency, observe_engine,
+                   observe_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
@@ -315,13 +310,30 @@ def test_attribution_keeps_the_retention_pool() -> None:
         (0, 32, "hit"), (32, 40, "partial_block")]
 
 
-def test_residency_sampling_with_retention_is_refused() -> None:
-    from pagedkv.errors import InvalidArgumentError
+def test_residency_sampling_combines_with_retention() -> None:
+    """Once refused (two pool subclasses); now a pool listener beside the retention
+    policy: a pinned prefix is not evicted, the other blocks' lives are sampled."""
     from pagedkv.retention import RetentionConfig
 
-    with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
-        observed([full(16)], retention=RetentionConfig(),
-                 observe=ObserveConfig(residency_sample_every=1))
+    now = [0.0]
+    mgr = observed([full(16)], retention=RetentionConfig(clock=lambda: now[0],
+                                                         pin_budget_fraction=1.0),
+                   observe=ObserveConfig(residency_sample_every=1, clock=lambda: now[0]),
+                   num_blocks=7)
+    sys_req = mgr.new_request("sys", list(range(32)))
+    compute(mgr, sys_req)
+    mgr.free(sys_req)
+    mgr.retention.pin_prefix(sys_req, ttl_s=100.0)
+    for k in range(1, 4):  # evicts every unpinned block, more than once
+        now[0] = float(k)
+        r = mgr.new_request(f"r{k}", [1000 * k + i for i in range(64)])
+        compute(mgr, r)
+        mgr.free(r)
+        mgr.check_invariants()
+    samples = mgr.observe.drain_residency()
+    assert samples and all(s.lifetime_s > 0 for s in samples)
+    hit = mgr.get_computed_blocks(mgr.new_request("again", list(range(33))))
+    assert hit.num_computed_tokens == 32  # the pinned prefix survived
 
 
 def test_sub_block_hit_is_explained_as_the_coordinator_finds_it() -> None:

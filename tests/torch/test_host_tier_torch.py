@@ -63,8 +63,8 @@ class _SkipLoads(HostTierEngine):
     """Confirms loads without copying: the loaded blocks keep their NaN poison."""
 
     def _copy_in_before_forward(self) -> None:
-        for plan in self.tiered.host.take_load_plans():
-            self.tiered.host.complete_load(plan, True)
+        for plan in self.tiered.take_load_plans():
+            self.tiered.complete_load(plan, True)
             self.transfers.loaded_blocks += plan.num_blocks
 
 
@@ -75,7 +75,7 @@ class _StoreWrongPage(HostTierEngine):
         host_ids, pages = self._ids(plan)
         wrong = torch.where(pages + 1 < self.cache.num_blocks, pages + 1, pages - 1)
         self.host.store(wrong, host_ids)
-        self.tiered.host.complete_store(plan, True)
+        self.tiered.complete_store(plan, True)
         self.transfers.stored_blocks += int(host_ids.numel())
 
 

@@ -247,6 +247,32 @@ def hook_users(components: Sequence[ManagerComponent], hook: str) -> tuple[Any, 
     return tuple(getattr(c, hook) for c in components if getattr(type(c), hook) is not base)
 
 
+class Hooks:
+    """Per hook of :class:`ManagerComponent`, the bound methods of the components that
+    override it (an empty tuple when none does: the façade's loop over it costs nothing).
+
+    >>> class Steps(ManagerComponent):
+    ...     def step_started(self) -> None: ...
+    >>> h = Hooks([Steps("a"), ManagerComponent("b")])
+    >>> len(h.step_started), h.after_lookup
+    (1, ())
+    """
+
+    step_started: tuple[Callable[[], None], ...]
+    after_lookup: tuple[Callable[[RequestLike, ComputedBlocks], None], ...]
+    before_allocate: tuple[Callable[[RequestLike], None], ...]
+    allocate_hit: tuple[Callable[[RequestLike, AllocateCall], BlockTables | None], ...]
+    after_allocate: tuple[Callable[[RequestLike, object, BlockTables | None], None], ...]
+    before_free: tuple[Callable[[RequestLike | str, RequestLike | None], None], ...]
+    take_events: tuple[Callable[[], list[KVCacheEvent]], ...]
+    debug_state: tuple[Callable[[dict[str, Any]], None], ...]
+    check_invariants: tuple[Callable[[], None], ...]
+
+    def __init__(self, components: Sequence[ManagerComponent]) -> None:
+        for hook in MANAGER_HOOKS:
+            setattr(self, hook, hook_users(components, hook))
+
+
 class ManagerBuild:
     """What a component spec sees while the façade is built (module docstring).
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
+from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["BlockTables", "ComputedBlocks", "Coordinator"]
 
@@ -49,9 +50,11 @@ class Coordinator:
     >>> from pagedkv.core.coordinator_simple import NoPrefixCacheCoordinator
     >>> pool = BlockPool(8, hash_block_size=4)
     >>> coord = NoPrefixCacheCoordinator([FullAttentionManager(spec, pool, 0)], pool)
-    >>> coord.allocate("r", None, 0, 0, 10, 0)      # 10 tokens -> 3 blocks
+    >>> coord.allocate("r", None, num_computed_tokens=0, total_computed_tokens=0,
+    ...                num_tokens=10)                  # 10 tokens -> 3 blocks
     ([1, 2, 3],)
-    >>> coord.allocate("r", None, 10, 10, 30, 0) is None   # 8 blocks needed, 4 free
+    >>> coord.allocate("r", None, num_computed_tokens=10, total_computed_tokens=10,
+    ...                num_tokens=30) is None          # 8 blocks needed, 4 free
     True
     >>> coord.free("r"); pool.free_queue.num_free
     7
@@ -134,10 +137,11 @@ class Coordinator:
         self,
         request_id: str,
         hit: BlockTables | None,
+        *,
         num_computed_tokens: int,
         total_computed_tokens: int,
         num_tokens: int,
-        num_encoder_tokens: int,
+        num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
         num_local_computed_tokens: int | None = None,
@@ -346,6 +350,60 @@ class Coordinator:
                 for m in self.managers]
 
     # ----------------------------------------------------------------- checks
+
+    def truncate(self, hit: BlockTables, num_tokens: int) -> BlockTables:
+        """``hit`` cut at ``num_tokens``: each caching group keeps its first
+        ``num_tokens // block_size`` blocks (non-caching groups none). Block 4, hit
+        ``[5, 6, 7]`` cut at 8 -> ``[5, 6]``. Pure slicing.
+
+        Raises:
+            InvalidArgumentError: ``num_tokens`` is not a multiple of a caching group's
+                block size.
+        """
+        out: list[list[int]] = []
+        for m, blocks in zip(self.managers, hit, strict=True):
+            if not m.cacheable:
+                out.append([])
+                continue
+            if num_tokens % m.block_size:
+                raise InvalidArgumentError(
+                    f"cannot truncate a hit to {num_tokens} tokens: not a multiple of group "
+                    f"{m.group}'s block size {m.block_size}")
+            out.append(list(blocks[: num_tokens // m.block_size]))
+        return tuple(out)
+
+    def take_new_block_ids(self) -> list[int]:
+        """The zeroed groups' blocks allocated (or recorded) since the last call."""
+        out: list[int] = []
+        for ids in self.new_block_ids:
+            out.extend(ids)
+            ids.clear()
+        return out
+
+    def record_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Record the request's blocks from ``start_token`` on again in every zeroed group.
+
+        Raises:
+            InvalidArgumentError: ``start_token`` is not a multiple of a zeroed group's
+                block size (nothing recorded).
+        """
+        groups = [m for m in self.managers if self.zeroing[m.group]]
+        for m in groups:
+            if start_token % m.block_size:
+                raise InvalidArgumentError(
+                    f"start_token={start_token} is not a multiple of group {m.group}'s block "
+                    f"size {m.block_size}; zero from a block boundary")
+        for m in groups:
+            self.new_block_ids[m.group].extend(
+                m.req_to_blocks[request_id][start_token // m.block_size:])
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Block copies queued since the last call (sub-block hits only; none here)."""
+        return []
+
+    def iter_pending_copy_blocks(self) -> Iterator[int]:
+        """Both blocks of every queued copy (sub-block hits only; none here)."""
+        return iter(())
 
     def iter_held_blocks(self) -> Iterator[int]:
         """Every block id held by any table of any group, once per holding."""

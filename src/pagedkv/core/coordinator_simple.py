@@ -35,17 +35,20 @@ class NoPrefixCacheCoordinator(Coordinator):
         self,
         request_id: str,
         hit: BlockTables | None,
+        *,
         num_computed_tokens: int,
         total_computed_tokens: int,
         num_tokens: int,
-        num_encoder_tokens: int,
+        num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
         num_local_computed_tokens: int | None = None,
     ) -> BlockTables | None:
-        return super().allocate(request_id, None, num_computed_tokens, total_computed_tokens,
-                                num_tokens, num_encoder_tokens, num_tokens_main_model,
-                                headroom_blocks, num_local_computed_tokens)
+        return super().allocate(
+            request_id, None, num_computed_tokens=num_computed_tokens,
+            total_computed_tokens=total_computed_tokens, num_tokens=num_tokens,
+            num_encoder_tokens=num_encoder_tokens, num_tokens_main_model=num_tokens_main_model,
+            headroom_blocks=headroom_blocks, num_local_computed_tokens=num_local_computed_tokens)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         return
@@ -70,10 +73,11 @@ class UnitaryCoordinator(Coordinator):
         self,
         request_id: str,
         hit: BlockTables | None,
+        *,
         num_computed_tokens: int,
         total_computed_tokens: int,
         num_tokens: int,
-        num_encoder_tokens: int,
+        num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         headroom_blocks: int = 0,
         num_local_computed_tokens: int | None = None,

@@ -19,8 +19,8 @@ Order (each step needs the ones before it, nothing writes into a part afterwards
 >>> parts = build_parts(CacheConfig(groups=(full, swa), num_blocks=64, max_model_len=4096))
 >>> type(parts.coordinator).__name__, [type(m).__name__ for m in parts.managers]
 ('HybridCoordinator', ['FullAttentionManager', 'SlidingWindowManager'])
->>> parts.coordinator.admission_cap_blocks     # SWA: window + in-flight tokens, in blocks
-[None, 129]
+>>> parts.coordinator.admission_cap_blocks  # SWA: window + max_model_len in flight, blocks
+[None, 257]
 """
 
 from __future__ import annotations

@@ -28,34 +28,34 @@ from typing import Any, TypeVar
 
 from pagedkv.core import validation
 from pagedkv.core.cached_tokens import estimate_cached_tokens
-from pagedkv.core.components import (
-    AllocateCall,
-    EventPublisher,
-    ManagerComponent,
-    hook_users,
-)
+from pagedkv.core.components import AllocateCall, EventPublisher, Hooks, ManagerComponent
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.core.factory import build_parts
 from pagedkv.core.hashing import HashExtras
-from pagedkv.core.manager_queries import ManagerQueries
-from pagedkv.core.manager_surface import ManagerSurface
-from pagedkv.core.metrics import HitRateWindow, LookupCounters
+from pagedkv.core.held_blocks import NO_COPIES, BlockCopies, BlockCopy, HeldBlocks
+from pagedkv.core.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
+from pagedkv.core.records import BlockStored, KVCacheEvent
 from pagedkv.core.request import Request, RequestLike
 from pagedkv.core.specs import KVCacheSpec
-from pagedkv.errors import ConfigError, InvalidArgumentError
+from pagedkv.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    InvalidHitError,
+    UnknownRequestError,
+)
 
-__all__ = ["ComputedBlocks", "KVCacheManager"]
+__all__ = ["BlockCopies", "BlockCopy", "ComputedBlocks", "KVCacheManager"]
 
 _C = TypeVar("_C", bound=ManagerComponent)
 
 
-class KVCacheManager(ManagerQueries, ManagerSurface):
+class KVCacheManager:
     """Block tables, prefix caching and events for every KV-cache group of one model.
 
     Not thread-safe: one scheduler thread calls it. Every per-request operation costs
-    O(blocks it touches), independent of the pool size. Deferred frees, truncated hits
-    and blocks to zero: :mod:`pagedkv.core.manager_surface`. Features attach as
+    O(blocks it touches), independent of the pool size; every method leaves state
+    unchanged when it raises. Features attach as
     components (``CacheConfig.retention``, ``observe``, ``host_tier``, ``kv_events``,
     ``components``; :mod:`pagedkv.core.components`) and are reachable as
     ``mgr.retention``, ``mgr.observe``, ``mgr.host`` (``None`` when absent) or, typed,
@@ -86,7 +86,10 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
         self.coordinator = parts.coordinator
         #: Whether hits may end inside a block (see :class:`PartialHitCoordinator`).
         self.partial_hits = parts.partial_hits
-        self.held_outside = {}
+        #: References the engine holds outside block tables (deferred frees, copies).
+        self.held = HeldBlocks(parts.pool)
+        #: Block id -> references held outside tables (read-only for callers).
+        self.held_outside = self.held.counts
         #: Stamped into every hit this manager issues (see :class:`ComputedBlocks`).
         self.issuer_token = object()
         self._empty_hit = ComputedBlocks(tuple([] for _ in config.groups), 0,
@@ -102,15 +105,13 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
         for c in self.components:
             if c.name in ("retention", "observe", "host"):
                 setattr(self, c.name, c)
-        self._step_started = hook_users(self.components, "step_started")
-        self._after_lookup = hook_users(self.components, "after_lookup")
-        self._before_allocate = hook_users(self.components, "before_allocate")
-        self._allocate_hit = hook_users(self.components, "allocate_hit")
-        self._after_allocate = hook_users(self.components, "after_allocate")
-        self._before_free = hook_users(self.components, "before_free")
-        self._component_events = hook_users(self.components, "take_events")
-        self._component_state = hook_users(self.components, "debug_state")
-        self._component_checks = hook_users(self.components, "check_invariants")
+        hooks = self._hooks = Hooks(self.components)
+        # Hooked entry points only where a component hooks them: without components
+        # the class's own methods run, with no test at all.
+        if hooks.after_lookup:
+            self.get_computed_blocks = self._lookup_with_components  # type: ignore[method-assign]
+        if hooks.before_allocate or hooks.allocate_hit or hooks.after_allocate:
+            self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
         self.publisher: EventPublisher | None = None
         if config.kv_events is not None:
             self.publisher = config.kv_events.make_publisher(self.prefix_index_snapshot)
@@ -200,8 +201,6 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             validation.check_lookup(self, request)
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
         if found is None:  # caching off: no lookup, nothing counted
-            for after in self._after_lookup:
-                after(request, self._empty_hit)
             return self._empty_hit
         blocks, num_hit = found
         lookups = self.lookups
@@ -214,9 +213,13 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             lookups.queries += num_tokens
             lookups.hits += num_hit
             self.hit_rate_window.observe(num_tokens, num_hit)
-        hit = ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
-                             self.pool.index_generation, (num_hit, *map(tuple, blocks)))
-        for after in self._after_lookup:
+        return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
+                              self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+
+    def _lookup_with_components(self, request: RequestLike) -> ComputedBlocks:
+        """:meth:`get_computed_blocks`, then each component's ``after_lookup``."""
+        hit = KVCacheManager.get_computed_blocks(self, request)
+        for after in self._hooks.after_lookup:
             after(request, hit)
         return hit
 
@@ -292,43 +295,6 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             InvalidHitError: a hit from another manager or request, or stale.
             In every case state is unchanged.
         """
-        if self._before_allocate or self._allocate_hit or self._after_allocate:
-            call = AllocateCall(
-                num_new_tokens, new_computed_blocks, num_new_computed_tokens,
-                num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
-                delay_caching, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit)
-            return self._allocate_with_components(request, call)
-        return self._allocate(
-            request, num_new_tokens, new_computed_blocks, num_new_computed_tokens,
-            num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens,
-            delay_caching, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit)
-
-    def _allocate_with_components(self, request: RequestLike,
-                                  call: AllocateCall) -> tuple[list[int], ...] | None:
-        """:meth:`allocate_slots` through the components' hooks: ``before_allocate``, a
-        foreign hit to the component that issued it, ``after_allocate``."""
-        for before in self._before_allocate:
-            before(request)
-        hit = call.new_computed_blocks
-        if hit is not None and type(hit) is not ComputedBlocks:
-            for allocate in self._allocate_hit:
-                try:
-                    return allocate(request, call)  # type: ignore[no-any-return]
-                except NotImplementedError:
-                    continue
-        new = self._allocate(request, call.num_new_tokens, *list(call.as_kwargs().values()))
-        for after in self._after_allocate:
-            after(request, hit, new)
-        return new
-
-    def _allocate(
-        self, request: RequestLike, num_new_tokens: int,
-        new_computed_blocks: object, num_new_computed_tokens: int | None,
-        num_lookahead_tokens: int, num_external_computed_tokens: int,
-        num_encoder_tokens: int, delay_caching: bool, reserved_blocks: int,
-        has_scheduled_reqs: bool, full_sequence_must_fit: bool,
-    ) -> tuple[list[int], ...] | None:
-        """:meth:`allocate_slots` itself (the arguments in its order)."""
         try:
             rid = request.request_id
             num_computed = request.num_computed_tokens
@@ -379,15 +345,36 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
             return None
         headroom = reserved_blocks + watermark  # watermark: only when admitting
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens, headroom, local_computed,
-        )
+            rid, hit, num_computed_tokens=num_computed, total_computed_tokens=total_computed,
+            num_tokens=num_tokens, num_encoder_tokens=num_encoder_tokens,
+            num_tokens_main_model=total_computed + num_new_tokens, headroom_blocks=headroom,
+            num_local_computed_tokens=local_computed)
         if new_blocks is not None:
             if first:
                 self.live_requests[rid] = request
             if not delay_caching:
                 coordinator.cache_blocks(request, total_computed + num_new_tokens)
         return new_blocks
+
+    def _allocate_with_components(self, request: RequestLike, num_new_tokens: int,
+                                  **kwargs: Any) -> tuple[list[int], ...] | None:
+        """:meth:`allocate_slots` through the components' hooks: ``before_allocate``, a
+        hit object a component issued to that component, ``after_allocate``."""
+        hooks = self._hooks
+        for before in hooks.before_allocate:
+            before(request)
+        hit = kwargs.get("new_computed_blocks")
+        if hit is not None and type(hit) is not ComputedBlocks:
+            call = AllocateCall(num_new_tokens, **kwargs)
+            for allocate in hooks.allocate_hit:
+                try:
+                    return allocate(request, call)
+                except NotImplementedError:
+                    continue
+        new = KVCacheManager.allocate_slots(self, request, num_new_tokens, **kwargs)
+        for after in hooks.after_allocate:
+            after(request, hit, new)
+        return new
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         """Register the request's full blocks within its first ``num_computed_tokens``
@@ -405,7 +392,7 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
         vLLM's ``new_step_starts``). A Mamba state registered in this step cannot be hit
         again before the next one (its KV is written by the step that registered it)."""
         self.coordinator.new_step_starts()
-        for started in self._step_started:
+        for started in self._hooks.step_started:
             started()
 
     def free(self, request: RequestLike | str) -> None:
@@ -424,13 +411,253 @@ class KVCacheManager(ManagerQueries, ManagerSurface):
         except (AttributeError, TypeError):
             validation.check_free(self, request)
             raise
+        before_free = self._hooks.before_free
         if live is None:
-            for before in self._before_free:
+            for before in before_free:
                 before(request, None)
             return
         if live is not request and type(request) is not str:
             validation.check_free(self, request)
-        for before in self._before_free:
+        for before in before_free:
             before(request, live)
         del self.live_requests[rid]
         self.coordinator.free(rid)
+
+    # ---------------------------------------------------------------- deferred frees
+
+    def pop_blocks_for_free(self, request: RequestLike | str) -> list[int]:
+        """Forget the request (its id is free again) but keep its blocks referenced: its
+        tables in group order, each without leading null blocks (vLLM 0.33's method).
+        Release them with :meth:`release_blocks` **last first** (``reversed(...)``) once
+        nothing writes them, so the tail is evicted first, as :meth:`free` would queue
+        them. ``[]`` for a request the manager does not track.
+
+        Raises:
+            InvalidArgumentError: neither a request nor a str.
+            DuplicateRequestError: a request object whose id another live request holds.
+        """
+        rid = validation.check_free(self, request)
+        live = self.live_requests.get(rid)
+        if live is None:
+            return []
+        for before in self._hooks.before_free:
+            before(request, live)
+        del self.live_requests[rid]
+        blocks = self.coordinator.pop_blocks_for_free(rid)
+        self.held.hold(blocks)
+        return blocks
+
+    def release_blocks(self, block_ids: Sequence[int]) -> None:
+        """Drop one held reference to each of ``block_ids`` in the order given (the first
+        is evicted first once free): blocks :meth:`pop_blocks_for_free` returned (pass them
+        reversed) or retained for a copy (:meth:`take_block_copies`). Null blocks skipped.
+
+        Raises:
+            InvalidArgumentError: not a list of ints, or an id not held (that many times)
+                outside block tables; nothing is released.
+        """
+        self.held.release(block_ids)
+
+    def take_block_copies(self) -> BlockCopies:
+        """The block copies (copy on write of sub-block hits) queued since the last call,
+        in group order, and the blocks they keep referenced (source and copy of each):
+        run the copies, then pass ``retained`` to :meth:`release_blocks` (vLLM 0.33's
+        ``take_kv_cache_block_copies``). Full attention 16 + Mamba 16, hash block 4: a
+        request adopting a 24-token hit whose full-attention block 1 is ``b`` and Mamba
+        state ``s`` gets copies ``b -> c1``, ``s -> c2``, retained ``(b, c1, s, c2)``.
+        """
+        pairs = self.coordinator.take_copies()
+        return self.held.hold_copies(pairs) if pairs else NO_COPIES
+
+    def truncate_computed_blocks(self, hit: ComputedBlocks,
+                                 num_computed_tokens: int) -> ComputedBlocks:
+        """``hit`` cut at ``num_computed_tokens`` (vLLM 0.33's method): each group keeps
+        its first ``num_computed_tokens // block_size`` blocks (see
+        ``Coordinator.truncate``). Nothing is claimed; the result is checked like any hit
+        when adopted (a group left without the blocks its next token reads raises
+        :class:`~pagedkv.errors.InvalidHitError` then).
+
+        Raises:
+            InvalidHitError: ``hit`` was not issued by this manager.
+            InvalidArgumentError: not an int in ``[0, hit tokens]``, or not a multiple of
+                every caching group's block size.
+        """
+        if not isinstance(hit, ComputedBlocks) or hit.issuer is not self.issuer_token:
+            raise InvalidHitError(
+                "truncate_computed_blocks takes a hit get_computed_blocks returned on this "
+                f"manager, got {type(hit).__name__}")
+        n = validation.check_count("num_computed_tokens", num_computed_tokens)
+        if n > hit.num_computed_tokens:
+            raise InvalidArgumentError(
+                f"cannot truncate a {hit.num_computed_tokens}-token hit to {n} tokens; "
+                "truncation only shortens a hit")
+        blocks = self.coordinator.truncate(hit.block_ids, n)
+        return ComputedBlocks(blocks, n, self.issuer_token, hit.request_id)
+
+    def take_new_block_ids(self) -> list[int]:
+        """The attention blocks allocated since the last call, group by group, for the
+        engine to zero (``CacheConfig.zero_new_blocks``; on by default with a Mamba group,
+        as vLLM's ``needs_kv_cache_zeroing``). Call once per step."""
+        return self.coordinator.take_new_block_ids()
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Record the request's blocks from token ``start_token`` on again in every zeroed
+        group (e.g. blocks a failed KV load left unwritten), as vLLM 0.33.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+            InvalidArgumentError: ``start_token`` not an int >= 0 or not a multiple of a
+                zeroed group's block size.
+        """
+        self.require_live(request_id)
+        start = validation.check_count("start_token", start_token)
+        self.coordinator.record_for_zeroing(request_id, start)
+
+    # ---------------------------------------------------------------- queries
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table per group (copies; the null block is 0).
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return self.coordinator.block_ids(request_id)
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """The tables clipped to the blocks covering the first ``num_computed_tokens``
+        tokens (attention groups; Mamba and cross-attention tables whole), as vLLM's method.
+        Block 4, table ``[1, 2, 3]``, 5 tokens -> ``[1, 2]``.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
+
+    def get_num_common_prefix_blocks(self, request_id: str,
+                                     num_running_requests: int) -> list[int]:
+        """Per group, the leading blocks of ``request_id`` shared by all running requests
+        (cascade attention); 0 for kinds that do not support it.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        validation.check_count("num_running_requests", num_running_requests)
+        return self.coordinator.num_common_prefix_blocks(request_id, num_running_requests)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request holds blocks (allocated and not freed yet). O(1)."""
+        return request_id in self.live_requests
+
+    def require_live(self, request_id: str) -> None:
+        """Raise :class:`UnknownRequestError` unless the request holds blocks. O(1)."""
+        if type(request_id) is not str or request_id not in self.live_requests:
+            raise UnknownRequestError(
+                f"unknown request {request_id!r}: it was never allocated or is already "
+                "freed; call allocate_slots for it first")
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, cached ones (eviction candidates) included."""
+        return self.pool.free_queue.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of non-null blocks in use (ref count > 0)."""
+        return 1.0 - self.pool.free_queue.num_free / (self.pool.num_blocks - 1)
+
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Cached blocks evicted so far."""
+        return self.pool.num_evicted_blocks
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookup statistics since the previous call (then starts a new interval)."""
+        return self.lookups.take()
+
+    # ---------------------------------------------------------------- cache control
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, only when no block is in use; returns whether it
+        happened (then the hit-rate window is cleared too)."""
+        ok = self.pool.reset_prefix_cache()
+        if ok:
+            self.hit_rate_window.reset()
+        return ok
+
+    def evict_blocks(self, block_ids: Sequence[int]) -> None:
+        """Drop the given blocks from the prefix index (in-use blocks stay allocated).
+
+        Raises:
+            InvalidArgumentError: an id outside the pool; nothing is evicted.
+        """
+        self.pool.evict_blocks(block_ids)
+
+    # ---------------------------------------------------------------- events
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events buffered since the last call (empty when events are off): the
+        device's, then each component's own (a host tier's, medium ``"CPU"``)."""
+        events = self.recorder.take()
+        for take in self._hooks.take_events:
+            events += take()
+        return events
+
+    def publish_events(self) -> int:
+        """Hand the events since the last call to the publisher (``CacheConfig.kv_events``)
+        and return how many there were. Call once per step, also when nothing happened
+        (snapshot requests are answered then). Never blocks: the publisher drops and
+        counts batches past its queue. Without a publisher the events are discarded."""
+        events = self.take_events()
+        if self.publisher is not None:
+            self.publisher.publish(events)
+        return len(events)
+
+    def close(self) -> None:
+        """Release the event publisher's sockets and thread (if any). Idempotent."""
+        if self.publisher is not None:
+            self.publisher.close()
+            self.publisher = None
+
+    def prefix_index_snapshot(self) -> list[BlockStored]:
+        """Stored events recreating the current prefix index (events must be on)."""
+        return self.recorder.snapshot(self.pool.block_hash, self.pool.block_group)
+
+    # ---------------------------------------------------------------- checks
+
+    def debug_state(self) -> dict[str, Any]:
+        """A deep copy of all state (pool, tables, statistics, components), for tests and
+        bug reports: equal dumps mean identical behaviour. O(num_blocks)."""
+        state = {
+            "pool": self.pool.debug_state(),
+            "block_tables": [{rid: list(b) for rid, b in m.req_to_blocks.items()}
+                             for m in self.managers],
+            "num_cached_blocks": [dict(m.num_cached_blocks) for m in self.managers],
+            "live_requests": list(self.live_requests),
+            "held_outside": dict(self.held.counts),
+            "new_block_ids": [list(ids) for ids in self.coordinator.new_block_ids],
+            "stats": self.lookups.snapshot(),
+            "hit_rate_window": (self.hit_rate_window.queries, self.hit_rate_window.hits,
+                                self.hit_rate_window.num_requests),
+        }
+        for add in self._hooks.debug_state:
+            add(state)
+        return state
+
+    def check_invariants(self) -> None:
+        """Walk all state: the pool, each group, every block's ref count equals the tables
+        and outside references holding it, and each component's checks.
+        O(num_blocks + held blocks)."""
+        self.pool.check_invariants()
+        held = dict(self.held.counts)
+        for b in self.coordinator.iter_pending_copy_blocks():
+            held[b] = held.get(b, 0) + 1
+        self.coordinator.check_invariants(held)
+        assert self.coordinator.request_ids() == self.live_requests.keys(), (
+            "the live requests and the requests holding block tables differ")
+        for check in self._hooks.check_invariants:
+            check()

@@ -221,14 +221,16 @@ class HostTierComponent(ManagerComponent):
         device_ids = [m.req_to_blocks[table_id][first:last] for m in mgr.managers]
         self.tier.start_load(request.request_id, host_hit, device_ids, self._block_size,
                              hit.device.num_computed_tokens)
-        self._count_hits(request, hit.device.num_computed_tokens, host_hit.num_tokens)
+        # the device part was counted by after_allocate; count the host part
+        d = hit.device.num_computed_tokens
+        self._count_hits(request, d, d + host_hit.num_tokens)
         return new
 
     def after_allocate(self, request: RequestLike, hit: object,
                        new: BlockTables | None) -> None:
         """A device-only hit that was adopted counts for the admission rule's hits."""
         if new is not None and isinstance(hit, ComputedBlocks) and self._hit_tracker:
-            self._count_hits(request, hit.num_computed_tokens, 0)
+            self._count_hits(request, 0, hit.num_computed_tokens)
 
     def _check_host_hit(self, request: RequestLike, hit: TieredHit,
                         call: AllocateCall) -> None:
@@ -252,12 +254,13 @@ class HostTierComponent(ManagerComponent):
         if why is not None:
             raise InvalidHitError(why)
 
-    def _count_hits(self, request: RequestLike, device_tokens: int, host_tokens: int) -> None:
+    def _count_hits(self, request: RequestLike, start_tokens: int, end_tokens: int) -> None:
+        """The admission rule hears of hits on the blocks of tokens [start, end)."""
         tracker = self._hit_tracker
         if tracker is None:
             return
-        n = (device_tokens + host_tokens) // self._block_size
-        hashes = request.block_hashes[:n]
+        bs = self._block_size
+        hashes = request.block_hashes[start_tokens // bs:end_tokens // bs]
         tracker.on_hits((h, g) for g in range(self._num_groups) for h in hashes)
 
     def before_free(self, request: RequestLike | str, live: RequestLike | None) -> None:
