@@ -14,6 +14,7 @@ MODULES = [
     "pagedkv.core.coordinator_base",
     "pagedkv.core.hashing",
     "pagedkv.core.manager",
+    "pagedkv._moved",
     "pagedkv.core.held_blocks",
     "pagedkv.core.components",
     "pagedkv.core.factory",

@@ -3,6 +3,7 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
+from pagedkv import _moved
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.hashing import BlockHasher, HashExtras, LoRA, MultiModalItem
 from pagedkv.core.manager import ComputedBlocks, KVCacheManager
@@ -32,6 +33,8 @@ from pagedkv.errors import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 __all__ = [
     "AllBlocksCleared",

@@ -28,6 +28,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 LAYERS: dict[str, int] = {
     "pagedkv.errors": 0,
+    "pagedkv._moved": 1,
     "pagedkv.core": 1,
     "pagedkv.events": 2,
     "pagedkv.planner": 2,
@@ -144,3 +145,20 @@ def test_the_rule_can_fail() -> None:
     finally:
         GRAPH.clear()
         GRAPH.update(saved)
+
+
+def test_old_module_paths_are_the_moved_modules() -> None:
+    """For one release the old paths import the moved modules (same objects), warning."""
+    import importlib
+    import warnings
+
+    from pagedkv._moved import MOVED
+
+    for old, new in MOVED.items():
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__spec__ is not None and module.__spec__.name == new
+    with pytest.warns(DeprecationWarning, match="pagedkv.core.managers.full"):
+        import pagedkv.managers.full  # noqa: F401
