@@ -15,6 +15,7 @@ MODULES = [
     "pagedkv.core.hash_extras",
     "pagedkv.core.hashing",
     "pagedkv.core.manager",
+    "pagedkv._moved",
     "pagedkv.core.held_blocks",
     "pagedkv.core.components",
     "pagedkv.core.factory",

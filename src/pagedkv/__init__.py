@@ -3,6 +3,7 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
+from pagedkv import _moved
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.hashing import BlockHasher, HashExtras, LoRA, MultiModalItem
 from pagedkv.core.manager import ComputedBlocks, KVCacheManager
@@ -21,17 +22,22 @@ from pagedkv.core.specs import (
 )
 from pagedkv.errors import (
     ConfigError,
+    DuplicateRequestError,
     InputFileError,
     InsufficientMemoryError,
     InvalidArgumentError,
+    InvalidHitError,
     MissingDependencyError,
     PagedKVError,
+    PinBudgetError,
     SpecMergeError,
     UnknownRequestError,
     UnsupportedModelError,
 )
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 __all__ = [
     "AllBlocksCleared",
@@ -43,11 +49,13 @@ __all__ = [
     "ComputedBlocks",
     "ConfigError",
     "CrossAttentionSpec",
+    "DuplicateRequestError",
     "FullAttentionSpec",
     "HashExtras",
     "InputFileError",
     "InsufficientMemoryError",
     "InvalidArgumentError",
+    "InvalidHitError",
     "KVCacheEvent",
     "KVCacheManager",
     "KVCacheSpec",
@@ -57,6 +65,7 @@ __all__ = [
     "MissingDependencyError",
     "MultiModalItem",
     "PagedKVError",
+    "PinBudgetError",
     "PrefixCacheStats",
     "Request",
     "RequestLike",

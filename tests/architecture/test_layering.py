@@ -3,7 +3,9 @@
 The layers, bottom to top (``docs/architecture.md`` draws them):
 
 ==========  ===============================================================
-0 base      ``pagedkv.errors``
+0 base      ``pagedkv.errors``, and the input checks every layer shares:
+            ``pagedkv.checks`` (field checks), ``pagedkv.cli_args`` (option types),
+            ``pagedkv.json_input`` (the JSON reader)
 1 core      ``pagedkv.core`` — the exact engine (knows no feature), and ``pagedkv``
             itself, the public surface, which re-exports the core
 2 features  ``pagedkv.events``, ``pagedkv.planner``, ``pagedkv.retention``,
@@ -28,6 +30,10 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 LAYERS: dict[str, int] = {
     "pagedkv.errors": 0,
+    "pagedkv.checks": 0,
+    "pagedkv.cli_args": 0,
+    "pagedkv.json_input": 0,
+    "pagedkv._moved": 1,
     "pagedkv.core": 1,
     "pagedkv.events": 2,
     "pagedkv.planner": 2,
@@ -144,3 +150,20 @@ def test_the_rule_can_fail() -> None:
     finally:
         GRAPH.clear()
         GRAPH.update(saved)
+
+
+def test_old_module_paths_are_the_moved_modules() -> None:
+    """For one release the old paths import the moved modules (same objects), warning."""
+    import importlib
+    import warnings
+
+    from pagedkv._moved import MOVED
+
+    for old, new in MOVED.items():
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__spec__ is not None and module.__spec__.name == new
+    with pytest.warns(DeprecationWarning, match="pagedkv.core.managers.full"):
+        import pagedkv.managers.full  # noqa: F401

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pagedkv.retention.linked import LinkedLists
+from pagedkv.retention.policy import read_clock
 from pagedkv.retention.queue_lists import _LEVEL0, _OVER, _PINNED, LevelLists
 
 __all__ = ["TimedQuotaLists"]
@@ -78,10 +79,10 @@ class TimedQuotaLists(LevelLists):
         return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
 
     def tick(self) -> float:
-        """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
-        now = self._clock()
-        if now < self.now_s:
-            raise AssertionError(f"retention clock went backwards: {self.now_s} -> {now}")
+        """Read the clock (:func:`~pagedkv.retention.policy.read_clock`: a reading before
+        the last one counts as the last one); run ``on_deadline`` if it has passed the
+        deadline. Returns now."""
+        now = read_clock(self._clock, self.now_s)
         self.now_s = now
         if now >= self.deadline:
             self.on_deadline(now)

@@ -15,8 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pagedkv.checks import check_flag, check_number, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.sim.bounds import BoundResult
+from pagedkv.sim.clock import (
+    STEP_MODELS,
+    RooflineStepModel,
+    clock_summary,
+    model_shape,
+    typical_context,
+)
+from pagedkv.sim.clock.constants import load_constants
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_sweep import host_simulator, with_host_tier
 from pagedkv.sim.host_tier import HostMemoryConfig
@@ -30,7 +40,7 @@ from pagedkv.sim.models import (
 from pagedkv.sim.parallel import bounds_in_background, sweep_rows
 from pagedkv.sim.pure_cache import run_pure_cache
 from pagedkv.sim.results import SimResult
-from pagedkv.sim.scheduler import SchedulerConfig
+from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
@@ -38,9 +48,11 @@ from pagedkv.sim.workloads import Workload
 if TYPE_CHECKING:
     from pagedkv.sim.observe_engine import ReplayObserver
 
-__all__ = ["MODES", "SimConfig", "capacity_for", "run"]
+__all__ = ["MODES", "SimConfig", "capacity_for", "run", "with_clock"]
 
 MODES = ("engine", "pure-cache")
+#: Most worker processes ``jobs`` may ask for.
+MAX_JOBS = 1024
 #: (done, total) progress callback, and a phase label setter.
 Progress = Callable[[int, int], None]
 
@@ -81,8 +93,17 @@ class SimConfig:
     retention: str | None = None
     #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
     host: HostMemoryConfig | None = None
+    #: The GPU (:mod:`pagedkv.planner.gpus`: a name or a JSON spec path): the clock's
+    #: peaks, and the memory the planner sizes the pool from unless ``gpu_memory``.
+    gpu: str | None = None
+    #: "auto" (the roofline clock whenever the model is known), "roofline" or "linear"
+    #: (``scheduler.step_time``); :func:`pagedkv.sim.clock.with_clock`.
+    step_model: str = "auto"
+    #: The roofline clock's constants: a set name or a calibration file (None: default).
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_fields()
         if self.mode not in MODES:
             raise InvalidArgumentError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.semantics not in SEMANTICS:
@@ -92,20 +113,8 @@ class SimConfig:
             raise InvalidArgumentError(
                 "--semantics reference is the published curves' convention for lookup-store "
                 "replays: use it with --mode pure-cache (an engine stores full blocks only)")
-        if self.num_blocks is not None and (self.model or self.gpu_memory):
-            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise InvalidArgumentError(
-                f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise InvalidArgumentError(
-                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if not self.memory_scale > 0:
-            raise InvalidArgumentError(f"memory_scale must be > 0, got {self.memory_scale}")
-        if self.jobs is not None and self.jobs < 1:
-            raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
-        if self.tp < 1:
-            raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
+        if self.num_blocks is not None and (self.model or self.gpu_memory or self.gpu):
+            raise InvalidArgumentError("give either --num-blocks or --model/--gpu/--gpu-memory")
         if self.retention is not None:
             from pagedkv.sim.retention_support import check_policy
 
@@ -121,18 +130,90 @@ class SimConfig:
                     f"--capacity-sweep: {cap} tokens is less than one block of "
                     f"{self.block_size} tokens")
 
+    def _check_fields(self) -> None:
+        """Each field's type and range on its own (:mod:`pagedkv.checks`)."""
+        for name in ("mode", "semantics", "step_model"):
+            check_text(f"SimConfig.{name}", getattr(self, name))
+        for name in ("model", "gpu_memory", "retention", "gpu", "calibration"):
+            if getattr(self, name) is not None:
+                check_text(f"SimConfig.{name}", getattr(self, name))
+        check_whole("SimConfig.block_size", self.block_size, minimum=1)
+        if self.num_blocks is not None:
+            check_whole("SimConfig.num_blocks", self.num_blocks, minimum=2)
+        check_number("--warmup-fraction", self.warmup_fraction, minimum=0, maximum=1,
+                     maximum_exclusive=True)
+        check_number("--gpu-memory-utilization", self.gpu_memory_utilization, minimum=0,
+                     minimum_exclusive=True, maximum=1)
+        check_number("SimConfig.memory_scale", self.memory_scale, minimum=0,
+                     minimum_exclusive=True, maximum=1e6)
+        if self.jobs is not None:
+            check_whole("--jobs", self.jobs, minimum=1, maximum=MAX_JOBS)
+        check_whole("--tp", self.tp, minimum=1)
+        for name in ("bounds", "check_invariants"):
+            check_flag(f"SimConfig.{name}", getattr(self, name))
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise InvalidArgumentError(
+                f"SimConfig.scheduler must be a SchedulerConfig, got {self.scheduler!r}")
+        if self.host is not None and not isinstance(self.host, HostMemoryConfig):
+            raise InvalidArgumentError(
+                f"SimConfig.host must be a HostMemoryConfig or None, got {self.host!r}")
+        if not isinstance(self.capacity_sweep, tuple):
+            raise InvalidArgumentError(
+                f"SimConfig.capacity_sweep must be a tuple of token counts (None: "
+                f"unlimited), got {self.capacity_sweep!r}")
+        for cap in self.capacity_sweep:
+            if cap is not None:
+                check_whole("--capacity-sweep", cap, minimum=1)
+
 
 def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
     """The capacity ``config`` asks for on ``workload`` (:mod:`pagedkv.sim.models`)."""
     if config.num_blocks is not None:
         return fixed_capacity(workload, block_size=config.block_size,
                               num_blocks=config.num_blocks)
+    memory = config.gpu_memory
+    if memory is None and config.gpu is not None:
+        memory = resolve_gpu(config.gpu).memory
     return plan_capacity(
         workload, model=config.model or DEFAULT_MODEL,
-        gpu_memory=config.gpu_memory or DEFAULT_GPU_MEMORY,
+        gpu_memory=memory or DEFAULT_GPU_MEMORY,
         utilization=config.gpu_memory_utilization, tp=config.tp,
         block_size=config.block_size, memory_scale=config.memory_scale,
     )
+
+
+def with_clock(config: SimConfig, workload: Workload) -> SimConfig:
+    """``config`` with its scheduler's step time resolved: the roofline clock of
+    ``config.model`` (default the planner's default model) on ``config.gpu`` with
+    ``config.calibration``'s constants — unless ``step_model`` is "linear", the pool is
+    a bare ``num_blocks`` (no model), or the linear model's figures were changed ("auto").
+    Idempotent.
+
+    Raises:
+        InvalidArgumentError: ``step_model`` "roofline" without a model, an unknown GPU
+            or constant set.
+        InputFileError, ConfigError: a bad GPU spec or calibration file; a model whose
+            size cannot be derived.
+    """
+    sched = config.scheduler
+    if isinstance(sched.step_time, RooflineStepModel):
+        return config
+    mode = config.step_model
+    if mode not in STEP_MODELS:
+        raise InvalidArgumentError(f"--step-model must be one of {', '.join(STEP_MODELS)}, "
+                                   f"got {mode!r}")
+    if mode == "roofline" and config.num_blocks is not None:
+        raise InvalidArgumentError("the roofline clock needs the model: give --model "
+                                   "instead of --num-blocks, or --step-model linear")
+    gpu = resolve_gpu(config.gpu)  # checks --gpu even for the linear model
+    constants = load_constants(config.calibration)
+    if mode == "linear" or config.num_blocks is not None or (
+            mode == "auto" and sched.step_time != StepTimeModel()):
+        return config
+    shape = model_shape(config.model or DEFAULT_MODEL, tp=config.tp)
+    clock = RooflineStepModel.build(shape, gpu, constants,
+                                    typical_context_tokens=typical_context(workload))
+    return replace(config, scheduler=replace(sched, step_time=clock))
 
 
 def run(
@@ -158,6 +239,8 @@ def run(
     say = phase or (lambda _label: None)
     if not workload.requests:
         raise InvalidArgumentError("the workload has no requests")
+    if cfg.mode == "engine":
+        cfg = with_clock(cfg, workload)
     cap = capacity_for(workload, cfg)
     bs = cap.block_size
     engine = cfg.mode == "engine"
@@ -213,7 +296,8 @@ def run(
                         arrivals=s.arrivals, rate_scale=s.rate_scale,
                         step_overhead_s=s.step_time.step_overhead_s,
                         prefill_token_s=s.step_time.prefill_token_s,
-                        decode_seq_s=s.step_time.decode_seq_s)
+                        decode_seq_s=s.step_time.decode_seq_s,
+                        clock=clock_summary(s.step_time)["clock"])
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
     report = build_report(
@@ -224,6 +308,8 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if engine:
+        report = replace(report, clock=clock_summary(cfg.scheduler.step_time, result))
     if host_sim is not None and cfg.host is not None:
         if cfg.host.sweep_memory_bytes:
             say("host memory sweep")

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pagedkv.cli_args import number_arg, seconds_arg, whole_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
-from pagedkv.sim.api import SimConfig, run
+from pagedkv.sim.api import SimConfig, run, with_clock
+from pagedkv.sim.clock.cli import add_clock_flags, linear_step_time, run_calibrate, step_model_of
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
@@ -26,7 +28,7 @@ from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
 from pagedkv.sim.replicas_cli import add_replica_flags, check_replica_args, run_replicas_cli
 from pagedkv.sim.report import ProgressReporter, print_report
 from pagedkv.sim.retention_support import add_arguments as add_retention_arguments
-from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
+from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.search import find_capacity, parse_seconds
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.workloads import Workload, bundled_trace_path
@@ -56,6 +58,14 @@ _GEN_PARAMS: dict[str, dict[str, str]] = {
         "interval_s": "interval_s", "think_s": "think_s",
     },
 }
+# Numeric option types: finite, in range (pagedkv.cli_args); a bad value is a usage error.
+_FRACTION = number_arg("--gpu-memory-utilization", minimum=0, minimum_exclusive=True,
+                       maximum=1)
+_STAGGER_S = seconds_arg("--session-stagger-s", allow_zero=True)
+_INTERVAL_S = seconds_arg("--interval-s", allow_zero=True)
+_THINK_S = seconds_arg("--think-s", allow_zero=True)
+_RATE_SCALE = number_arg("--rate-scale", minimum=0, minimum_exclusive=True, maximum=1e6)
+_WARMUP = number_arg("--warmup-fraction", minimum=0, maximum=1, maximum_exclusive=True)
 _ALL_GEN_FLAGS = sorted({d for m in _GEN_PARAMS.values() for d in m})
 
 
@@ -82,9 +92,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="a synthetic workload with an analytic ideal hit rate")
     w.add_argument("--trace-format", choices=["auto", *formats()], default="auto",
                    help="trace format (default: detected from the content, else the name)")
-    w.add_argument("--session-stagger-s", type=float, default=0.0, metavar="S",
+    w.add_argument("--session-stagger-s", type=_STAGGER_S, default=0.0, metavar="S",
                    help="several files: file k starts k*S seconds after the first (default 0)")
-    w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
+    w.add_argument("--trace-block-size", default=512, metavar="TOKENS",
+                   type=whole_arg("--trace-block-size", minimum=1, maximum=10_000_000),
                    help="tokens per hash_ids entry of a JSONL trace (default 512)")
     w.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     w.add_argument("--skip-bad-lines", action="store_true",
@@ -103,9 +114,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--first-tokens", type=int, metavar="TOKENS", help="agent: task length")
     g.add_argument("--output-tokens", type=int, metavar="TOKENS",
                    help="answer / reply / action length")
-    g.add_argument("--interval-s", type=float, metavar="S",
+    g.add_argument("--interval-s", type=_INTERVAL_S, metavar="S",
                    help="seconds between request (session) starts")
-    g.add_argument("--think-s", type=float, metavar="S",
+    g.add_argument("--think-s", type=_THINK_S, metavar="S",
                    help="multi-turn, agent: seconds from a reply to the next turn")
     c = p.add_argument_group("cache capacity")
     c.add_argument("--block-size", type=int, default=16, metavar="TOKENS",
@@ -118,7 +129,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"(default without --num-blocks: {DEFAULT_MODEL})")
     c.add_argument("--gpu-memory", metavar="SIZE",
                    help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY}: an '80 GB' H100)")
-    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    c.add_argument("--gpu-memory-utilization", type=_FRACTION, default=0.9, metavar="FRACTION",
                    help="share of GPU memory the engine may use (default 0.9)")
     c.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size for --model (default 1)")
@@ -134,19 +145,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tokens computed per step (default 8192)")
     e.add_argument("--max-running", type=int, default=256, metavar="N",
                    help="most requests running at once (default 256)")
-    e.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+    e.add_argument("--rate-scale", type=_RATE_SCALE, default=1.0, metavar="X",
                    help="arrival rate multiplier: 2 = twice as fast (default 1)")
     e.add_argument("--arrivals", choices=["trace", "at-once"], default="trace",
                    help="arrival times from the workload (default) or all at time 0")
-    d = StepTimeModel()
-    e.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_s * 1e3,
-                   metavar="MS", help=f"step-time model: per step (default "
-                   f"{d.step_overhead_s * 1e3:g} ms)")
-    e.add_argument("--prefill-token-us", type=float, default=d.prefill_token_s * 1e6,
-                   metavar="US", help=f"per prefill token (default {d.prefill_token_s * 1e6:g} µs)")
-    e.add_argument("--decode-seq-us", type=float, default=d.decode_seq_s * 1e6,
-                   metavar="US", help=f"per decoding sequence (default "
-                   f"{d.decode_seq_s * 1e6:g} µs)")
+    add_clock_flags(e)
     a = p.add_argument_group("analysis and output")
     a.add_argument("--capacity-sweep", nargs="?", const="default", metavar="TOKENS,...",
                    help="also report pure-cache hit rate vs capacity (LRU, Belady, "
@@ -157,7 +160,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also search the KV memory or replicas that meet --ttft-p99")
     a.add_argument("--ttft-p99", default="2s", metavar="DURATION",
                    help="TTFT p99 target for --find-capacity (default 2s)")
-    a.add_argument("--warmup-fraction", type=float, default=0.5, metavar="F",
+    a.add_argument("--warmup-fraction", type=_WARMUP, default=0.5, metavar="F",
                    help="'after warm-up' rates count requests from this fraction on "
                    "(default 0.5)")
     a.add_argument("--no-bounds", action="store_true",
@@ -176,6 +179,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ev.add_argument("--kv-events-topic", default="", help="topic frame, e.g. kv@pod@model")
     ev.add_argument("--kv-events-form", choices=("map", "array"), default="map",
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
+    ev.add_argument("--kv-events-allow-remote", action="store_true",
+                    help="allow endpoints that listen beyond this host (tcp://*:PORT, "
+                    "0.0.0.0): the messages carry prompt token ids, unauthenticated")
     add_retention_arguments(a)
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
@@ -232,11 +238,7 @@ def _sweep_capacities(text: str) -> list[int | None]:
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    step = StepTimeModel(
-        step_overhead_s=args.step_overhead_ms / 1e3,
-        prefill_token_s=args.prefill_token_us / 1e6,
-        decode_seq_s=args.decode_seq_us / 1e6,
-    )
+    step = linear_step_time(args)
     kv_events = None
     if args.kv_events_endpoint:
         kv_events = KVEventsConfig(
@@ -244,6 +246,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
             replay_endpoint=args.kv_events_replay_endpoint,
             topic=args.kv_events_topic,
             wire_form=args.kv_events_form,
+            allow_remote=args.kv_events_allow_remote,
         )
     sched = SchedulerConfig(
         token_budget=args.token_budget, max_running=args.max_running,
@@ -258,7 +261,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
         jobs=args.jobs, check_invariants=args.check_invariants, retention=args.retention,
-        host=host_config_from_args(args),
+        host=host_config_from_args(args), gpu=args.gpu, step_model=step_model_of(args),
+        calibration=args.calibration,
     )
 
 
@@ -276,6 +280,8 @@ def main_run(args: argparse.Namespace) -> int:
             "--kv-events-endpoint publishes the events of the simulated engine: use it with "
             "--mode engine"
         )
+    if args.calibrate:
+        return run_calibrate(args)
     check_replica_args(args)
     SimObserving.check_args(args)
     ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
@@ -288,9 +294,11 @@ def main_run(args: argparse.Namespace) -> int:
         check_plot_dir(args.plot_dir)  # before the replay, not after it
     if args.replicas is not None:
         wl, what = _workload(args)
-        return run_replicas_cli(wl, config, args, what=what)
+        return run_replicas_cli(wl, with_clock(config, wl), args, what=what)
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
+    if args.mode == "engine":
+        config = with_clock(config, wl)  # find-capacity replays on the same clock
     observing = SimObserving.from_args(args)  # --explain-misses, --metrics-port
     try:
         report = run(wl, config, description=what, progress=progress, phase=progress.phase,
