@@ -21,7 +21,8 @@ MAX_FUNCTION_LINES = 80
 #: or "path:function" for a function (its name; nested names are not qualified).
 ALLOWED: dict[str, str] = {
     # The façade (issue 24): the lead is trimming it to one class under the limit.
-    "core/manager.py": "the façade, being trimmed by the lead",
+    "core/manager.py": "the façade is one class (no mixins); its contract docstrings, "
+                       "not its code, keep it over 450 lines",
     # The simulator's entry points are being reworked by other helpers (one place parses
     # simulate's options; the CLI a thin shell).
     "sim/api.py:run": "simulator entry point, under rework",
