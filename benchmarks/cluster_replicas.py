@@ -3,7 +3,7 @@
 Prints the comparison table per cluster size and writes a PNG. Example (the figures in
 docs/cluster.md)::
 
-    python benchmarks/cluster_replicas.py --trace ../shared/data/traces/conversation_trace.jsonl \\
+    python benchmarks/cluster_replicas.py --trace data/traces/conversation_trace.jsonl.gz \\
         --replicas 4 8 --plot cluster_replicas.png
 """
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from trace_data import read_text
 
 from pagedkv import InvalidArgumentError
 from pagedkv.sim import SimRequest, Workload, load_trace, run_pure_cache
@@ -23,7 +24,7 @@ def reference_lru(path: Path, capacity: int, block: int = 512) -> float:
     request hits its longest cached prefix and is credited min(matched * block, input);
     then its entries become the most recent, its first block most recent of all (the
     order in which an engine frees a request's blocks, tail first)."""
-    rows = sorted((json.loads(line) for line in path.open() if line.strip()),
+    rows = sorted((json.loads(line) for line in read_text(path).splitlines() if line.strip()),
                   key=lambda r: r["timestamp"])
     chain: dict[tuple[int, int], int] = {}
     cache: OrderedDict[int, None] = OrderedDict()
@@ -53,9 +54,9 @@ def reference_lru(path: Path, capacity: int, block: int = 512) -> float:
     [("conversation_trace.jsonl", (300, 4000)), ("synthetic_trace.jsonl", (1000,))],
 )
 def test_reference_matches_independent_lru(
-    trace: str, capacities: tuple[int, ...], shared: Callable[[str], Path]
+    trace: str, capacities: tuple[int, ...], data: Callable[[str], Path]
 ) -> None:
-    path = shared(f"data/traces/{trace}")
+    path = data(f"traces/{trace}.gz")
     wl = load_trace(path)
     for cap in capacities:
         ours = run_pure_cache(wl, block_size=512, num_blocks=cap + 1, semantics="reference")
@@ -87,8 +88,8 @@ def test_reference_bounds_order_and_partial_credit() -> None:
 
 
 @pytest.mark.parametrize("cap", [3, 6, 20, 60])
-def test_reference_lru_le_belady_le_infinite(cap: int, shared: Callable[[str], Path]) -> None:
-    wl = load_trace(shared("data/traces/conversation_trace.jsonl"), limit=400)
+def test_reference_lru_le_belady_le_infinite(cap: int, data: Callable[[str], Path]) -> None:
+    wl = load_trace(data("traces/conversation_trace.jsonl.gz"), limit=400)
     seq = access_sequence(wl, 512, semantics="reference")
     lru = run_pure_cache(wl, block_size=512, num_blocks=cap + 1, semantics="reference")
     bel = belady_hits(seq, cap)

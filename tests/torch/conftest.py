@@ -1,12 +1,16 @@
 """Torch tests run single-threaded: results must not depend on it (the arithmetic is
-batch- and placement-invariant) and one thread is much faster for these tiny tensors."""
+batch- and placement-invariant) and one thread is much faster for these tiny tensors.
+
+They need PyTorch, which the ``test`` extra leaves out (PyPI's Linux build brings gigabytes of
+CUDA packages): without it every test here is skipped; ``.ci/run`` installs the CPU build."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(autouse=True)
