@@ -14,7 +14,7 @@ import time
 from scaling import fill_with_cached_blocks  # benchmarks/ is the script's directory
 
 from pagedkv import FullAttentionSpec, KVCacheManager
-from pagedkv.pool import BlockPool
+from pagedkv.core.pool import BlockPool
 
 SPEC = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
 

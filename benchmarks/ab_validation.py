@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the façade's boundary checks (``pagedkv/validation.py``) cost the hot path.
+"""What the façade's boundary checks (``pagedkv/core/validation.py``) cost the hot path.
 
 Two managers are driven by the same continuous-batching loop, operation by operation (the
 side that goes first alternates): the real :class:`pagedkv.KVCacheManager`, and a subclass
@@ -69,8 +69,8 @@ class Unchecked(KVCacheManager):
         total_computed = min(local_computed + num_external_computed_tokens, max_len)
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens
-        )
+            rid, hit, num_computed_tokens=num_computed, total_computed_tokens=total_computed,
+            num_tokens=num_tokens, num_encoder_tokens=num_encoder_tokens)
         if new_blocks is not None and not delay_caching:
             coordinator.cache_blocks(request, min(total_computed + num_new_tokens,
                                                   request.num_tokens))

@@ -39,7 +39,7 @@ def run(mgr: Any, prompts: list[list[int]], tiered: bool) -> tuple[float, int, i
     for i, tokens in enumerate(prompts):
         req = mgr.new_request(f"r{i}", tokens)
         if tiered:
-            hit = mgr.lookup(req)
+            hit = mgr.host.lookup(req)
             hit_device += hit.num_device_tokens
             hit_host += hit.num_host_tokens
         else:
@@ -49,11 +49,11 @@ def run(mgr: Any, prompts: list[list[int]], tiered: bool) -> tuple[float, int, i
                                  new_computed_blocks=hit)
         assert new is not None
         if tiered:
-            for s in mgr.take_store_plans():
-                mgr.complete_store(s, True)
+            for s in mgr.host.take_store_plans():
+                mgr.host.complete_store(s, True)
             req.num_computed_tokens = len(tokens)
-            for p in mgr.take_load_plans():
-                mgr.complete_load(p, True)
+            for p in mgr.host.take_load_plans():
+                mgr.host.complete_load(p, True)
         mgr.free(req)
     return time.perf_counter() - t0, hit_device, hit_host
 

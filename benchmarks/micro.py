@@ -11,7 +11,7 @@ import random
 import time
 
 from pagedkv import BlockHasher, Request
-from pagedkv.pool import BlockPool
+from pagedkv.core.pool import BlockPool
 
 
 def best_of(fn, rounds: int) -> float:  # type: ignore[no-untyped-def]

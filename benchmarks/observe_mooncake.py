@@ -19,16 +19,16 @@ import time
 from pathlib import Path
 
 from pagedkv import CacheConfig, ComputedBlocks
+from pagedkv.core.request import RequestLike
 from pagedkv.observe import LookupExplanation, ObserveConfig, ObservedKVCacheManager
-from pagedkv.observe.sim_support import (
+from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
+from pagedkv.sim.observe_support import (
     intervals_from_explanations,
     merge_miss_stats,
     miss_table,
     plot_missed_tokens,
     render_miss_table,
 )
-from pagedkv.request import RequestLike
-from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
 from pagedkv.sim.scheduler import EngineSimulator
 from pagedkv.sim.workloads import load_trace
 

@@ -56,7 +56,7 @@ def explain_ratio(plain: KVCacheManager, observed: ObservedKVCacheManager,
             t = perf()
             plain.get_computed_blocks(a)
             t1 = perf()
-            observed.explain_lookup(b)
+            observed.observe.explain_lookup(b)
             t2 = perf()
             best_l = min(best_l, t1 - t)
             best_e = min(best_e, t2 - t1)
@@ -101,8 +101,8 @@ def cycle(mgr: KVCacheManager, prefix: list[int], offset: int) -> Any:
 
 
 def ghost_bytes_per_entry(n: int = 20_000) -> float:
-    from pagedkv.events.recorder import EventRecorder
-    from pagedkv.hashing import BlockHasher
+    from pagedkv.core.hashing import BlockHasher
+    from pagedkv.core.recorder import EventRecorder
 
     ghost = GhostRecorder(EventRecorder(), ghost_entries=n, shadow_hasher=BlockHasher(16),
                           clock=time.monotonic)
@@ -165,7 +165,7 @@ def main() -> None:
         window_ids = m.coordinator.block_ids("seed")[1]
         m.pool.evict_blocks(window_ids[56:60])
     probe = shared + list(range(9, 400))
-    assert cobs.explain_lookup(cobs.new_request("p", probe)).segments[1].label == \
+    assert cobs.observe.explain_lookup(cobs.new_request("p", probe)).segments[1].label == \
         "clamped_window_run_not_found"
     print(f"  {'hybrid full + window, window clamps':<38} "
           f"{explain_ratio(cplain, cobs, probe):5.2f}x")

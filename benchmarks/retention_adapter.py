@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pagedkv adapter for the side-by-side harness (``../shared/bench/vllm_compare``) with
+"""pagedkv adapter for the side-by-side harness workload (``kv_workload.py``) with
 retention control configured, for ``benchmarks/retention_speed.py``.
 
 ``--retention on``: ``CacheConfig(retention=RetentionConfig())`` and nothing asked (every
@@ -24,7 +24,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from vllm_compare_adapter import DEFAULT_HARNESS, PagedKVAdapter  # noqa: E402
+import kv_workload  # noqa: E402
+from vllm_compare_adapter import PagedKVAdapter  # noqa: E402
 
 
 class RetentionAdapter(PagedKVAdapter):
@@ -70,24 +71,17 @@ class RetentionAdapter(PagedKVAdapter):
 
 
 def main(argv: list[str] | None = None) -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--harness-dir", default=DEFAULT_HARNESS)
-    known, rest = pre.parse_known_args(argv)
-    sys.path.insert(0, known.harness_dir)
-    import workload  # the harness module
-
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--harness-dir", default=DEFAULT_HARNESS)
     ap.add_argument("--retention", choices=("on", "active", "ranges", "pins"), default="on")
-    workload.add_workload_args(ap)
-    args = ap.parse_args(rest)
+    kv_workload.add_workload_args(ap)
+    args = kv_workload.parse_with_preset(ap, argv)
     import pagedkv
 
     info = {"impl": f"pagedkv-retention-{args.retention}",
             "pagedkv_version": pagedkv.__version__, "python": platform.python_version()}
-    out = workload.run_cli(lambda a, r: RetentionAdapter(a), args, info)
+    out = kv_workload.run_cli(RetentionAdapter, args, info)
     print(json.dumps(out))
 
 

@@ -13,7 +13,7 @@ Capacities are fractions of the blocks an unlimited cache would end up holding.
         --trace-limit 3000 --only conversation_trace system-prompts
 
 Uses only public APIs: ``pagedkv.sim`` (workloads, bounds) and
-``pagedkv.retention.replay`` (policies and the replay).
+``pagedkv.sim.retention_replay`` (policies and the replay).
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedkv.retention.replay import (
+from pagedkv.sim import SimRequest, Workload, belady_hits, load_trace, system_prompts
+from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
+from pagedkv.sim.pure_cache import unlimited_num_blocks
+from pagedkv.sim.retention_replay import (
     LRU,
     PinPopularPrefixes,
     PopularityPriority,
@@ -29,9 +32,6 @@ from pagedkv.retention.replay import (
     TenantQuota,
     replay_pure_cache,
 )
-from pagedkv.sim import SimRequest, Workload, belady_hits, load_trace, system_prompts
-from pagedkv.sim.bounds import access_sequence, infinite_cache_hits
-from pagedkv.sim.pure_cache import unlimited_num_blocks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = os.path.join(HERE, "..", "data", "traces")

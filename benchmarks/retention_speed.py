@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Speed of retention control, same run, alternating, median of N.
 
-``harness``: the side-by-side harness workload (``../shared/bench/vllm_compare``) through
+``harness``: the side-by-side harness workload (``kv_workload.py``) through
 pagedkv without retention (``off``), with retention configured but nothing asked (``on``:
 its digests must equal ``off``'s, i.e. vLLM's), and with every request asking for
 retention plus a pinned system prompt (``active``); with ``--base-src DIR`` also the
@@ -106,18 +106,16 @@ def harness(a: argparse.Namespace) -> None:
 def inproc(a: argparse.Namespace) -> None:
     """Off vs active on the harness workload, replayed alternately in this process."""
     sys.path.insert(0, HERE)
-    from vllm_compare_adapter import DEFAULT_HARNESS, PagedKVAdapter
-
-    sys.path.insert(0, a.harness_dir or DEFAULT_HARNESS)
-    import workload  # the harness module
+    import kv_workload as workload
     from retention_adapter import RetentionAdapter
+    from vllm_compare_adapter import PagedKVAdapter
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--retention", default="active")
     workload.add_workload_args(ap)
     args = ap.parse_args([])
     specs = workload.build_workload(args)
-    args.max_model_len = max(len(s.prompt) + len(s.decode_tokens) for s in specs)
+    args.max_model_len = max(len(s.prompt) + len(s.decode) for s in specs)
     makers = {"off": PagedKVAdapter, "active": RetentionAdapter}
     res: dict[str, list[dict]] = {k: [] for k in makers}  # type: ignore[type-arg]
     for r in range(a.rounds):
@@ -222,18 +220,16 @@ def paired(a: argparse.Namespace) -> None:
     import statistics
 
     sys.path.insert(0, HERE)
-    from vllm_compare_adapter import DEFAULT_HARNESS, PagedKVAdapter
-
-    sys.path.insert(0, a.harness_dir or DEFAULT_HARNESS)
-    import workload  # the harness module
+    import kv_workload as workload
     from retention_adapter import RetentionAdapter
+    from vllm_compare_adapter import PagedKVAdapter
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--retention", default="active")
     workload.add_workload_args(ap)
     args = ap.parse_args([])
     specs = workload.build_workload(args)
-    args.max_model_len = max(len(s.prompt) + len(s.decode_tokens) for s in specs)
+    args.max_model_len = max(len(s.prompt) + len(s.decode) for s in specs)
     ops = _PairedAdapter.CORE
     sums: dict[str, list[float]] = {"off": [], "active": []}
     p50s: dict[str, list[float]] = {"off": [], "active": []}
@@ -387,12 +383,8 @@ def main() -> None:
     h.add_argument("workload", nargs=argparse.REMAINDER)
     ip = sub.add_parser("inproc")
     ip.add_argument("--rounds", type=int, default=3)
-    ip.add_argument("--harness-dir", default=None,
-                    help="the harness directory (default: the adapter's, ../shared/...)")
     pp = sub.add_parser("paired")
     pp.add_argument("--rounds", type=int, default=3)
-    pp.add_argument("--harness-dir", default=None,
-                    help="the harness directory (default: the adapter's, ../shared/...)")
     ls = sub.add_parser("lockstep")
     ls.add_argument("--rounds", type=int, default=3)
     ls.add_argument("--num-requests", type=int, default=2000)

@@ -1,16 +1,13 @@
 #!/usr/bin/env python3
-"""pagedkv adapter for the side-by-side harness in ``../shared/bench/vllm_compare``.
+"""pagedkv on the side-by-side harness workload (``kv_workload.py``).
 
-Replays the harness's workload through pagedkv and prints the harness's JSON line
-(``core_ops_per_s``, ``digest_lookup``, ``digest_alloc``...). Run the vLLM driver with the
-same flags right before or after and compare (see ``benchmarks/README.md``)::
+Prints one JSON line (``core_ops_per_s``, ``core_plus_hash_ops_per_s``, ``digest_lookup``,
+``digest_alloc``, ...), the same fields as ``vllm_driver.py`` prints for vLLM's manager;
+``compare_vllm.py`` runs both alternately and prints the ratios::
 
-    python benchmarks/vllm_compare_adapter.py --repeat 5
-    python benchmarks/vllm_compare_adapter.py --num-blocks 1500 --num-system-prompts 8 \\
-        --shared-fraction 0.8
-
-``--harness-dir`` points at the harness (default: ``../shared/bench/vllm_compare`` next to
-this checkout).
+    python benchmarks/vllm_compare_adapter.py --repeat 3
+    python benchmarks/vllm_compare_adapter.py --preset heavy-eviction
+    python benchmarks/vllm_compare_adapter.py --preset mooncake --hash-algo xxhash
 """
 
 from __future__ import annotations
@@ -23,10 +20,12 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_HARNESS = os.path.normpath(
-    os.path.join(HERE, "..", "..", "shared", "bench", "vllm_compare")
-)
+sys.path.insert(0, HERE)
 
+import kv_workload  # noqa: E402
+
+#: The harness names vLLM's hash functions; pagedkv runs their CBOR forms (the same bytes
+#: as vLLM's ``sha256_cbor`` / ``xxhash_cbor``).
 _HASH_ALGOS = {
     "sha256": "sha256_cbor",
     "sha256_cbor": "sha256_cbor",
@@ -36,7 +35,7 @@ _HASH_ALGOS = {
 
 
 class PagedKVAdapter:
-    """Drives :class:`pagedkv.KVCacheManager` the way the harness's protocol asks."""
+    """``kv_workload.Adapter`` over :class:`pagedkv.KVCacheManager`."""
 
     name = "pagedkv"
 
@@ -59,7 +58,7 @@ class PagedKVAdapter:
         self.hasher = self.mgr.hasher
 
     def make_request(self, spec: Any) -> Any:
-        return self._Request(spec.req_id, spec.prompt)
+        return self._Request(spec.request_id, spec.prompt)
 
     def hash_prompt(self, req: Any) -> None:
         req.set_hasher(self.hasher)
@@ -109,35 +108,24 @@ class PagedKVAdapter:
         return {
             "prefix_cache_stats": {"requests": st.requests, "queries": st.queries, "hits": st.hits},
             "cached_hash_entries": self.mgr.pool.num_cached_blocks(),
-            "usable_blocks": self.mgr.pool.num_blocks - 1,
         }
 
 
 def main(argv: list[str] | None = None) -> None:
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--harness-dir", default=DEFAULT_HARNESS)
-    known, rest = pre.parse_known_args(argv)
-    sys.path.insert(0, known.harness_dir)
-    import workload  # the harness module
-
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--harness-dir", default=DEFAULT_HARNESS)
-    workload.add_workload_args(ap)
-    ap.add_argument("--pretty", action="store_true", help="indent the JSON")
-    args = ap.parse_args(rest)
+    kv_workload.add_workload_args(ap)
+    args = kv_workload.parse_with_preset(ap, argv)
     import pagedkv
 
     info = {
         "impl": "pagedkv",
         "pagedkv_version": pagedkv.__version__,
         "python": platform.python_version(),
-        "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
     }
-    out = workload.run_cli(lambda a, r: PagedKVAdapter(a), args, info)
-    print(json.dumps(out, indent=2 if args.pretty else None))
+    print(json.dumps(kv_workload.run_cli(PagedKVAdapter, args, info)))
 
 
 if __name__ == "__main__":

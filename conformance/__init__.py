@@ -11,7 +11,10 @@ or from any interpreter, naming the vLLM one (the suite re-runs itself under it)
 
     python -m conformance --vllm-python VLLM_PY
 
-Without vLLM it prints why and exits 0 with the verdict "skipped".
+Without vLLM, ``python -m conformance --replay tests/conformance/transcripts`` compares
+pagedkv with vLLM 0.33's recorded answers (``conformance/transcript.py``; recorded with
+``--record DIR``); without vLLM and without ``--replay`` the suite exits 1 with one line
+saying why. See ``docs/conformance.md``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Examples (from the repository root)::
 
     PYTHONPATH=src VLLM_PY -m conformance --seeds 200 --ops 300
     python -m conformance --vllm-python VLLM_PY --layouts full-16,swa --seeds 20
+    python -m conformance --vllm-python VLLM_PY --record tests/conformance/transcripts \\
+        --seeds 10 --ops 300
+    python -m conformance --replay tests/conformance/transcripts     # no vLLM needed
+
+Without vLLM and without ``--replay`` it exits 1 with one line saying why.
 """
 
 from __future__ import annotations
@@ -12,7 +17,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 from conformance.layouts import LAYOUTS, layout_by_name
 from conformance.model import FIELDS
@@ -52,6 +56,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="add bursts of identical requests (duplicate blocks in the index)",
     )
+    ap.add_argument(
+        "--record",
+        metavar="DIR",
+        help="run vLLM alone and write its transcripts (one .jsonl.gz per layout) to DIR",
+    )
+    ap.add_argument(
+        "--replay",
+        metavar="DIR",
+        help="compare pagedkv with the vLLM transcripts in DIR (no vLLM needed; seeds, "
+        "operations and extras come from the transcripts)",
+    )
     ap.add_argument("--list", action="store_true", help="list the layouts and exit")
     return ap.parse_args(argv)
 
@@ -73,31 +88,10 @@ def _msgpack_dir() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.list:
-        for lay in LAYOUTS:
-            groups = " + ".join(
-                f"{g.kind}/{g.block_size}" + (f"w{g.window_tokens}" if g.window_tokens else "")
-                for g in lay.groups
-            )
-            unit = f", hash unit {lay.prefix_match_unit}" if lay.prefix_match_unit else ""
-            print(f"{lay.name:16} {groups}  ({lay.num_blocks} blocks{unit})")
+        _print_layouts()
         return 0
     if args.vllm_python:
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (here, os.path.join(here, "src"), _msgpack_dir(), env.get("PYTHONPATH")) if p
-        )
-        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-        i = rest.index("--vllm-python") if "--vllm-python" in rest else -1
-        if i >= 0:
-            del rest[i : i + 2]
-        else:
-            rest = [a for a in rest if not a.startswith("--vllm-python=")]
-        try:
-            return subprocess.call([args.vllm_python, "-m", "conformance", *rest], env=env)
-        except OSError as exc:
-            print(f"conformance: cannot run {args.vllm_python}: {exc}", file=sys.stderr)
-            return 2
+        return _rerun_under(args.vllm_python, argv)
     try:
         layouts = (
             LAYOUTS
@@ -105,98 +99,89 @@ def main(argv: list[str] | None = None) -> int:
             else tuple(layout_by_name(n.strip()) for n in args.layouts.split(","))
         )
     except KeyError as exc:
-        print(f"conformance: {exc.args[0]}", file=sys.stderr)
-        return 2
+        return _fail(str(exc.args[0]), 2)
+    extras = frozenset(e for e in args.extras.split(",") if e and e != "none")
+    if extras - {"lora", "salt", "mm"}:
+        return _fail(
+            f"unknown extras {sorted(extras - {'lora', 'salt', 'mm'})}; choose from lora, salt, mm",
+            2,
+        )
+    ignore = frozenset(f for f in args.ignore.split(",") if f)
+    if ignore - set(FIELDS):
+        return _fail(
+            f"unknown field(s) {sorted(ignore - set(FIELDS))}; choose from {', '.join(FIELDS)}", 2
+        )
+    if args.record and args.replay:
+        return _fail("--record and --replay exclude each other", 2)
+    try:
+        import msgpack  # noqa: F401
+    except ImportError:
+        return _fail(
+            "pagedkv's event encoder needs msgpack, which this interpreter lacks; run the "
+            "suite from pagedkv's environment ('.[dev]'), with --vllm-python PATH for vLLM",
+            2,
+        )
+    if args.replay:
+        from conformance.runs import replay_layouts
+
+        return replay_layouts(args.replay, layouts, ignore)
     from conformance.vllm_side import vllm_available
 
     reason = vllm_available()
     if reason is not None:
-        print(
-            f"conformance: skipped, vLLM is not importable here ({reason}); "
-            "pass --vllm-python PATH to an interpreter that has it"
+        return _fail(
+            f"vLLM is not importable here ({reason}); pass --vllm-python PATH to an "
+            "interpreter that has it, or --replay tests/conformance/transcripts to compare "
+            "with vLLM 0.33's recorded transcripts",
+            1,
         )
-        print("verdict: skipped")
-        return 0
-    try:
-        import msgpack  # noqa: F401
-    except ImportError:
-        print(
-            "conformance: pagedkv's event encoder needs msgpack, which this interpreter "
-            "lacks; run the suite from pagedkv's environment with --vllm-python PATH",
-            file=sys.stderr,
-        )
-        return 2
-    from conformance.pagedkv_side import PagedSide
-    from conformance.vllm_side import VllmSide
-    from conformance.workload import run_seed
+    from conformance.runs import RunOptions, live_layouts, record_layouts
 
-    extras = frozenset(e for e in args.extras.split(",") if e and e != "none")
-    if extras - {"lora", "salt", "mm"}:
-        print(
-            f"conformance: unknown extras {sorted(extras - {'lora', 'salt', 'mm'})}; "
-            "choose from lora, salt, mm",
-            file=sys.stderr,
+    opts = RunOptions(
+        seeds=range(args.first_seed, args.first_seed + args.seeds),
+        num_ops=args.ops,
+        extras=extras,
+        ignore=ignore,
+        bursts=args.bursts,
+        keep_going=args.keep_going,
+    )
+    if args.record:
+        return record_layouts(args.record, layouts, opts)
+    return live_layouts(layouts, opts)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"conformance: {message}", file=sys.stderr)
+    return code
+
+
+def _print_layouts() -> None:
+    for lay in LAYOUTS:
+        groups = " + ".join(
+            f"{g.kind}/{g.block_size}" + (f"w{g.window_tokens}" if g.window_tokens else "")
+            for g in lay.groups
         )
-        return 2
-    ignore = frozenset(f for f in args.ignore.split(",") if f)
-    if ignore - set(FIELDS):
-        print(
-            f"conformance: unknown field(s) {sorted(ignore - set(FIELDS))}; "
-            f"choose from {', '.join(FIELDS)}",
-            file=sys.stderr,
-        )
-        return 2
-    # Warm both sides up (imports, first-call caches) so the speed column is steady state.
-    run_seed(layouts[0], 10**6, 50, VllmSide(layouts[0]), PagedSide(layouts[0]))
-    failed = 0
-    seeds = range(args.first_seed, args.first_seed + args.seeds)
-    for lay in layouts:
-        t0 = time.perf_counter()
-        bad: list[int] = []
-        first = None
-        secs = {"vllm": 0.0, "pagedkv": 0.0}
-        ops = 0
-        for seed in seeds:
-            res = run_seed(
-                lay,
-                seed,
-                args.ops,
-                VllmSide(lay),
-                PagedSide(lay),
-                extras=extras,
-                ignore=ignore,
-                bursts=args.bursts,
-            )
-            ops += res.num_ops
-            for k, v in res.seconds.items():
-                secs[k] += v
-            if res.divergence is not None:
-                bad.append(seed)
-                first = first or res.divergence
-                if not args.keep_going:
-                    break
-        ratio = secs["vllm"] / secs["pagedkv"] if secs["pagedkv"] else 0.0
-        status = "OK" if not bad else "DIVERGED"
-        num_run = len(seeds) if args.keep_going or not bad else bad[0] - args.first_seed + 1
-        print(
-            f"{lay.name:16} {status:8} seeds={num_run}"
-            f" ops={ops} divergent_seeds={len(bad)}{'' if args.keep_going or not bad else '+'}"
-            f" speed_vs_vllm={ratio:.2f}x wall={time.perf_counter() - t0:.1f}s",
-            flush=True,
-        )
-        if bad and args.keep_going:
-            shown = ",".join(map(str, bad[:40])) + (",..." if len(bad) > 40 else "")
-            print(f"  divergent seeds: {shown}", flush=True)
-        if first is not None:
-            failed += 1
-            print(
-                f"  first divergence: seed={first.seed} op_index={first.op_index} op={first.op}\n"
-                f"  {first.detail[:2000]}",
-                flush=True,
-            )
-    verdict = "PASS" if not failed else f"FAIL ({failed} of {len(layouts)} layouts diverged)"
-    print(f"verdict: {verdict}")
-    return 1 if failed else 0
+        unit = f", hash unit {lay.prefix_match_unit}" if lay.prefix_match_unit else ""
+        print(f"{lay.name:16} {groups}  ({lay.num_blocks} blocks{unit})")
+
+
+def _rerun_under(python: str, argv: list[str] | None) -> int:
+    """Run the suite again under ``python`` with this checkout (and msgpack) on its path."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.path.join(here, "src"), _msgpack_dir(), env.get("PYTHONPATH")) if p
+    )
+    rest = list(argv if argv is not None else sys.argv[1:])
+    i = rest.index("--vllm-python") if "--vllm-python" in rest else -1
+    if i >= 0:
+        del rest[i : i + 2]
+    else:
+        rest = [a for a in rest if not a.startswith("--vllm-python=")]
+    try:
+        return subprocess.call([python, "-m", "conformance", *rest], env=env)
+    except OSError as exc:
+        return _fail(f"cannot run {python}: {exc}", 2)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ from typing import Any
 import pagedkv
 from conformance.layouts import GroupDesc, Layout
 from conformance.model import ReqDesc, Snapshot
+from pagedkv.core.hashing import HashExtras, LoRA, MultiModalItem
 from pagedkv.events.wire import encode_batch
-from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 __all__ = ["WATERMARK", "PagedSide"]
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from conformance.layouts import Layout
 from conformance.model import ReqDesc, Snapshot
 
-__all__ = ["Divergence", "SeedResult", "Side", "run_seed"]
+__all__ = ["Divergence", "Mismatch", "SeedResult", "Side", "run_seed"]
 
 _LORAS: tuple[tuple[str, int, str] | None, ...] = (
     None,
@@ -92,8 +92,8 @@ class _Req:
     state: str = "waiting"  # waiting | running
 
 
-class _Mismatch(Exception):
-    pass
+class Mismatch(Exception):
+    """The two sides answered differently (or a replayed transcript does not fit)."""
 
 
 _UNTIMED = frozenset({"block_hashes", "commit", "estimate", "take_zeroing"})
@@ -102,9 +102,11 @@ _UNTIMED = frozenset({"block_hashes", "commit", "estimate", "take_zeroing"})
 class _Pair:
     """Calls one operation on both sides, timing each, and compares the answers."""
 
-    def __init__(self, a: Side, b: Side) -> None:
+    def __init__(self, a: Side, b: Side | None) -> None:
         self.a, self.b = a, b
-        self.seconds = {a.name: 0.0, b.name: 0.0}
+        self.seconds = {a.name: 0.0}
+        if b is not None:
+            self.seconds[b.name] = 0.0
 
     def call(self, what: str, method: str, *args: Any) -> Any:
         """Call ``method`` on both sides and compare; manager operations are timed, the
@@ -113,6 +115,10 @@ class _Pair:
         t0 = clock()
         ra = getattr(self.a, method)(*args)
         t1 = clock()
+        if self.b is None:  # recording the reference side alone
+            if method not in _UNTIMED:
+                self.seconds[self.a.name] += t1 - t0
+            return ra
         rb = getattr(self.b, method)(*args)
         t2 = clock()
         if method not in _UNTIMED:
@@ -122,12 +128,12 @@ class _Pair:
             if isinstance(ra, list) and isinstance(rb, list) and ra and isinstance(ra[0], bytes):
                 pairs = enumerate(zip(ra, rb, strict=False))
                 k = next((k for k, (x, y) in pairs if x != y), min(len(ra), len(rb)))
-                raise _Mismatch(
+                raise Mismatch(
                     f"{what}: first difference at block {k} of {len(ra)}/{len(rb)}: "
                     f"{self.a.name}={ra[k].hex()[:16] if k < len(ra) else None} "
                     f"{self.b.name}={rb[k].hex()[:16] if k < len(rb) else None}"
                 )
-            raise _Mismatch(f"{what}: {self.a.name}={ra} {self.b.name}={rb}")
+            raise Mismatch(f"{what}: {self.a.name}={ra} {self.b.name}={rb}")
         return ra
 
 
@@ -167,14 +173,15 @@ def run_seed(
     seed: int,
     num_ops: int,
     a: Side,
-    b: Side,
+    b: Side | None,
     *,
     extras: frozenset[str] = frozenset({"lora", "salt", "mm"}),
     ignore: frozenset[str] = frozenset(),
     bursts: bool = False,
 ) -> SeedResult:
     """Drive ``a`` (the reference) and ``b`` with ``num_ops`` operations from ``seed``;
-    stop at the first divergence. ``bursts`` adds the burst operation (another mix, so
+    stop at the first divergence. With ``b`` None, ``a`` runs alone (to record it).
+    ``bursts`` adds the burst operation (another mix, so
     other sequences than without it)."""
     ops, weights = (_BURST_OPS, _BURST_WEIGHTS) if bursts else (_OPS, _OP_WEIGHTS)
     rng = random.Random(seed)
@@ -378,8 +385,10 @@ def run_seed(
             pair.call("blocks to zero", "take_zeroing")
             if xrng.random() < 0.3:  # copies taken mid-step too (their blocks then free)
                 pair.call("block copies", "take_copies")
-            _compare(a.snapshot(), b.snapshot(), ignore)
-    except _Mismatch as exc:
+            snap = a.snapshot()
+            if b is not None:
+                _compare(snap, b.snapshot(), ignore)
+    except Mismatch as exc:
         return SeedResult(
             seed=seed,
             num_ops=i + 1,
@@ -395,4 +404,4 @@ def run_seed(
 def _compare(sa: Snapshot, sb: Snapshot, ignore: frozenset[str]) -> None:
     diff = sa.diff(sb, ignore)
     if diff is not None:
-        raise _Mismatch(f"state after op: {diff}")
+        raise Mismatch(f"state after op: {diff}")

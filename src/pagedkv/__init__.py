@@ -3,7 +3,23 @@
 The public API is what ``__all__`` lists; everything else is internal.
 """
 
-from pagedkv.config import CacheConfig
+from pagedkv import _moved
+from pagedkv.core.config import CacheConfig
+from pagedkv.core.hashing import BlockHasher, HashExtras, LoRA, MultiModalItem
+from pagedkv.core.manager import ComputedBlocks, KVCacheManager
+from pagedkv.core.metrics import PrefixCacheStats
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from pagedkv.core.request import Request, RequestLike
+from pagedkv.core.specs import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.errors import (
     ConfigError,
     InputFileError,
@@ -15,23 +31,10 @@ from pagedkv.errors import (
     UnknownRequestError,
     UnsupportedModelError,
 )
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from pagedkv.hashing import BlockHasher, HashExtras, LoRA, MultiModalItem
-from pagedkv.manager import ComputedBlocks, KVCacheManager
-from pagedkv.metrics import PrefixCacheStats
-from pagedkv.request import Request, RequestLike
-from pagedkv.specs import (
-    ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
-    FullAttentionSpec,
-    KVCacheSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    SinkFullAttentionSpec,
-    SlidingWindowSpec,
-)
 
 __version__ = "0.1.0"
+
+_moved.install()
 
 __all__ = [
     "AllBlocksCleared",

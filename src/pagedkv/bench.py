@@ -29,10 +29,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.core.manager import KVCacheManager
+from pagedkv.core.request import Request
+from pagedkv.core.specs import FullAttentionSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError
-from pagedkv.manager import KVCacheManager
-from pagedkv.request import Request
-from pagedkv.specs import FullAttentionSpec
 
 __all__ = ["BenchConfig", "add_parser", "build_workload", "run_bench"]
 

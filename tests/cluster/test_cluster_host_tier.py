@@ -19,13 +19,13 @@ B = list(range(100, 133))      # 8 full blocks + 1 token: pushes A out to host m
 
 def _step(mgr: HostTieredKVCacheManager, rid: str, tokens: list[int]) -> None:
     req = mgr.new_request(rid, tokens)
-    hit = mgr.lookup(req)
+    hit = mgr.host.lookup(req)
     assert mgr.allocate_slots(req, len(tokens) - hit.num_computed_tokens,
                               new_computed_blocks=hit) is not None
-    for plan in mgr.take_store_plans():
-        mgr.complete_store(plan, True)
-    for load in mgr.take_load_plans():
-        mgr.complete_load(load, True)
+    for plan in mgr.host.take_store_plans():
+        mgr.host.complete_store(plan, True)
+    for load in mgr.host.take_load_plans():
+        mgr.host.complete_load(load, True)
     req.num_computed_tokens = len(tokens)
     mgr.free(req)
     mgr.check_invariants()
@@ -44,7 +44,7 @@ def test_router_weighs_host_blocks_from_a_real_host_tier() -> None:
 
     plain = Router(ingest.index, specs=[SPEC], policy=CacheAware())
     assert plain.hit_tokens(hashes, len(A)) == {host: 20, gpu: 8}
-    assert host_mgr.lookup(host_mgr.new_request("probe2", A)).num_host_tokens == 20
+    assert host_mgr.host.lookup(host_mgr.new_request("probe2", A)).num_host_tokens == 20
 
     weighted = Router(ingest.index, specs=[SPEC], policy=CacheAware(), host_tier_weight=0.25)
     assert weighted.hit_tokens(hashes, len(A)) == {host: 5, gpu: 8}

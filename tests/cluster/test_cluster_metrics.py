@@ -14,9 +14,9 @@ import pytest
 from cluster_engines import SharedPrefixEngine
 
 from pagedkv.cluster import MemoryIndex
+from pagedkv.cluster.index_metrics import IndexServiceExporter
 from pagedkv.cluster.service import IndexService, SourceSpec
 from pagedkv.events import KVEventsConfig
-from pagedkv.observe.index_metrics import IndexServiceExporter
 
 pytest.importorskip("zmq")
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import pagedkv
+from pagedkv.core.hashing import HashExtras, LoRA, MultiModalItem
 from pagedkv.events.wire import encode_batch
-from pagedkv.hashing import HashExtras, LoRA, MultiModalItem
 
 GOLDEN = json.loads((Path(__file__).parent / "golden_vllm.json").read_text(encoding="utf-8"))
 

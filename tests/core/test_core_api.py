@@ -60,6 +60,25 @@ def test_from_spec_takes_only_cache_config_keywords() -> None:
     mgr = pagedkv.KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64,
                                            hash_memo_blocks=0, drop_last_hit=True)
     assert mgr.config.hash_memo_blocks == 0 and mgr.config.drop_last_hit
-    with pytest.raises(TypeError):
+    with pytest.raises(pagedkv.InvalidArgumentError, match="enable_cachng"):
         pagedkv.KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64,
-                                         enable_cachng=False)  # type: ignore[call-arg]
+                                         enable_cachng=False)
+
+
+def test_from_spec_and_from_plan_take_every_field() -> None:
+    """Both are derived from CacheConfig's fields, so neither can lag behind them."""
+    import dataclasses
+
+    from pagedkv.planner import plan_kv_cache
+
+    spec = pagedkv.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    plan = plan_kv_cache({"l0": spec}, available_bytes=1 << 20, max_model_len=64)
+    base = pagedkv.CacheConfig(groups=(spec,), num_blocks=8, max_model_len=64)
+    for f in dataclasses.fields(pagedkv.CacheConfig):
+        if f.name in ("groups", "num_blocks", "max_model_len"):
+            continue
+        value = getattr(base, f.name)
+        mgr = pagedkv.KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64,
+                                               **{f.name: value})
+        assert getattr(mgr.config, f.name) == value
+        assert getattr(pagedkv.CacheConfig.from_plan(plan, **{f.name: value}), f.name) == value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagedkv.free_queue import FreeBlockQueue
+from pagedkv.core.free_queue import FreeBlockQueue
 
 ops = st.lists(
     st.tuples(st.sampled_from(["pop", "popn", "remove", "append", "appendn", "prependn"]),

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import pagedkv
 from pagedkv import BlockHasher, HashExtras, InvalidArgumentError, LoRA, MultiModalItem
+from pagedkv.core.hashing import canonical_cbor
+from pagedkv.core.hashing_lookahead import LookaheadBlockHasher, prefill_checkpoint_position
 from pagedkv.events import BlockStored
 from pagedkv.events.wire import decode_batch, encode_batch
-from pagedkv.hashing import canonical_cbor
-from pagedkv.hashing_lookahead import LookaheadBlockHasher, prefill_checkpoint_position
 
 TOKENS = list(range(100, 118))  # 18 tokens: 4 full blocks of 4
 

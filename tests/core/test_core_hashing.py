@@ -19,7 +19,7 @@ from pagedkv import (
     MultiModalItem,
     Request,
 )
-from pagedkv.hashing import canonical_cbor
+from pagedkv.core.hashing import canonical_cbor
 
 SEED = "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
 H1234 = "58d0879dff3800f65f8c5fd449d73048c0f7699dd238a03b84b146b151d55111"

@@ -21,7 +21,7 @@ from pagedkv import (
     MultiModalItem,
     UnknownRequestError,
 )
-from pagedkv.hashing import event_extra_keys
+from pagedkv.core.hashing import event_extra_keys
 
 BS = 4
 
@@ -384,8 +384,8 @@ def test_stored_event_around_null_blocks_has_vllm_shape() -> None:
     """One stored record per registering call, as vLLM 0.33: hashes (and extra keys) of
     the registered positions only, token ids over the whole range, parent before it."""
     from pagedkv import BlockHasher, Request
-    from pagedkv.events.recorder import EventBuffer, GroupInfo
-    from pagedkv.pool import BlockPool
+    from pagedkv.core.pool import BlockPool
+    from pagedkv.core.recorder import EventBuffer, GroupInfo
 
     groups = [GroupInfo(4, None, None)]
     pool = BlockPool(10, hash_block_size=4, groups=groups, recorder=EventBuffer(groups, 4))

@@ -13,8 +13,8 @@ from pagedkv import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from pagedkv.events.records import BlockStored
-from pagedkv.specs import KVCacheSpec
+from pagedkv.core.records import BlockStored
+from pagedkv.core.specs import KVCacheSpec
 
 HEADS = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
 

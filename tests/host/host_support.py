@@ -46,7 +46,7 @@ def run(m: Any, rid: str, tokens: list[int], *, complete: bool = True) -> tuple[
     """Lookup + allocate the whole prompt; completes every plan (success) when
     ``complete``; returns (request, hit, new block ids)."""
     req = m.new_request(rid, tokens)
-    hit = m.lookup(req)
+    hit = m.host.lookup(req)
     new = m.allocate_slots(req, len(tokens) - hit.num_computed_tokens, new_computed_blocks=hit)
     if new is not None and complete:
         finish_step(m)
@@ -57,10 +57,10 @@ def run(m: Any, rid: str, tokens: list[int], *, complete: bool = True) -> tuple[
 def finish_step(m: Any, *, store_ok: bool = True, load_ok: bool = True) -> tuple[list[Any],
                                                                                list[Any]]:
     """Execute (confirm) every store and load plan of the step; returns them."""
-    stores = m.take_store_plans()
-    loads = m.take_load_plans()
+    stores = m.host.take_store_plans()
+    loads = m.host.take_load_plans()
     for p in stores:
-        m.complete_store(p, store_ok)
+        m.host.complete_store(p, store_ok)
     for p in loads:
-        m.complete_load(p, load_ok)
+        m.host.complete_load(p, load_ok)
     return stores, loads

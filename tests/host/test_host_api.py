@@ -6,8 +6,8 @@ import pytest
 from host_support import finish_step, make, run
 
 from pagedkv import CacheConfig, FullAttentionSpec
+from pagedkv.core.records import BlockStored
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import BlockStored
 from pagedkv.host import (
     AdmitAfterHits,
     HostTierConfig,
@@ -53,7 +53,7 @@ def test_host_hit_with_external_tokens_or_foreign_hit_is_refused_unchanged():
     run(m, "b", list(range(100, 121)))
     m.free("b")
     a2 = m.new_request("a2", list(range(21)))
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.num_host_tokens == 20
     before = m.debug_state()
     with pytest.raises(InvalidArgumentError, match="external"):
@@ -65,9 +65,9 @@ def test_host_hit_with_external_tokens_or_foreign_hit_is_refused_unchanged():
         m.allocate_slots(a2, 10**6, new_computed_blocks=hit)
     assert m.debug_state() == before
     with pytest.raises(InvalidArgumentError, match="not a store plan"):
-        m.complete_store("plan", True)
+        m.host.complete_store("plan", True)
     with pytest.raises(InvalidArgumentError, match="not a load plan"):
-        m.complete_load(None, True)
+        m.host.complete_load(None, True)
 
 
 def test_completion_with_a_non_bool_is_refused():
@@ -75,11 +75,11 @@ def test_completion_with_a_non_bool_is_refused():
     a, _, _ = run(m, "a", list(range(21)))
     m.free(a)
     b = m.new_request("b", list(range(100, 137)))
-    m.allocate_slots(b, 33, new_computed_blocks=m.lookup(b))
-    (store,) = m.take_store_plans()
+    m.allocate_slots(b, 33, new_computed_blocks=m.host.lookup(b))
+    (store,) = m.host.take_store_plans()
     with pytest.raises(InvalidArgumentError, match="bool"):
-        m.complete_store(store, 1)
-    m.complete_store(store, True)
+        m.host.complete_store(store, 1)
+    m.host.complete_store(store, True)
 
 
 def test_host_events_without_device_events():
@@ -87,10 +87,10 @@ def test_host_events_without_device_events():
     m = HostTieredKVCacheManager(CacheConfig(groups=(spec,), num_blocks=7, max_model_len=64),
                                  HostTierConfig(num_blocks=8, enable_events=True))
     a = m.new_request("a", list(range(9)))
-    m.allocate_slots(a, 9, new_computed_blocks=m.lookup(a))
+    m.allocate_slots(a, 9, new_computed_blocks=m.host.lookup(a))
     m.free(a)
     b = m.new_request("b", list(range(100, 121)))
-    m.allocate_slots(b, 21, new_computed_blocks=m.lookup(b))
+    m.allocate_slots(b, 21, new_computed_blocks=m.host.lookup(b))
     finish_step(m)
     events = m.take_events()
     assert events and all(isinstance(e, BlockStored) and e.medium == "CPU" for e in events)
@@ -100,7 +100,7 @@ def test_host_events_without_device_events():
 
 def test_cpu_events_on_the_wire_with_lora():
     from pagedkv import HashExtras, LoRA
-    from pagedkv.events.records import BlockRemoved
+    from pagedkv.core.records import BlockRemoved
     from pagedkv.events.wire import decode_batch, encode_batch, wire_hash
 
     spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
@@ -109,18 +109,18 @@ def test_cpu_events_on_the_wire_with_lora():
         HostTierConfig(num_blocks=1))
     lora = HashExtras(lora=LoRA("sql", 7))
     a = m.new_request("a", list(range(9)), hash_extras=lora)
-    m.allocate_slots(a, 9, new_computed_blocks=m.lookup(a))
+    m.allocate_slots(a, 9, new_computed_blocks=m.host.lookup(a))
     m.free(a)
     b = m.new_request("b", list(range(50, 59)))
-    m.allocate_slots(b, 9, new_computed_blocks=m.lookup(b))     # evicts a's 2 blocks
-    (store,) = m.take_store_plans()                             # room for one only
-    assert store.num_blocks == 1 and m.make_host_stats().no_room_blocks == 1
-    m.complete_store(store, True)
+    m.allocate_slots(b, 9, new_computed_blocks=m.host.lookup(b))     # evicts a's 2 blocks
+    (store,) = m.host.take_store_plans()                             # room for one only
+    assert store.num_blocks == 1 and m.host.make_host_stats().no_room_blocks == 1
+    m.host.complete_store(store, True)
     m.free(b)
     c = m.new_request("c", list(range(80, 89)))
-    m.allocate_slots(c, 9, new_computed_blocks=m.lookup(c))     # the host block is reused
-    for s in m.take_store_plans():
-        m.complete_store(s, True)
+    m.allocate_slots(c, 9, new_computed_blocks=m.host.lookup(c))     # the host block is reused
+    for s in m.host.take_store_plans():
+        m.host.complete_store(s, True)
     cpu = [e for e in m.take_events() if e.medium == "CPU"]
     stored, removed = cpu[0], cpu[1]
     assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)

@@ -8,21 +8,22 @@ import pytest
 from host_support import BS, finish_step, make, run, spec
 
 from pagedkv import CacheConfig
+from pagedkv.core.manager import KVCacheManager
+from pagedkv.core.records import BlockRemoved, BlockStored
+from pagedkv.core.specs import MLAAttentionSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError, InvalidHitError
-from pagedkv.events.records import BlockRemoved, BlockStored
 from pagedkv.host import (
     AFTER_FORWARD,
     BEFORE_FORWARD,
     AdmitAfterHits,
     GroupLoad,
+    HostTierComponent,
     HostTierConfig,
     HostTieredKVCacheManager,
     LookupState,
     WriteThrough,
     make_manager,
 )
-from pagedkv.manager import KVCacheManager
-from pagedkv.specs import MLAAttentionSpec, SlidingWindowSpec
 
 A = list(range(21))            # 5 full blocks + 1 token
 B = list(range(100, 137))      # 9 full blocks + 1 token: evicts everything of A
@@ -33,9 +34,9 @@ def _evict_a_into_host(m):
     assert new_a == ([1, 2, 3, 4, 5, 6],)
     m.free(a)                   # free queue: [6, 7, 8, 9, 5, 4, 3, 2, 1]
     b = m.new_request("b", B[:33])   # 9 blocks: takes 6..9 then evicts 5, 4, 3, 2, 1
-    assert m.allocate_slots(b, 33, new_computed_blocks=m.lookup(b)) == (
+    assert m.allocate_slots(b, 33, new_computed_blocks=m.host.lookup(b)) == (
         [6, 7, 8, 9, 5, 4, 3, 2, 1],)
-    stores = m.take_store_plans()
+    stores = m.host.take_store_plans()
     assert len(stores) == 1 and stores[0].timing == BEFORE_FORWARD
     g = stores[0].groups[0]
     assert g.device_block_ids == (5, 4, 3, 2, 1)
@@ -46,22 +47,22 @@ def _evict_a_into_host(m):
 def test_prefix_evicted_from_device_and_hit_in_host_returns_exact_load_plan():
     m = make()
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(b)                   # b's blocks cached; free queue front: unhashed, then LRU
     a2 = m.new_request("a2", A)
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.num_device_tokens == 0
     assert hit.num_host_tokens == 20             # 5 blocks, the 21st token is computed
     assert hit.host.host_block_ids == ((4, 3, 2, 1, 0),)   # chain order: block 0 first
     new = m.allocate_slots(a2, 1, new_computed_blocks=hit)
     assert new is not None
-    (plan,) = m.take_load_plans()
+    (plan,) = m.host.take_load_plans()
     table = m.get_block_ids("a2")[0]
     assert plan.groups == (GroupLoad(group=0, host_block_ids=(4, 3, 2, 1, 0),
                                      device_block_ids=tuple(table[:5]), first_block=0,
                                      num_tokens=20),)
     assert plan.num_device_tokens == 0 and plan.num_host_tokens == 20
-    assert m.load_plan("a2") is plan
+    assert m.host.load_plan("a2") is plan
 
 
 def test_device_hit_then_host_continuation():
@@ -69,21 +70,21 @@ def test_device_hit_then_host_continuation():
     a, _, new_a = run(m, "a", A)               # blocks 1..6
     m.free(a)                                  # queue [6, 7, 5, 4, 3, 2, 1]
     c = m.new_request("c", list(range(500, 513)))   # 4 blocks: 6, 7, then evicts 5, 4
-    assert m.allocate_slots(c, 13, new_computed_blocks=m.lookup(c)) == ([6, 7, 5, 4],)
-    (store,) = m.take_store_plans()
+    assert m.allocate_slots(c, 13, new_computed_blocks=m.host.lookup(c)) == ([6, 7, 5, 4],)
+    (store,) = m.host.take_store_plans()
     assert store.groups[0].device_block_ids == (5, 4)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(c)                                  # queue [4, 3, 2, 1, 5, 7, 6]
     a2 = m.new_request("a2", A)
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.device.block_ids == ([1, 2, 3],)
     assert hit.num_device_tokens == 12 and hit.num_host_tokens == 8
     assert hit.host.first_block == 3 and hit.host.host_block_ids == ((1, 0),)
     # 6 blocks: hits 1, 2, 3; new 4 (front of the queue), 5 and 7 (c's, evicted)
     assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([4, 5, 7],)
-    (c_store,) = m.take_store_plans()
+    (c_store,) = m.host.take_store_plans()
     assert c_store.groups[0].device_block_ids == (5, 7)
-    (plan,) = m.take_load_plans()
+    (plan,) = m.host.take_load_plans()
     table = m.get_block_ids("a2")[0]
     assert table[:3] == [1, 2, 3]
     assert plan.groups[0].device_block_ids == tuple(table[3:5])
@@ -93,25 +94,25 @@ def test_device_hit_then_host_continuation():
 def test_load_in_flight_protects_host_blocks():
     m = make(host_blocks=5)
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)              # host full: 5 ready blocks
+    m.host.complete_store(store, True)              # host full: 5 ready blocks
     m.free(b)
     a2 = m.new_request("a2", A)
-    m.allocate_slots(a2, 1, new_computed_blocks=m.lookup(a2))
-    (plan,) = m.take_load_plans()
+    m.allocate_slots(a2, 1, new_computed_blocks=m.host.lookup(a2))
+    (plan,) = m.host.take_load_plans()
     # a2's allocation evicted b's cached blocks: every host block is pinned, none stored.
-    assert m.take_store_plans() == []
-    pinned = m.host.pool.debug_state()["entries"]
+    assert m.host.take_store_plans() == []
+    pinned = m.host.tier.pool.debug_state()["entries"]
     assert all(pins == 1 for _, _, pins in pinned.values()) and len(pinned) == 5
     e = m.new_request("e", list(range(700, 709)))      # 3 blocks: evicts more of b's
-    assert m.allocate_slots(e, 9, new_computed_blocks=m.lookup(e)) is not None
-    assert m.take_store_plans() == []
-    assert m.make_host_stats().no_room_blocks >= 4
-    assert m.host.pool.debug_state()["entries"] == pinned
-    m.complete_load(plan, True)
+    assert m.allocate_slots(e, 9, new_computed_blocks=m.host.lookup(e)) is not None
+    assert m.host.take_store_plans() == []
+    assert m.host.make_host_stats().no_room_blocks >= 4
+    assert m.host.tier.pool.debug_state()["entries"] == pinned
+    m.host.complete_load(plan, True)
     m.free(e)
     f = m.new_request("f", list(range(800, 809)))      # evicts e's blocks: now they fit
-    assert m.allocate_slots(f, 9, new_computed_blocks=m.lookup(f)) is not None
-    (store,) = m.take_store_plans()
+    assert m.allocate_slots(f, 9, new_computed_blocks=m.host.lookup(f)) is not None
+    (store,) = m.host.take_store_plans()
     # The LRU entries go: the chain tail first (host 0 held block 4 of a, host 1 block 3).
     assert store.groups[0].host_block_ids == (0, 1)
 
@@ -119,43 +120,43 @@ def test_load_in_flight_protects_host_blocks():
 def test_completion_registers_device_blocks():
     m = make(events=True)
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(b)
     m.take_events()
     a2 = m.new_request("a2", A)
-    m.allocate_slots(a2, 1, new_computed_blocks=m.lookup(a2))
-    (plan,) = m.take_load_plans()
+    m.allocate_slots(a2, 1, new_computed_blocks=m.host.lookup(a2))
+    (plan,) = m.host.take_load_plans()
     dev = plan.groups[0].device_block_ids
     assert all(m.pool.block_hash[x] is None for x in dev)        # delayed caching
     assert not [e for e in m.take_events() if isinstance(e, BlockStored)]
     # Another request cannot hit the loading blocks on the device yet, only in the host.
     x = m.new_request("x", A)
-    assert m.lookup(x).num_device_tokens == 0
-    m.complete_load(plan, True)
+    assert m.host.lookup(x).num_device_tokens == 0
+    m.host.complete_load(plan, True)
     assert [m.pool.block_hash[d] for d in dev] == a2.block_hashes[:5]
     stored = [e for e in m.take_events() if isinstance(e, BlockStored)]
     assert [e.medium for e in stored] == ["GPU"]
     assert stored[0].block_hashes == a2.block_hashes[:5]
-    assert m.lookup(x).num_device_tokens == 20
+    assert m.host.lookup(x).num_device_tokens == 20
 
 
 def test_failed_load_leaves_both_tiers_consistent_and_request_recomputes():
     m = make()
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(b)
     a2 = m.new_request("a2", A)
-    m.allocate_slots(a2, 1, new_computed_blocks=m.lookup(a2))
-    (plan,) = m.take_load_plans()
+    m.allocate_slots(a2, 1, new_computed_blocks=m.host.lookup(a2))
+    (plan,) = m.host.take_load_plans()
     with pytest.raises(InvalidArgumentError, match="load in flight"):
         m.free(a2)
     with pytest.raises(InvalidArgumentError, match="load in flight"):
         m.allocate_slots(a2, 1)
-    m.complete_load(plan, False)
+    m.host.complete_load(plan, False)
     assert all(m.pool.block_hash[x] is None for x in plan.groups[0].device_block_ids)
-    assert m.host.pool.state((a2.block_hashes[0], 0)) is LookupState.HIT   # host copy kept
+    assert m.host.tier.pool.state((a2.block_hashes[0], 0)) is LookupState.HIT   # host copy kept
     with pytest.raises(InvalidArgumentError, match="not a load plan in flight"):
-        m.complete_load(plan, True)
+        m.host.complete_load(plan, True)
     # Recompute: the request keeps its blocks; the next allocation registers them.
     a2.num_computed_tokens = 0
     m.allocate_slots(a2, 21)
@@ -168,12 +169,12 @@ def test_failed_load_leaves_both_tiers_consistent_and_request_recomputes():
 def test_failed_load_then_free():
     m = make()
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(b)
     a2 = m.new_request("a2", A)
-    m.allocate_slots(a2, 1, new_computed_blocks=m.lookup(a2))
-    (plan,) = m.take_load_plans()
-    m.complete_load(plan, False)
+    m.allocate_slots(a2, 1, new_computed_blocks=m.host.lookup(a2))
+    (plan,) = m.host.take_load_plans()
+    m.host.complete_load(plan, False)
     m.free(a2)
     assert m.num_free_blocks == 9
 
@@ -182,24 +183,24 @@ def test_failed_store_rolls_back():
     m = make(events=True)
     a, b, store = _evict_a_into_host(m)
     key = (a.block_hashes[0], 0)
-    assert m.host.pool.state(key) is LookupState.HIT_PENDING
+    assert m.host.tier.pool.state(key) is LookupState.HIT_PENDING
     a2 = m.new_request("a2", A)
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.num_host_tokens == 0 and hit.host.num_pending_blocks == 5
     m.take_events()
-    m.complete_store(store, False)
-    assert m.host.pool.state(key) is LookupState.MISS
-    assert m.num_free_host_blocks == 16
+    m.host.complete_store(store, False)
+    assert m.host.tier.pool.state(key) is LookupState.MISS
+    assert m.host.num_free_host_blocks == 16
     assert [e for e in m.take_events() if e.medium == "CPU"] == []
     with pytest.raises(InvalidArgumentError, match="not a store plan in flight"):
-        m.complete_store(store, True)
+        m.host.complete_store(store, True)
 
 
 def test_host_events_carry_medium_cpu_and_token_ids():
     m = make(host_blocks=5, events=True)
     a, b, store = _evict_a_into_host(m)
     m.take_events()
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     ev = m.take_events()
     assert all(e.medium == "CPU" for e in ev) and len(ev) == 5
     by_hash = {e.block_hashes[0]: e for e in ev}
@@ -211,7 +212,7 @@ def test_host_events_carry_medium_cpu_and_token_ids():
     # b's eviction pushes the oldest host entries out: CPU removals.
     m.free(b)
     c = m.new_request("c", list(range(300, 333)))
-    m.allocate_slots(c, 33, new_computed_blocks=m.lookup(c))
+    m.allocate_slots(c, 33, new_computed_blocks=m.host.lookup(c))
     removed = [e for e in m.take_events() if isinstance(e, BlockRemoved) and e.medium == "CPU"]
     assert [e.block_hashes[0] for e in removed] == [a.block_hashes[i] for i in (4, 3, 2, 1, 0)]
 
@@ -219,11 +220,11 @@ def test_host_events_carry_medium_cpu_and_token_ids():
 def test_stale_host_hit_raises_and_changes_nothing():
     m = make(host_blocks=5)
     a, b, store = _evict_a_into_host(m)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(b)
     a2 = m.new_request("a2", A)
-    hit = m.lookup(a2)
-    m.reset_host_cache()
+    hit = m.host.lookup(a2)
+    m.host.reset_host_cache()
     before = m.debug_state()
     with pytest.raises(InvalidHitError, match="stale"):
         m.allocate_slots(a2, 1, new_computed_blocks=hit)
@@ -235,29 +236,29 @@ def test_refused_allocation_with_host_hit_changes_nothing():
     a, _, _ = run(m, "a", A)                      # 6 blocks: the whole pool
     m.free(a)
     b = m.new_request("b", list(range(100, 121)))
-    m.allocate_slots(b, 21, new_computed_blocks=m.lookup(b))   # evicts a's blocks
+    m.allocate_slots(b, 21, new_computed_blocks=m.host.lookup(b))   # evicts a's blocks
     finish_step(m)
     a2 = m.new_request("a2", A)
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.num_host_tokens == 20
     before = m.debug_state()
     assert m.allocate_slots(a2, 1, new_computed_blocks=hit) is None   # b holds all
     assert m.debug_state() == before
-    assert m.take_load_plans() == []
+    assert m.host.take_load_plans() == []
 
 
 def test_write_through_stores_after_forward_and_eviction_stores_nothing_more():
     m = make(write_policy=WriteThrough())
     a = m.new_request("a", A)
-    m.allocate_slots(a, 21, new_computed_blocks=m.lookup(a))
-    (store,) = m.take_store_plans()
+    m.allocate_slots(a, 21, new_computed_blocks=m.host.lookup(a))
+    (store,) = m.host.take_store_plans()
     assert store.timing == AFTER_FORWARD
     assert store.groups[0].device_block_ids == (1, 2, 3, 4, 5)
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.free(a)
     b = m.new_request("b", B[:33])
-    m.allocate_slots(b, 33, new_computed_blocks=m.lookup(b))
-    plans = m.take_store_plans()
+    m.allocate_slots(b, 33, new_computed_blocks=m.host.lookup(b))
+    plans = m.host.take_store_plans()
     assert len(plans) == 1 and plans[0].timing == AFTER_FORWARD    # b's own blocks only
     assert set(plans[0].groups[0].block_hashes) == set(b.block_hashes[:8])
 
@@ -267,13 +268,13 @@ def test_admission_after_hits():
     a, _, _ = run(m, "a", A)
     m.free(a)
     hot = m.new_request("hot", A[:9])           # hits a's first 2 blocks once
-    m.allocate_slots(hot, 1, new_computed_blocks=m.lookup(hot))
+    m.allocate_slots(hot, 1, new_computed_blocks=m.host.lookup(hot))
     m.free(hot)
     b = m.new_request("b", B[:33])
-    m.allocate_slots(b, 33, new_computed_blocks=m.lookup(b))
-    (store,) = m.take_store_plans()
+    m.allocate_slots(b, 33, new_computed_blocks=m.host.lookup(b))
+    (store,) = m.host.take_store_plans()
     assert set(store.groups[0].block_hashes) == set(a.block_hashes[:2])
-    assert m.make_host_stats().not_admitted_blocks == 3
+    assert m.host.make_host_stats().not_admitted_blocks == 3
 
 
 def test_unsupported_layouts_are_refused_clearly():
@@ -294,14 +295,17 @@ def test_mla_layout_is_supported():
     m = HostTieredKVCacheManager(CacheConfig(groups=(mla,), num_blocks=8, max_model_len=64),
                                  HostTierConfig(num_blocks=8))
     r = m.new_request("r", list(range(9)))
-    assert m.allocate_slots(r, 9, new_computed_blocks=m.lookup(r)) == ([1, 2, 3],)
+    assert m.allocate_slots(r, 9, new_computed_blocks=m.host.lookup(r)) == ([1, 2, 3],)
     m.check_invariants()
 
 
-def test_make_manager_without_host_is_the_plain_class():
+def test_make_manager_attaches_the_host_component():
     cfg = CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64)
-    assert type(make_manager(cfg)) is KVCacheManager
-    assert type(make_manager(cfg, HostTierConfig(num_blocks=2))) is HostTieredKVCacheManager
+    plain = make_manager(cfg)
+    assert type(plain) is KVCacheManager and plain.host is None and not plain.components
+    tiered = make_manager(cfg, HostTierConfig(num_blocks=2))
+    assert type(tiered) is KVCacheManager
+    assert tiered.host is tiered.component(HostTierComponent)
 
 
 def test_two_full_attention_groups_load_every_group():
@@ -310,35 +314,35 @@ def test_two_full_attention_groups_load_every_group():
         CacheConfig(groups=(spec(), mla), num_blocks=13, max_model_len=64),
         HostTierConfig(num_blocks=16))
     a = m.new_request("a", list(range(13)))                # 3 full blocks + 1 per group
-    assert m.allocate_slots(a, 13, new_computed_blocks=m.lookup(a)) == (
+    assert m.allocate_slots(a, 13, new_computed_blocks=m.host.lookup(a)) == (
         [1, 2, 3, 4], [5, 6, 7, 8])
     a.num_computed_tokens = 13
     m.free(a)
     b = m.new_request("b", list(range(100, 121)))          # 6 blocks per group: evicts a's
-    assert m.allocate_slots(b, 21, new_computed_blocks=m.lookup(b)) is not None
-    (store,) = m.take_store_plans()
+    assert m.allocate_slots(b, 21, new_computed_blocks=m.host.lookup(b)) is not None
+    (store,) = m.host.take_store_plans()
     assert [gs.group for gs in store.groups] == [0, 1]
     assert sorted(store.groups[0].device_block_ids + store.groups[1].device_block_ids) == \
         [1, 2, 3, 5, 6, 7]
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     m.check_invariants()
     b.num_computed_tokens = 21
     m.free(b)
     a2 = m.new_request("a2", list(range(13)))
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert hit.num_host_tokens == 12 and len(hit.host.host_block_ids) == 2
     m.allocate_slots(a2, 1, new_computed_blocks=hit)
-    (plan,) = m.take_load_plans()
+    (plan,) = m.host.take_load_plans()
     tables = m.get_block_ids("a2")
     assert [gl.group for gl in plan.groups] == [0, 1]
     for gl in plan.groups:
         assert gl.device_block_ids == tuple(tables[gl.group][:3]) and gl.num_tokens == 12
     m.check_invariants()
-    for s in m.take_store_plans():
-        m.complete_store(s, True)
-    m.complete_load(plan, True)
+    for s in m.host.take_store_plans():
+        m.host.complete_store(s, True)
+    m.host.complete_load(plan, True)
     m.check_invariants()
-    assert m.lookup(m.new_request("x", list(range(13)))).num_device_tokens == 12
+    assert m.host.lookup(m.new_request("x", list(range(13)))).num_device_tokens == 12
 
 
 def test_the_worked_example_of_docs_host_tier():
@@ -346,38 +350,38 @@ def test_the_worked_example_of_docs_host_tier():
         CacheConfig(groups=(spec(),), num_blocks=8, max_model_len=64, enable_events=True),
         HostTierConfig(num_blocks=16))
     a = m.new_request("a", list(range(21)))
-    assert m.allocate_slots(a, 21, new_computed_blocks=m.lookup(a)) == ([1, 2, 3, 4, 5, 6],)
+    assert m.allocate_slots(a, 21, new_computed_blocks=m.host.lookup(a)) == ([1, 2, 3, 4, 5, 6],)
     a.num_computed_tokens = 21
     m.free(a)
     b = m.new_request("b", list(range(100, 125)))
-    assert m.allocate_slots(b, 25, new_computed_blocks=m.lookup(b)) == (
+    assert m.allocate_slots(b, 25, new_computed_blocks=m.host.lookup(b)) == (
         [6, 7, 5, 4, 3, 2, 1],)
-    (store,) = m.take_store_plans()
+    (store,) = m.host.take_store_plans()
     assert (store.plan_id, store.timing) == (1, BEFORE_FORWARD)
     assert store.groups[0].device_block_ids == (5, 4, 3, 2, 1)
     assert store.groups[0].host_block_ids == (0, 1, 2, 3, 4)
     m.take_events()
-    m.complete_store(store, True)
+    m.host.complete_store(store, True)
     events = m.take_events()
     assert len(events) == 5 and (events[0].medium, events[0].token_ids) == (
         "CPU", [16, 17, 18, 19])
     b.num_computed_tokens = 25
     m.free(b)
     a2 = m.new_request("a2", list(range(21)))
-    hit = m.lookup(a2)
+    hit = m.host.lookup(a2)
     assert (hit.num_device_tokens, hit.num_host_tokens, hit.host.host_block_ids) == (
         0, 20, ((4, 3, 2, 1, 0),))
     assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([1, 2, 3, 4, 5, 7],)
-    (load,) = m.take_load_plans()
+    (load,) = m.host.take_load_plans()
     assert load.plan_id == 3 and load.groups == (GroupLoad(
         group=0, host_block_ids=(4, 3, 2, 1, 0), device_block_ids=(1, 2, 3, 4, 5),
         first_block=0, num_tokens=20),)
-    (store2,) = m.take_store_plans()
+    (store2,) = m.host.take_store_plans()
     assert store2.plan_id == 2
     assert store2.groups[0].device_block_ids == (2, 3, 4, 5, 7)
     assert store2.groups[0].host_block_ids == (5, 6, 7, 8, 9)
-    m.complete_store(store2, True)
+    m.host.complete_store(store2, True)
     a2.num_computed_tokens = 21
-    m.complete_load(load, True)
-    assert m.lookup(m.new_request("x", list(range(21)))).num_device_tokens == 20
+    m.host.complete_load(load, True)
+    assert m.host.lookup(m.new_request("x", list(range(21)))).num_device_tokens == 20
     m.check_invariants()

@@ -49,7 +49,7 @@ class TwoTiers(RuleBasedStateMachine):
         self.n = 0
 
     def _sync_stores(self) -> None:
-        got = self.mgr.take_store_plans()
+        got = self.mgr.host.take_store_plans()
         self.stores.extend(got)
         want = self.model.stores
         assert len(self.stores) == len(want)
@@ -65,7 +65,7 @@ class TwoTiers(RuleBasedStateMachine):
         self.n += 1
         tokens = FAMILIES[family][:length]
         req = self.mgr.new_request(rid, tokens)
-        hit = self.mgr.lookup(req)
+        hit = self.mgr.host.lookup(req)
         dev, host = self.model.best_hit(req.block_hashes, len(tokens))
         assert hit.device.block_ids == (dev,)
         assert list(hit.host.host_block_ids[0]) == host
@@ -76,7 +76,7 @@ class TwoTiers(RuleBasedStateMachine):
         new = self.mgr.allocate_slots(req, n_new, new_computed_blocks=chosen)
         want = self.model.allocate(rid, req.block_hashes, len(tokens), dev, host)
         assert new == (None if want is None else (want,))
-        loads = self.mgr.take_load_plans()
+        loads = self.mgr.host.take_load_plans()
         if new is not None:
             self.reqs[rid] = req
             if host:
@@ -105,10 +105,10 @@ class TwoTiers(RuleBasedStateMachine):
     def complete_load(self, data: st.DataObject, success: bool) -> None:
         rid = data.draw(st.sampled_from(sorted(self.model.loads)))
         req = self.reqs[rid]
-        plan = self.mgr.load_plan(rid)
+        plan = self.mgr.host.load_plan(rid)
         if success:
             req.num_computed_tokens = req.num_tokens
-        self.mgr.complete_load(plan, success)
+        self.mgr.host.complete_load(plan, success)
         self.model.complete_load(rid, req.block_hashes, req.num_computed_tokens, success)
         self._sync_stores()
 
@@ -116,7 +116,7 @@ class TwoTiers(RuleBasedStateMachine):
     @rule(data=st.data(), success=st.booleans())
     def complete_store(self, data: st.DataObject, success: bool) -> None:
         i = data.draw(st.integers(0, len(self.stores) - 1))
-        self.mgr.complete_store(self.stores.pop(i), success)
+        self.mgr.host.complete_store(self.stores.pop(i), success)
         self.model.complete_store(i, success)
 
     @invariant()

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from pagedkv import BlockHasher, BlockRemoved, BlockStored, Request
+from pagedkv.core.pool import BlockPool, GroupInfo
+from pagedkv.core.recorder import EventBuffer
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.recorder import EventBuffer
-from pagedkv.pool import BlockPool, GroupInfo
 
 GROUPS = [GroupInfo(4, "full_attention", None), GroupInfo(8, "full_attention", None)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager, MambaSpec
-from pagedkv.coordinator import HybridCoordinator, PartialHitCoordinator
+from pagedkv.core.coordinator import HybridCoordinator, PartialHitCoordinator
 from pagedkv.errors import InvalidHitError
 
 HEADS = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}

@@ -21,8 +21,8 @@ from hybrid_support import (
     tokens,
 )
 
+from pagedkv.core.managers import FullAttentionManager, SinkFullAttentionManager, manager_class_for
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.managers import FullAttentionManager, SinkFullAttentionManager, manager_class_for
 
 
 def test_full32_sliding16_eviction_clamps_hit_to_lcm() -> None:

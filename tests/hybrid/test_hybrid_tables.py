@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from hybrid_support import chunked, cross, full, mamba, sliding
 
-from pagedkv.errors import InvalidArgumentError
-from pagedkv.managers import (
+from pagedkv.core.managers import (
     ChunkedLocalManager,
     CrossAttentionManager,
     FullAttentionManager,
@@ -18,9 +17,10 @@ from pagedkv.managers import (
     SlidingWindowManager,
     manager_class_for,
 )
-from pagedkv.managers.base import SingleTypeManager
-from pagedkv.pool import BlockPool, GroupInfo
-from pagedkv.specs import KVCacheSpec
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.pool import BlockPool, GroupInfo
+from pagedkv.core.specs import KVCacheSpec
+from pagedkv.errors import InvalidArgumentError
 
 HASHES = [f"h{i}".encode() for i in range(16)]
 

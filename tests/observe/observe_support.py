@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pagedkv import CacheConfig, FullAttentionSpec, KVCacheSpec, Request
+from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager, KVCacheSpec, Request
 from pagedkv.observe import LookupExplanation, ObserveConfig, ObservedKVCacheManager, Reason
 
 HEADS = {"num_kv_heads": 2, "head_size": 8, "dtype_bytes": 2}
@@ -28,7 +28,7 @@ class Clock:
 def observed(
     groups: Sequence[KVCacheSpec], *, num_blocks: int = 64, max_model_len: int = 4096,
     observe: ObserveConfig | None = None, **options: Any,
-) -> ObservedKVCacheManager:
+) -> KVCacheManager:
     mgr = ObservedKVCacheManager(
         CacheConfig(groups=tuple(groups), num_blocks=num_blocks, max_model_len=max_model_len,
                     **options),
@@ -38,7 +38,7 @@ def observed(
     return mgr
 
 
-def compute(mgr: ObservedKVCacheManager, req: Request) -> None:
+def compute(mgr: KVCacheManager, req: Request) -> None:
     """Look up, allocate and compute the whole prompt of ``req`` (checked)."""
     hit = mgr.get_computed_blocks(req)
     out = mgr.allocate_slots(req, req.num_tokens - hit.num_computed_tokens,

@@ -53,7 +53,7 @@ def test_explanations_partition_the_prompt_and_match_the_hit(config: int, data: 
     mgr = ObservedKVCacheManager(cfg, ObserveConfig(ghost_entries=16, residency_sample_every=3))
     live: dict[str, tuple[Request, Request]] = {}
     for step in range(data.draw(st.integers(1, 14))):
-        mgr.begin_step(step)
+        mgr.observe.begin_step(step)
         op = data.draw(st.sampled_from(["admit", "admit", "free", "probe"]))
         if op == "free" and live:
             rid = data.draw(st.sampled_from(sorted(live)))
@@ -66,7 +66,7 @@ def test_explanations_partition_the_prompt_and_match_the_hit(config: int, data: 
         rid = f"r{step}"
         a = plain.new_request(rid, tokens, hash_extras=extras)
         b = mgr.new_request(rid, tokens, hash_extras=extras)
-        e = mgr.explain_lookup(b)
+        e = mgr.observe.explain_lookup(b)
         check_partition(e)
         assert sum(s.num_tokens for s in e.segments) == len(tokens)
         hit_a = plain.get_computed_blocks(a)
@@ -90,6 +90,6 @@ def test_explanations_partition_the_prompt_and_match_the_hit(config: int, data: 
                 live[rid] = (a, b)
         mgr.check_invariants()
         assert plain.debug_state()["pool"] == mgr.debug_state()["pool"]
-    stats = mgr.make_miss_stats()
+    stats = mgr.observe.make_miss_stats()
     assert stats.queries == stats.hits + sum(stats.missed_tokens.values())
     assert stats.preempted_queries == 0

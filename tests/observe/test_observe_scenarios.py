@@ -13,7 +13,7 @@ from pagedkv.observe import ClampCause, ObserveConfig, Reason
 
 def test_never_seen_and_partial_block() -> None:
     mgr = observed([full(16)])
-    e = mgr.explain_lookup(mgr.new_request("a", list(range(40))))
+    e = mgr.observe.explain_lookup(mgr.new_request("a", list(range(40))))
     check_partition(e)
     assert spans(e) == [(0, 32, "never_seen"), (32, 40, "partial_block")]
     (g,) = e.groups
@@ -23,7 +23,7 @@ def test_never_seen_and_partial_block() -> None:
 def test_hit_then_new_suffix_never_seen() -> None:
     mgr = observed([full(16)])
     compute(mgr, mgr.new_request("a", list(range(40))))
-    e = mgr.explain_lookup(mgr.new_request("b", list(range(32)) + list(range(500, 540))))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", list(range(32)) + list(range(500, 540))))
     check_partition(e)
     assert spans(e) == [(0, 32, "hit"), (32, 64, "never_seen"), (64, 72, "partial_block")]
     assert e.groups[0].hit_block_ids == tuple(mgr.get_block_ids("a")[0][:2])
@@ -32,7 +32,7 @@ def test_hit_then_new_suffix_never_seen() -> None:
 def test_hit_cap_recomputes_the_last_block_of_an_aligned_prompt() -> None:
     mgr = observed([full(16)])
     compute(mgr, mgr.new_request("a", list(range(32))))
-    e = mgr.explain_lookup(mgr.new_request("b", list(range(32))))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", list(range(32))))
     check_partition(e)
     assert spans(e) == [(0, 16, "hit"), (16, 32, "hit_cap")]
     assert [b.reason for b in e.groups[0].blocks()] == [Reason.HIT, Reason.HIT_CAP]
@@ -41,7 +41,7 @@ def test_hit_cap_recomputes_the_last_block_of_an_aligned_prompt() -> None:
 def test_drop_last_hit_is_a_hit_cap() -> None:
     mgr = observed([full(16)], drop_last_hit=True)
     compute(mgr, mgr.new_request("a", list(range(50))))
-    e = mgr.explain_lookup(mgr.new_request("b", list(range(50))))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", list(range(50))))
     check_partition(e)
     assert spans(e) == [(0, 32, "hit"), (32, 48, "hit_cap"), (48, 50, "partial_block")]
 
@@ -52,12 +52,12 @@ def test_eviction_is_reported_with_its_step_time_and_usage() -> None:
     a = mgr.new_request("a", list(range(64)))
     compute(mgr, a)
     mgr.free(a)
-    mgr.begin_step(7)
+    mgr.observe.begin_step(7)
     clock.now = 12.5
     # 3 new blocks: the free queue hands out a's blocks tail first (deepest evicted).
     b = mgr.new_request("b", list(range(1000, 1040)))
     compute(mgr, b)
-    e = mgr.explain_lookup(mgr.new_request("a2", list(range(64)) + [1]))
+    e = mgr.observe.explain_lookup(mgr.new_request("a2", list(range(64)) + [1]))
     check_partition(e)
     assert spans(e) == [(0, 16, "hit"), (16, 64, "evicted"), (64, 65, "partial_block")]
     ev = e.segments[1].eviction
@@ -74,7 +74,7 @@ def test_without_a_ghost_record_an_eviction_reads_never_seen() -> None:
     compute(mgr, a)
     mgr.free(a)
     compute(mgr, mgr.new_request("b", list(range(1000, 1040))))
-    e = mgr.explain_lookup(mgr.new_request("a2", list(range(65))))
+    e = mgr.observe.explain_lookup(mgr.new_request("a2", list(range(65))))
     assert spans(e) == [(0, 16, "hit"), (16, 64, "never_seen"), (64, 65, "partial_block")]
 
 
@@ -83,7 +83,7 @@ def test_salted_request_is_isolated_from_the_same_unsalted_prompt() -> None:
     prompt = list(range(48))
     compute(mgr, mgr.new_request("plain", prompt))
     salted = mgr.new_request("salted", prompt, hash_extras=HashExtras(cache_salt="tenant-7"))
-    e = mgr.explain_lookup(salted)
+    e = mgr.observe.explain_lookup(salted)
     check_partition(e)
     assert spans(e) == [(0, 48, "isolated")]
     assert e.num_hit_tokens == 0
@@ -94,14 +94,14 @@ def test_unsalted_request_is_isolated_from_a_salted_and_a_lora_copy() -> None:
     mgr = observed([full(16)])
     prompt = list(range(40))
     compute(mgr, mgr.new_request("s", prompt, hash_extras=HashExtras(cache_salt="x")))
-    e = mgr.explain_lookup(mgr.new_request("plain", prompt))
+    e = mgr.observe.explain_lookup(mgr.new_request("plain", prompt))
     assert spans(e) == [(0, 32, "isolated"), (32, 40, "partial_block")]
     lora = mgr.new_request("lora", prompt, hash_extras=HashExtras(lora=LoRA("sql", 1)))
-    assert spans(mgr.explain_lookup(lora))[0] == (0, 32, "isolated")
+    assert spans(mgr.observe.explain_lookup(lora))[0] == (0, 32, "isolated")
     # Once the salted copy is evicted, nothing is cached under any key: not isolated.
     mgr.free("s")
     assert mgr.reset_prefix_cache()
-    assert spans(mgr.explain_lookup(mgr.new_request("p2", prompt)))[0][2] == "never_seen"
+    assert spans(mgr.observe.explain_lookup(mgr.new_request("p2", prompt)))[0][2] == "never_seen"
 
 
 def test_hybrid_clamped_by_a_sliding_window_group_and_lcm_alignment() -> None:
@@ -115,7 +115,7 @@ def test_hybrid_clamped_by_a_sliding_window_group_and_lcm_alignment() -> None:
     mgr.free(a)
     mgr.evict_blocks(sw_table[5:7])
     b = mgr.new_request("b", prompt)
-    e = mgr.explain_lookup(b)
+    e = mgr.observe.explain_lookup(b)
     check_partition(e)
     assert e.num_hit_tokens == mgr.get_computed_blocks(b).num_computed_tokens == 64
     assert spans(e) == [(0, 64, "hit"), (64, 80, "clamped_lcm_alignment"),
@@ -140,13 +140,13 @@ def test_group_detail_read_later_is_what_the_lookup_saw() -> None:
         sw_table = mgr.get_block_ids("a")[1]
         mgr.free(a)
         mgr.evict_blocks(sw_table[5:7])
-        e = mgr.explain_lookup(mgr.new_request("b", prompt))
+        e = mgr.observe.explain_lookup(mgr.new_request("b", prompt))
         if read_now:
             seen.append([g.blocks() for g in e.groups])
             continue
         compute(mgr, mgr.new_request("c", prompt))          # window blocks 5, 6 cached again
         compute(mgr, mgr.new_request("d", list(range(1000, 1100))))   # evicts others
-        assert [r.reason for r in mgr.explain_lookup(
+        assert [r.reason for r in mgr.observe.explain_lookup(
             mgr.new_request("b2", prompt)).groups[1].blocks()[4:7]] != (
             [Reason.CLAMPED] + [Reason.EVICTED] * 2)
         seen.append([g.blocks() for g in e.groups])
@@ -161,7 +161,7 @@ def test_hybrid_lcm_alignment_makes_a_short_prompt_miss() -> None:
     # "a" registers full-attention blocks up to the lcm (64 tokens); "b", 60 tokens long,
     # finds 3 of them but no boundary both groups share.
     compute(mgr, mgr.new_request("a", list(range(100))))
-    e = mgr.explain_lookup(mgr.new_request("b", list(range(60))))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", list(range(60))))
     check_partition(e)
     assert e.num_hit_tokens == 0
     assert spans(e) == [(0, 48, "clamped_lcm_alignment"), (48, 60, "partial_block")]
@@ -172,7 +172,7 @@ def test_hybrid_without_mamba_state_is_clamped_by_the_mamba_group() -> None:
     mgr = observed([full(16), MambaSpec(block_size=16, state_bytes=4096)])
     prompt = list(range(70))
     compute(mgr, mgr.new_request("a", prompt))
-    e = mgr.explain_lookup(mgr.new_request("b", prompt))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", prompt))
     check_partition(e)
     assert spans(e) == [(0, 64, "clamped_no_mamba_state"), (64, 70, "partial_block")]
     assert e.segments[0].group == 1
@@ -187,13 +187,13 @@ def test_a_pure_mamba_model_whose_step_ended_mid_block_has_no_state_to_serve() -
     mgr = observed([MambaSpec(block_size=16, state_bytes=4096)])
     compute(mgr, mgr.new_request("a", list(range(40))))
     mgr.new_step_starts()
-    e = mgr.explain_lookup(mgr.new_request("b", list(range(40))))
+    e = mgr.observe.explain_lookup(mgr.new_request("b", list(range(40))))
     assert spans(e) == [(0, 32, "never_seen"), (32, 40, "partial_block")]
 
 
 def test_caching_off() -> None:
     mgr = observed([full(16)], enable_caching=False)
-    e = mgr.explain_lookup(mgr.new_request("a", list(range(20))))
+    e = mgr.observe.explain_lookup(mgr.new_request("a", list(range(20))))
     assert spans(e) == [(0, 20, "caching_off")]
 
 
@@ -207,32 +207,32 @@ def test_explain_lookup_leaves_debug_state_byte_identical(events: bool) -> None:
         compute(mgr, r)
         mgr.free(r)
     before = pickle.dumps(mgr.debug_state())
-    ghost_before = pickle.dumps((dict(mgr.ghost.ghost), mgr.ghost.shadow_index,
-                                 list(mgr.ghost._shadow_cache)))
+    ghost_before = pickle.dumps((dict(mgr.observe.ghost.ghost), mgr.observe.ghost.shadow_index,
+                                 list(mgr.observe.ghost._shadow_cache)))
     for probe in (list(range(70)), list(range(7, 77)), list(range(500, 600))):
         for extras in (None, HashExtras(cache_salt="x")):
-            e = mgr.explain_lookup(mgr.new_request("p", probe, hash_extras=extras))
+            e = mgr.observe.explain_lookup(mgr.new_request("p", probe, hash_extras=extras))
             assert [g.blocks() for g in e.groups]  # the group detail, built on first read
     assert pickle.dumps(mgr.debug_state()) == before
-    assert pickle.dumps((dict(mgr.ghost.ghost), mgr.ghost.shadow_index,
-                         list(mgr.ghost._shadow_cache))) == ghost_before
+    assert pickle.dumps((dict(mgr.observe.ghost.ghost), mgr.observe.ghost.shadow_index,
+                         list(mgr.observe.ghost._shadow_cache))) == ghost_before
 
 
 def test_miss_stats_per_interval_with_preempted_lookups_apart() -> None:
     mgr = observed([full(16)])
     a = mgr.new_request("a", list(range(40)))
     compute(mgr, a)
-    s = mgr.make_miss_stats()
+    s = mgr.observe.make_miss_stats()
     assert (s.requests, s.queries, s.hits) == (1, 40, 0)
     assert s.missed_tokens == {"never_seen": 32, "partial_block": 8}
     assert s.queries == s.hits + sum(s.missed_tokens.values())
     mgr.free(a)
     a.num_preemptions = 1
     mgr.get_computed_blocks(a)
-    s = mgr.make_miss_stats()
+    s = mgr.observe.make_miss_stats()
     assert (s.requests, s.preempted_requests, s.preempted_hits) == (0, 1, 32)
     assert s.preempted_missed_tokens == {"partial_block": 8}
-    assert mgr.make_miss_stats().queries == 0
+    assert mgr.observe.make_miss_stats().queries == 0
 
 
 def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
@@ -246,26 +246,21 @@ def test_residency_reuse_gaps_and_idle_time_of_a_hot_block() -> None:
         mgr.free(r)
     clock.now = 10.0
     compute(mgr, mgr.new_request("big", list(range(100, 148))))  # takes every block
-    samples = {round(s.lifetime_s, 3): s for s in mgr.drain_residency()}
+    samples = {round(s.lifetime_s, 3): s for s in mgr.observe.drain_residency()}
     hot = samples[10.0]   # block born at 0, hit at 1.0, 1.5 and 4.0
     assert hot.idle_before_evict_s == pytest.approx(6.0)
     assert hot.reuse_gaps_s == pytest.approx((0.5, 2.5))
-    assert mgr.drain_residency() == []
+    assert mgr.observe.drain_residency() == []
 
 
 def test_docstring_examples_of_the_observe_package() -> None:
     import doctest
 
-    from pagedkv.observe import (
-        attribution_scan,
-        manager,
-        reasons,
-        residency,
-        sim_observe,
-        sim_support,
-    )
+    from pagedkv.observe import attribution_scan, observer, reasons, residency
+    from pagedkv.sim import observe_engine, observe_support
 
-    for module in (attribution_scan, manager, reasons, residency, sim_observe, sim_support):
+    for module in (attribution_scan, observer, reasons, residency, observe_engine,
+                   observe_support):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
@@ -299,30 +294,46 @@ def test_explain_lookup_refuses_what_a_lookup_refuses() -> None:
 
     mgr = observed([full(16)], max_model_len=64)
     with pytest.raises(InvalidArgumentError):
-        mgr.explain_lookup("not a request")  # type: ignore[arg-type]
+        mgr.observe.explain_lookup("not a request")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
-        mgr.explain_lookup(mgr.new_request("long", list(range(100))))
+        mgr.observe.explain_lookup(mgr.new_request("long", list(range(100))))
 
 
 def test_attribution_keeps_the_retention_pool() -> None:
-    from pagedkv.retention import RetentionConfig
-    from pagedkv.retention.pool import RetentionPool
+    from pagedkv.retention import RetentionConfig, RetentionPolicy
 
     mgr = observed([full(16)], retention=RetentionConfig(),
                    observe=ObserveConfig(residency_sample_every=None))
-    assert isinstance(mgr.pool, RetentionPool) and mgr.retention is not None
+    assert isinstance(mgr.pool.policy, RetentionPolicy) and mgr.retention is not None
     compute(mgr, mgr.new_request("a", list(range(40))))
-    assert spans(mgr.explain_lookup(mgr.new_request("b", list(range(40))))) == [
+    assert spans(mgr.observe.explain_lookup(mgr.new_request("b", list(range(40))))) == [
         (0, 32, "hit"), (32, 40, "partial_block")]
 
 
-def test_residency_sampling_with_retention_is_refused() -> None:
-    from pagedkv.errors import InvalidArgumentError
+def test_residency_sampling_combines_with_retention() -> None:
+    """Once refused (two pool subclasses); now a pool listener beside the retention
+    policy: a pinned prefix is not evicted, the other blocks' lives are sampled."""
     from pagedkv.retention import RetentionConfig
 
-    with pytest.raises(InvalidArgumentError, match="residency sampling and retention"):
-        observed([full(16)], retention=RetentionConfig(),
-                 observe=ObserveConfig(residency_sample_every=1))
+    now = [0.0]
+    mgr = observed([full(16)], retention=RetentionConfig(clock=lambda: now[0],
+                                                         pin_budget_fraction=1.0),
+                   observe=ObserveConfig(residency_sample_every=1, clock=lambda: now[0]),
+                   num_blocks=7)
+    sys_req = mgr.new_request("sys", list(range(32)))
+    compute(mgr, sys_req)
+    mgr.free(sys_req)
+    mgr.retention.pin_prefix(sys_req, ttl_s=100.0)
+    for k in range(1, 4):  # evicts every unpinned block, more than once
+        now[0] = float(k)
+        r = mgr.new_request(f"r{k}", [1000 * k + i for i in range(64)])
+        compute(mgr, r)
+        mgr.free(r)
+        mgr.check_invariants()
+    samples = mgr.observe.drain_residency()
+    assert samples and all(s.lifetime_s > 0 for s in samples)
+    hit = mgr.get_computed_blocks(mgr.new_request("again", list(range(33))))
+    assert hit.num_computed_tokens == 32  # the pinned prefix survived
 
 
 def test_sub_block_hit_is_explained_as_the_coordinator_finds_it() -> None:
@@ -340,7 +351,7 @@ def test_sub_block_hit_is_explained_as_the_coordinator_finds_it() -> None:
     mgr.release_blocks(mgr.take_block_copies().retained)
     mgr.new_step_starts()
     b = mgr.new_request("b", list(range(1, 41)) + [900, 901, 902, 903, 904, 905])
-    e = mgr.explain_lookup(b)
+    e = mgr.observe.explain_lookup(b)
     check_partition(e)
     hit = mgr.get_computed_blocks(b)
     assert e.num_hit_tokens == hit.num_computed_tokens == 40

@@ -9,7 +9,7 @@ from observe_support import Clock, compute, full, observed
 
 from pagedkv import InvalidArgumentError
 from pagedkv.observe import LookupExplanation, ObserveConfig
-from pagedkv.observe.sim_support import (
+from pagedkv.sim.observe_support import (
     intervals_from_explanations,
     merge_miss_stats,
     miss_table,
@@ -29,7 +29,7 @@ def replay() -> list[tuple[float, LookupExplanation]]:
             d = i // 6
             prompt = list(range(5000 + d * 100, 5000 + d * 100 + 50))
         r = mgr.new_request(f"r{i}", prompt)
-        timed.append((clock.now, mgr.explain_lookup(r)))
+        timed.append((clock.now, mgr.observe.explain_lookup(r)))
         compute(mgr, r)
         mgr.free(r)
     return timed

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from pagedkv.cli import main
-from pagedkv.observe.sim_observe import ReplayObserver
 from pagedkv.sim import SimConfig, run
 from pagedkv.sim.generators import GENERATORS
+from pagedkv.sim.observe_engine import ReplayObserver
 from pagedkv.sim.workloads import Workload
 
 #: Chat sessions on a small pool: evictions, blocked admissions, preemptions (a second).

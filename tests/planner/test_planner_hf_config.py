@@ -17,6 +17,13 @@ from planner_configs import (
     QWEN3_NEXT_80B,
 )
 
+from pagedkv.core.specs import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.errors import ConfigError, InputFileError, UnsupportedModelError
 from pagedkv.planner import (
     ModelSpec,
@@ -24,13 +31,6 @@ from pagedkv.planner import (
     load_config,
     load_model_spec,
     model_spec_from_config,
-)
-from pagedkv.specs import (
-    ChunkedLocalAttentionSpec,
-    FullAttentionSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    SlidingWindowSpec,
 )
 
 

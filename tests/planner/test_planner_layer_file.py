@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from pagedkv.core.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from pagedkv.errors import InputFileError, MissingDependencyError
 from pagedkv.planner import load_layer_file, parse_layer_file, plan_kv_cache
-from pagedkv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 ATTENTION = {"num_kv_heads": 8, "head_size": 128, "dtype_bytes": 2}
 DOCUMENT: dict[str, Any] = {

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_configs import NEMOTRON_H_8B, QWEN3_NEXT_80B
 
+from pagedkv.core.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InsufficientMemoryError, InvalidArgumentError
 from pagedkv.planner import (
     KVCachePlan,
@@ -21,7 +22,6 @@ from pagedkv.planner import (
     unify_page_sizes,
     unify_worker_plans,
 )
-from pagedkv.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 
 GiB = 1 << 30
 

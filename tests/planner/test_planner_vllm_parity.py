@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from pagedkv.core.specs import MambaSpec
 from pagedkv.errors import ConfigError, InsufficientMemoryError
 from pagedkv.planner import plan_model
-from pagedkv.specs import MambaSpec
 
 _HERE = Path(__file__).parent
 _TABLE = json.loads((_HERE / "vllm_expected.json").read_text())

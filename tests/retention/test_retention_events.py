@@ -40,7 +40,7 @@ def drive(retention: RetentionConfig | None) -> tuple[list[Any], list[bytes], An
 def test_uniform_mode_emits_vllms_events_and_block_ids() -> None:
     ids_off, wire_off, _ = drive(None)
     ids_on, wire_on, mgr = drive(RetentionConfig())
-    assert mgr.pool.uniform
+    assert mgr.pool.policy.uniform
     assert ids_on == ids_off
     assert wire_on == wire_off
     assert any(len(w) > 20 for w in wire_off)  # the stream is not empty

@@ -3,14 +3,14 @@ exactly; each policy changes what it should on a workload built to show it."""
 
 from __future__ import annotations
 
-from pagedkv.retention.replay import (
+from pagedkv.sim import SimRequest, Workload, run_pure_cache, system_prompts
+from pagedkv.sim.retention_replay import (
     LRU,
     PinPopularPrefixes,
     PopularityPriority,
     TenantQuota,
     replay_pure_cache,
 )
-from pagedkv.sim import SimRequest, Workload, run_pure_cache, system_prompts
 
 
 def test_lru_policy_is_the_simulators_pure_cache_mode() -> None:

@@ -14,7 +14,7 @@ from pagedkv.retention import (
     PriorityFreeQueue,
     RequestRetention,
     RetentionConfig,
-    RetentionPool,
+    RetentionPolicy,
     TokenRangeRetention,
 )
 
@@ -241,7 +241,7 @@ def test_manager_without_retention_has_no_control() -> None:
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype_bytes=2)
     mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
     assert mgr.retention is None
-    assert type(mgr.pool).__name__ == "BlockPool"
+    assert mgr.pool.policy is None and not mgr.components
 
 
 def test_retention_on_with_nothing_asked_allocates_the_same_block_ids() -> None:
@@ -288,7 +288,7 @@ def test_moved_block_hashes_take_their_pin_mark_along() -> None:
     assert mgr.retention is not None
     mgr.retention.pin_prefix(req, ttl_s=10.0)
     pool = mgr.pool
-    assert isinstance(pool, RetentionPool)
+    assert isinstance(pool.policy, RetentionPolicy)
     src = mgr.get_block_ids("r")[0][1]
     queue = pool.free_queue
     assert isinstance(queue, PriorityFreeQueue)

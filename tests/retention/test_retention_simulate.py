@@ -12,8 +12,8 @@ import pytest
 
 from pagedkv.cli import main
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.retention.sim_support import POLICIES, compare_retention
 from pagedkv.sim import SimConfig, run, system_prompts
+from pagedkv.sim.retention_support import POLICIES, compare_retention
 
 # 4 system prompts of 10 blocks + questions overflow 31 blocks: LRU thrashes, pins hold.
 GEN = ["--generator", "system-prompts", "--groups", "4", "--per-group", "8",

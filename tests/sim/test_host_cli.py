@@ -31,6 +31,15 @@ def test_text_report_has_the_host_section_and_sweep(tmp_path: Path) -> None:
         assert text in out, text
 
 
+def test_retention_host_tier_and_miss_attribution_together(tmp_path: Path) -> None:
+    """The three features on one manager: each one's section is in the report."""
+    proc = _simulate(tmp_path, *GEN, "--host-memory", "64MiB", "--retention", "pin-popular",
+                     "--explain-misses")
+    assert proc.returncode == 0, proc.stderr
+    for text in ("Host tier", "Retention vs LRU", "Missed prompt tokens by reason"):
+        assert text in proc.stdout, text
+
+
 def test_json_per_tier_figures_add_up(tmp_path: Path) -> None:
     proc = _simulate(tmp_path, *GEN, "--json", "--host-memory", "1GiB,64MiB",
                      "--host-write-policy", "write-through")
@@ -82,7 +91,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
     ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
     ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
-    ("explain misses", ["--host-memory", "1GiB", "--explain-misses"], 1, "host tier yet"),
     ("hybrid model", ["--host-memory", "1GiB", "--model", "Gemma-3-27B-it"], 1,
      "full-attention"),
 ]

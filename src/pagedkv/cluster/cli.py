@@ -137,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_metrics(port: int) -> Any:
     """Start the index service's metrics server (its address on stderr)."""
-    from pagedkv.observe.index_metrics import IndexServiceExporter
+    from pagedkv.cluster.index_metrics import IndexServiceExporter
 
     exporter = IndexServiceExporter()
     try:

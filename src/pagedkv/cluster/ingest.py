@@ -29,8 +29,8 @@ import logging
 from collections.abc import Callable, Iterable
 
 from pagedkv.cluster.index import BlockRef, ClusterIndex, IndexUnavailableError, Replica
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.events.wire import wire_hash
 
 __all__ = ["IndexIngest"]

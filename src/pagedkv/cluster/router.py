@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pagedkv import InvalidArgumentError, KVCacheSpec
 from pagedkv.cluster.hit_rules import PrefixRule, hybrid_hit_blocks, rules_for
 from pagedkv.cluster.index import ANY_TIER, ClusterIndex, IndexUnavailableError, Replica
+from pagedkv.core.records import MEDIUM_GPU
 from pagedkv.errors import UnsupportedModelError
-from pagedkv.events.records import MEDIUM_GPU
 
 __all__ = [
     "POLICIES",

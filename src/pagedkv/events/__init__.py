@@ -5,8 +5,7 @@ The record types and the publisher config here are dependency-free; the wire enc
 (``wire``, ``publisher``, ``subscriber``) that import their optional extras.
 """
 
-from pagedkv.events.config import KVEventsConfig, kv_topic
-from pagedkv.events.records import (
+from pagedkv.core.records import (
     MEDIUM_CPU,
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -14,6 +13,7 @@ from pagedkv.events.records import (
     BlockStored,
     KVCacheEvent,
 )
+from pagedkv.events.config import KVEventsConfig, kv_topic
 
 __all__ = [
     "MEDIUM_CPU",

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from pagedkv.events.wire import wire_hash
 
 __all__ = ["BlockKey", "MirrorIndex", "MirrorSink", "index_counts"]

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from pagedkv.core.records import BlockStored, KVCacheEvent
 from pagedkv.errors import InvalidArgumentError, require
-from pagedkv.events.config import KVEventsConfig, should_bind
-from pagedkv.events.records import BlockStored, KVCacheEvent
+from pagedkv.events.settings import KVEventsSettings, should_bind
 from pagedkv.events.snapshot import SNAPSHOT_REPLY, SNAPSHOT_REQUEST, Snapshot, snapshot_events
 from pagedkv.events.wire import END_OF_REPLAY, BatchEncoder, encode_seq
 
@@ -86,7 +86,7 @@ class ZmqEventPublisher:
 
     def __init__(
         self,
-        config: KVEventsConfig,
+        config: KVEventsSettings,
         *,
         snapshot_fn: SnapshotFn | None = None,
         context: Any = None,
@@ -148,7 +148,7 @@ class ZmqEventPublisher:
     # --- engine thread ----------------------------------------------------------------
 
     @property
-    def config(self) -> KVEventsConfig:
+    def config(self) -> KVEventsSettings:
         return self._config
 
     @property

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from pagedkv.core.records import AllBlocksCleared, BlockStored, KVCacheEvent
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.records import AllBlocksCleared, BlockStored, KVCacheEvent
 
 __all__ = [
     "SNAPSHOT_REPLY",

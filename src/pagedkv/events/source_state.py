@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from pagedkv.events.records import KVCacheEvent
+from pagedkv.core.records import KVCacheEvent
 
 __all__ = ["SourceState", "SourceStatus"]
 

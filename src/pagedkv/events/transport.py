@@ -29,9 +29,9 @@ import logging
 import time
 from typing import Any
 
+from pagedkv.core.records import KVCacheEvent
 from pagedkv.errors import InvalidArgumentError, require
 from pagedkv.events.mirror import MirrorIndex, MirrorSink
-from pagedkv.events.records import KVCacheEvent
 from pagedkv.events.snapshot import (
     SNAPSHOT_REPLY,
     SNAPSHOT_REQUEST,

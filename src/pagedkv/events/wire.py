@@ -30,9 +30,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, WireForm
 from pagedkv.errors import InvalidArgumentError, require
-from pagedkv.events.config import WireForm
-from pagedkv.events.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 __all__ = [
     "END_OF_REPLAY",

@@ -4,8 +4,13 @@ a load plan (see ``docs/host_tier.md``).
 >>> from pagedkv.host import HostTierConfig, make_manager
 """
 
-from pagedkv.host.config import HostTierConfig, device_block_bytes, host_blocks_for_bytes
-from pagedkv.host.manager import HostTieredKVCacheManager, make_manager
+from pagedkv.host.config import HostTierSettings, device_block_bytes, host_blocks_for_bytes
+from pagedkv.host.manager import (
+    HostTierComponent,
+    HostTierConfig,
+    HostTieredKVCacheManager,
+    make_manager,
+)
 from pagedkv.host.plans import (
     AFTER_FORWARD,
     BEFORE_FORWARD,
@@ -32,7 +37,9 @@ __all__ = [
     "HostBlockPool",
     "HostHit",
     "HostKey",
+    "HostTierComponent",
     "HostTierConfig",
+    "HostTierSettings",
     "HostTierStats",
     "HostTieredKVCacheManager",
     "LoadPlan",

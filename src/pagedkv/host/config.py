@@ -5,7 +5,7 @@ One host block holds one device block (all layers of its group), so a host tier 
 ``page_size_bytes * group_size`` bytes in the planner's layout (every layer slot of the
 shared tensors; see :class:`pagedkv.planner.KVCachePlan`).
 
->>> from pagedkv.specs import FullAttentionSpec
+>>> from pagedkv.core.specs import FullAttentionSpec
 >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
 >>> spec.page_size_bytes              # K and V, 16 tokens, 8 heads of 128, 2 bytes
 65536
@@ -16,7 +16,7 @@ shared tensors; see :class:`pagedkv.planner.KVCachePlan`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.host.policy import AdmissionRule, AdmitAll, StoreOnEviction, WritePolicy
@@ -24,7 +24,7 @@ from pagedkv.host.policy import AdmissionRule, AdmitAll, StoreOnEviction, WriteP
 if TYPE_CHECKING:
     from pagedkv.planner.plan import KVCachePlan
 
-__all__ = ["HostTierConfig", "device_block_bytes", "host_blocks_for_bytes"]
+__all__ = ["HostTierSettings", "device_block_bytes", "host_blocks_for_bytes"]
 
 
 def host_blocks_for_bytes(host_bytes: int, bytes_per_block: int) -> int:
@@ -60,9 +60,13 @@ def device_block_bytes(plan: KVCachePlan) -> int:
     return page * plan.group_size
 
 
+_S = TypeVar("_S", bound="HostTierSettings")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HostTierConfig:
-    """A host tier of ``num_blocks`` blocks.
+class HostTierSettings:
+    """The fields of :class:`pagedkv.host.HostTierConfig`: a host tier of ``num_blocks``
+    blocks.
 
     ``write_policy``: when blocks are stored (:class:`StoreOnEviction`, the default, or
     :class:`WriteThrough`). ``admission``: which offered blocks are stored
@@ -98,10 +102,10 @@ class HostTierConfig:
 
     @classmethod
     def from_bytes(
-        cls, host_bytes: int, bytes_per_block: int, *,
+        cls: type[_S], host_bytes: int, bytes_per_block: int, *,
         write_policy: WritePolicy | None = None, admission: AdmissionRule | None = None,
         enable_events: bool | None = None,
-    ) -> HostTierConfig:
+    ) -> _S:
         """A tier of ``host_blocks_for_bytes(host_bytes, bytes_per_block)`` blocks
         (``bytes_per_block``: e.g. :func:`device_block_bytes` of the planner's plan)."""
         return cls(

@@ -1,9 +1,9 @@
 """How the device tier feeds the host tier, without touching the core pool or recorder:
 
-* :class:`EvictionReportingPool` — a :class:`~pagedkv.pool.BlockPool` whose
-  ``get_new_blocks`` reports the cached blocks it evicts, with their ids, hashes and
-  groups (the base pool forgets the id before it tells its recorder). It looks at the
-  blocks it is about to take from the free queue first: O(n), only in this subclass.
+* :class:`EvictionListener` — a pool listener (:mod:`pagedkv.core.components`) told of
+  the cached blocks ``get_new_blocks`` evicts, with their ids, hashes and groups (the
+  recorder hears only hashes). The pool looks at the blocks it is about to take from the
+  free queue first: O(n), only while a listener is attached.
 * :class:`HostFeedingRecorder` — wraps the manager's recorder (the null one or the event
   buffer), forwards every call, and reports registrations (for write-through) and, with
   host events on, what each registered block's CPU ``BlockStored`` event will need
@@ -13,20 +13,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pagedkv.events.recorder import EventRecorder, ForwardingRecorder, GroupInfo
-from pagedkv.hashing import event_extra_keys
-from pagedkv.pool import BlockPool
+from pagedkv.core.components import DeviceBlock, PoolListener
+from pagedkv.core.hashing import event_extra_keys
+from pagedkv.core.recorder import EventRecorder, ForwardingRecorder, GroupInfo
 
 if TYPE_CHECKING:
-    from pagedkv.request import RequestLike
+    from pagedkv.core.request import RequestLike
 
-__all__ = ["BlockMeta", "DeviceBlock", "EvictionReportingPool", "HostFeedingRecorder"]
+__all__ = ["BlockMeta", "DeviceBlock", "EvictionListener", "HostFeedingRecorder"]
 
-#: A device block as the host tier hears of it: (block id, hash, group).
-DeviceBlock = tuple[int, bytes, int]
 
 
 class BlockMeta(NamedTuple):
@@ -39,32 +36,16 @@ class BlockMeta(NamedTuple):
     extra_keys: Any
 
 
-class EvictionReportingPool(BlockPool):
-    """A block pool that calls ``on_evicted(blocks)`` after ``get_new_blocks`` evicted
+class EvictionListener(PoolListener):
+    """A pool listener that calls ``on_evicted(blocks)`` after ``get_new_blocks`` evicted
     cached blocks, with every evicted ``(id, hash, group)`` in eviction order, leaving out
     keys another (duplicate) block still holds in the index."""
 
-    def __init__(
-        self, num_blocks: int, *, on_evicted: Callable[[list[DeviceBlock]], None],
-        enable_caching: bool = True, hash_block_size: int,
-        groups: Sequence[GroupInfo] = (), recorder: EventRecorder | None = None,
-    ) -> None:
-        super().__init__(num_blocks, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, groups=groups, recorder=recorder)
+    def __init__(self, on_evicted: Callable[[list[DeviceBlock]], None]) -> None:
         self.on_evicted = on_evicted
 
-    def get_new_blocks(self, n: int) -> list[int]:
-        bh = self.block_hash
-        bg = self.block_group
-        victims = [(b, h, bg[b]) for b in islice(self.free_queue, n)
-                   if (h := bh[b]) is not None]
-        ids = super().get_new_blocks(n)
-        if victims:
-            index = self.index
-            gone = [v for v in victims if v[1] not in index[v[2]]]
-            if gone:
-                self.on_evicted(gone)
-        return ids
+    def evicted(self, blocks: list[DeviceBlock]) -> None:
+        self.on_evicted(blocks)
 
 
 class HostFeedingRecorder(ForwardingRecorder):

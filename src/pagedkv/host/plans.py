@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from pagedkv.coordinator import ComputedBlocks
+from pagedkv.core.coordinator import ComputedBlocks
 
 __all__ = [
     "AFTER_FORWARD",

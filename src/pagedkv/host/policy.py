@@ -28,13 +28,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from pagedkv.core.components import DeviceBlock
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.host.plans import AFTER_FORWARD, BEFORE_FORWARD, HostKey
 
-if TYPE_CHECKING:
-    from pagedkv.host.tier import DeviceBlock, HostTier
+
+class HostTier(Protocol):
+    """What a write policy asks of the host tier (:class:`pagedkv.host.tier.HostTier`)."""
+
+    def offer_stores(self, blocks: list[DeviceBlock], timing: str) -> object: ...
 
 __all__ = [
     "AdmissionRule",

@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from pagedkv.events.recorder import GroupInfo
-from pagedkv.events.records import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
-from pagedkv.host.config import HostTierConfig
-from pagedkv.host.device import BlockMeta, DeviceBlock
+from pagedkv.core.components import DeviceBlock
+from pagedkv.core.recorder import GroupInfo
+from pagedkv.core.records import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
+from pagedkv.host.config import HostTierSettings
+from pagedkv.host.device import BlockMeta
 from pagedkv.host.plans import (
     GroupLoad,
     GroupStore,
@@ -87,7 +88,7 @@ class HostTier:
     """The host pool and everything in flight. Not thread-safe (the scheduler thread)."""
 
     def __init__(
-        self, config: HostTierConfig, groups: Sequence[GroupInfo], events_on: bool
+        self, config: HostTierSettings, groups: Sequence[GroupInfo], events_on: bool
     ) -> None:
         self.config = config
         self.groups = list(groups)

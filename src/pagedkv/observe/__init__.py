@@ -3,10 +3,10 @@
 * :class:`ObservedKVCacheManager` — the manager with ``explain_lookup``,
   ``make_miss_stats`` and sampled block residency (see ``docs/observability.md``);
 * :mod:`pagedkv.observe.prometheus` — an exporter (needs the ``metrics`` extra);
-* :mod:`pagedkv.observe.sim_support` — miss tables and plots for a replay.
+* :mod:`pagedkv.sim.observe_support` — miss tables and plots for a replay.
 """
 
-from pagedkv.observe.manager import ObserveConfig, ObservedKVCacheManager
+from pagedkv.observe.observer import ObserveConfig, ObservedKVCacheManager, Observer
 from pagedkv.observe.reasons import (
     BlockExplanation,
     BlockRun,
@@ -30,6 +30,7 @@ __all__ = [
     "MissStats",
     "ObserveConfig",
     "ObservedKVCacheManager",
+    "Observer",
     "Reason",
     "ResidencySample",
     "Segment",

@@ -31,6 +31,7 @@ evicted ``[48, 64)`` (step 5), partial ``[64, 72)``.
 
 from __future__ import annotations
 
+from pagedkv.core.request import RequestLike
 from pagedkv.observe.attribution_hybrid import HybridExplainer
 from pagedkv.observe.attribution_scan import (
     _HIT,
@@ -40,7 +41,6 @@ from pagedkv.observe.attribution_scan import (
     clamp_cause_for,
 )
 from pagedkv.observe.reasons import LookupExplanation, Reason, Segment
-from pagedkv.request import RequestLike
 
 __all__ = ["Explainer", "clamp_cause_for"]
 

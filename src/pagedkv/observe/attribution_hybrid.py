@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
+from pagedkv.core.request import RequestLike
 from pagedkv.observe.attribution_scan import (
     _HIT,
     _PARTIAL,
@@ -18,7 +19,6 @@ from pagedkv.observe.attribution_scan import (
     _Status,
 )
 from pagedkv.observe.reasons import ClampCause, LookupExplanation, Reason, Segment
-from pagedkv.request import RequestLike
 
 __all__ = ["HybridExplainer"]
 
@@ -127,7 +127,7 @@ class HybridExplainer(ExplainerBase):
         return self._finish(request, hit, tables, tuple(segs), (star, star_status))
 
     def _explain_partial(self, request: RequestLike, found: Found | None) -> LookupExplanation:
-        """Sub-block hits (:class:`~pagedkv.coordinator.PartialHitCoordinator`): the hit is
+        """Sub-block hits (:class:`~pagedkv.core.coordinator.PartialHitCoordinator`): the hit is
         the coordinator's; the rest of the block it ends in, and every later block, read
         the limiting group's own status (a block cached there but not hit: clamped by the
         other group)."""

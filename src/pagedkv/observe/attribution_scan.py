@@ -8,17 +8,18 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pagedkv.coordinator import (
+from pagedkv.core.coordinator import (
     HybridCoordinator,
     NoPrefixCacheCoordinator,
     PartialHitCoordinator,
 )
-from pagedkv.managers.base import SingleTypeManager
-from pagedkv.managers.chunked_local import ChunkedLocalManager
-from pagedkv.managers.cross_attention import CrossAttentionManager
-from pagedkv.managers.full import FullAttentionManager
-from pagedkv.managers.mamba import MambaAlignManager, MambaCheckpointManager, MambaManager
-from pagedkv.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.managers.chunked_local import ChunkedLocalManager
+from pagedkv.core.managers.cross_attention import CrossAttentionManager
+from pagedkv.core.managers.full import FullAttentionManager
+from pagedkv.core.managers.mamba import MambaAlignManager, MambaCheckpointManager, MambaManager
+from pagedkv.core.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.request import RequestLike
 from pagedkv.observe.ghost import GhostRecorder
 from pagedkv.observe.reasons import (
     BlockRun,
@@ -29,10 +30,9 @@ from pagedkv.observe.reasons import (
     Reason,
     Segment,
 )
-from pagedkv.request import RequestLike
 
 if TYPE_CHECKING:
-    from pagedkv.manager import KVCacheManager
+    from pagedkv.core.manager import KVCacheManager
 
 __all__ = ["ExplainerBase", "clamp_cause_for"]
 

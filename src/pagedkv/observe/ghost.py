@@ -1,7 +1,7 @@
 """The ghost record of evicted hashes and the salt-free shadow index, as an event recorder.
 
 :class:`GhostRecorder` sits between the block pool and the manager's real recorder (the
-null recorder or an :class:`~pagedkv.events.recorder.EventBuffer`): it forwards every call
+null recorder or an :class:`~pagedkv.core.recorder.EventBuffer`): it forwards every call
 unchanged and additionally
 
 * remembers the last ``ghost_entries`` evicted ``(group, hash)`` keys with an
@@ -25,14 +25,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from pagedkv.core.hashing import BlockHasher
+from pagedkv.core.recorder import EventRecorder, ForwardingRecorder
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.recorder import EventRecorder, ForwardingRecorder
-from pagedkv.hashing import BlockHasher
 from pagedkv.observe.reasons import EvictionRecord
 
 if TYPE_CHECKING:
-    from pagedkv.pool import BlockPool
-    from pagedkv.request import RequestLike
+    from pagedkv.core.pool import BlockPool
+    from pagedkv.core.request import RequestLike
 
 __all__ = ["GhostRecorder"]
 

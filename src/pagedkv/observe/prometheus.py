@@ -44,8 +44,8 @@ from pagedkv.errors import require
 from pagedkv.observe.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
-    from pagedkv.manager import KVCacheManager
-    from pagedkv.metrics import PrefixCacheStats
+    from pagedkv.core.manager import KVCacheManager
+    from pagedkv.core.metrics import PrefixCacheStats
     from pagedkv.observe.reasons import MissStats
     from pagedkv.observe.residency import ResidencySample
 
@@ -147,14 +147,14 @@ class PrometheusExporter(MetricsEndpoint):
     def record(self, mgr: KVCacheManager) -> None:
         """Take ``mgr``'s current intervals (``make_prefix_cache_stats``, and for an
         observed manager ``make_miss_stats`` and ``drain_residency``) and record them."""
-        from pagedkv.observe.manager import ObservedKVCacheManager
-
         misses = None
         residency: list[ResidencySample] = []
-        if isinstance(mgr, ObservedKVCacheManager):
-            misses = mgr.make_miss_stats()
-            residency = mgr.drain_residency()
-        dropped = mgr.publisher.stats.num_dropped_batches if mgr.publisher is not None else 0
+        if mgr.observe is not None:
+            misses = mgr.observe.make_miss_stats()
+            residency = mgr.observe.drain_residency()
+        publisher = mgr.publisher
+        stats = getattr(publisher, "stats", None)
+        dropped = stats.num_dropped_batches if stats is not None else 0
         self.record_interval(mgr.make_prefix_cache_stats(), usage=mgr.usage,
                              evicted_blocks_total=mgr.num_evicted_blocks,
                              dropped_batches_total=dropped, misses=misses,

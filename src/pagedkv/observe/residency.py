@@ -12,20 +12,20 @@ evicted, and the gaps between their reuses — the three histograms vLLM 0.33 re
   last access (birth when never accessed), reuse gaps = differences of the kept access
   times. A cache reset stops following every block without emitting (as vLLM).
 
-:class:`ResidencyBlockPool` is the block pool with these hooks (a subclass chosen at
-construction; the plain pool has none).
+:class:`ResidencyListener` feeds a sampler from the pool (a pool listener, see
+:mod:`pagedkv.core.components`; without it the pool has none).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
+from pagedkv.core.components import PoolListener
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.pool import BlockPool
 
-__all__ = ["ResidencyBlockPool", "ResidencySample", "ResidencySampler"]
+__all__ = ["ResidencyListener", "ResidencySample", "ResidencySampler"]
 
 _ACCESS_HISTORY = 4
 
@@ -129,26 +129,18 @@ class ResidencySampler:
         return out
 
 
-class ResidencyBlockPool(BlockPool):
-    """A :class:`~pagedkv.pool.BlockPool` that tells ``sampler`` about allocations and
-    prefix-cache hits (same behaviour otherwise, block for block)."""
+class ResidencyListener(PoolListener):
+    """Tells ``sampler`` about the pool's allocations, prefix-cache hits and resets (a
+    pool listener: block ids, hits and evictions are unchanged)."""
 
-    def __init__(self, num_blocks: int, *, sampler: ResidencySampler, **kwargs: Any) -> None:
-        super().__init__(num_blocks, **kwargs)
+    def __init__(self, sampler: ResidencySampler) -> None:
         self.sampler = sampler
 
-    def get_new_blocks(self, n: int) -> list[int]:
-        ids = super().get_new_blocks(n)
+    def allocated(self, ids: list[int]) -> None:
         self.sampler.allocated(ids)
-        return ids
 
-    def touch(self, ids: Iterable[int]) -> None:
-        ids = ids if isinstance(ids, list) else list(ids)
-        super().touch(ids)
+    def touched(self, ids: Sequence[int]) -> None:
         self.sampler.accessed(ids)
 
-    def reset_prefix_cache(self) -> bool:
-        ok = super().reset_prefix_cache()
-        if ok:
-            self.sampler.reset()
-        return ok
+    def cleared(self) -> None:
+        self.sampler.reset()

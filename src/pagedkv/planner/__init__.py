@@ -5,7 +5,7 @@ Start from a Hugging Face ``config.json`` (:func:`load_model_spec`,
 in Python, then call :func:`plan_kv_cache`; or let :func:`plan_model` do all of it with
 vLLM 0.33's defaults for a GPU family (backend, block size, async scheduling, prefix
 caching). :func:`estimate_weights` and :func:`kv_cache_budget` turn GPU memory into the
-bytes left for KV. Needs only :mod:`pagedkv.specs`.
+bytes left for KV. Needs only :mod:`pagedkv.core.specs`.
 
 >>> from pagedkv.planner import load_model_spec, plan_kv_cache
 >>> model = load_model_spec("Llama-3.1-8B")

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pagedkv.core.specs import AttentionSpec, MambaSpec, MLAAttentionSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.planner.backends import AttentionBackend, GpuFamily, gpu_family, pick_backend
 from pagedkv.planner.bundled import load_config
@@ -33,7 +34,6 @@ from pagedkv.planner.weights import (
     estimate_weights,
     kv_cache_budget,
 )
-from pagedkv.specs import AttentionSpec, MambaSpec, MLAAttentionSpec
 
 __all__ = ["HYBRID_CHOICES", "ModelPlan", "plan_model"]
 

@@ -32,10 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
-from pagedkv.planner.model_spec import ModelSpec
-from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
-from pagedkv.specs import (
+from pagedkv.core.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -45,6 +42,9 @@ from pagedkv.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
+from pagedkv.planner.model_spec import ModelSpec
+from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
 
 __all__ = ["LayerFileModel", "is_layer_file", "load_layer_file", "parse_layer_file"]
 

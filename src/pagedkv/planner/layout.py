@@ -6,14 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from pagedkv.errors import ConfigError, InvalidArgumentError
-from pagedkv.planner.plan_types import (
-    DEFAULT_KERNEL_BLOCK_ALIGNMENT,
-    KVCacheGroup,
-    PageUnification,
-    group_blocks_per_request,
-)
-from pagedkv.specs import (
+from pagedkv.core.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
@@ -21,6 +14,13 @@ from pagedkv.specs import (
     SlidingWindowSpec,
     cdiv,
     merge_specs,
+)
+from pagedkv.errors import ConfigError, InvalidArgumentError
+from pagedkv.planner.plan_types import (
+    DEFAULT_KERNEL_BLOCK_ALIGNMENT,
+    KVCacheGroup,
+    PageUnification,
+    group_blocks_per_request,
 )
 
 __all__ = [

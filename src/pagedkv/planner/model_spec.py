@@ -1,6 +1,6 @@
 """The KV-cache layers of one model on one tensor-parallel rank, as the readers build them.
 
->>> from pagedkv.specs import FullAttentionSpec
+>>> from pagedkv.core.specs import FullAttentionSpec
 >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
 >>> model = ModelSpec(name="m", model_type="llama", tp_size=1, kv_dtype="bf16",
 ...                   layer_specs=(("layers.0", spec),), num_hidden_layers=1,
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pagedkv.specs import KVCacheSpec
+from pagedkv.core.specs import KVCacheSpec
 
 __all__ = ["KV_DTYPE_BYTES", "MAMBA_MIXERS", "STATE_DTYPE_NAMES", "TORCH_DTYPE_TO_NAME",
            "ModelSpec"]

@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from pagedkv.core.specs import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InsufficientMemoryError, InvalidArgumentError
 from pagedkv.planner.layout import (
     BlockRules,
@@ -61,7 +62,6 @@ from pagedkv.planner.plan_types import (
     PageUnification,
     group_blocks_per_request,
 )
-from pagedkv.specs import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 __all__ = [
     "DEFAULT_KERNEL_BLOCK_ALIGNMENT",

@@ -1,6 +1,6 @@
 """The KV-cache plan's value types and the per-request block count vLLM 0.33 sizes by.
 
->>> from pagedkv.specs import FullAttentionSpec
+>>> from pagedkv.core.specs import FullAttentionSpec
 >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
 >>> group_blocks_per_request(spec, 8192, max_in_flight_tokens=16384)
 512
@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.specs import ChunkedLocalAttentionSpec, KVCacheSpec, MambaSpec, cdiv
+from pagedkv.core.specs import ChunkedLocalAttentionSpec, KVCacheSpec, MambaSpec, cdiv
 
 __all__ = [
     "DEFAULT_KERNEL_BLOCK_ALIGNMENT",
@@ -311,7 +311,7 @@ def group_blocks_per_request(
     ``max_in_flight_tokens`` is the tokens scheduled but not settled per request
     (``max_num_batched_tokens``, doubled with async scheduling; ``None`` = unbounded).
 
-    >>> from pagedkv.specs import SlidingWindowSpec
+    >>> from pagedkv.core.specs import SlidingWindowSpec
     >>> swa = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128,
     ...                         dtype_bytes=2, sliding_window=4096)
     >>> group_blocks_per_request(swa, 32768, max_in_flight_tokens=2 * 8192)

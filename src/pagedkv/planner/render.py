@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from pagedkv.core.specs import AttentionSpec, KVCacheSpec, MambaSpec
 from pagedkv.planner.api import ModelPlan
 from pagedkv.planner.plan import KVCachePlan
 from pagedkv.planner.units import format_bytes
-from pagedkv.specs import AttentionSpec, KVCacheSpec, MambaSpec
 
 __all__ = ["as_json", "render_tables"]
 

@@ -4,17 +4,17 @@ Off by default: a manager without ``CacheConfig(retention=...)`` keeps vLLM's LR
 See ``docs/retention.md``.
 """
 
+from pagedkv.retention.config import RetentionConfig
 from pagedkv.retention.control import RetentionControl
+from pagedkv.retention.eviction import RetentionPolicy
 from pagedkv.retention.pins import PinLease
 from pagedkv.retention.policy import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
     MIN_PRIORITY,
     RequestRetention,
-    RetentionConfig,
     TokenRangeRetention,
 )
-from pagedkv.retention.pool import RetentionPool
 from pagedkv.retention.priority_queue import PriorityFreeQueue
 
 __all__ = [
@@ -26,6 +26,6 @@ __all__ = [
     "RequestRetention",
     "RetentionConfig",
     "RetentionControl",
-    "RetentionPool",
+    "RetentionPolicy",
     "TokenRangeRetention",
 ]

@@ -20,20 +20,25 @@ prompt keeps its priority when plain requests share it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from pagedkv.core.components import ManagerComponent
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.managers.base import SingleTypeManager
-from pagedkv.managers.full import FullAttentionManager
-from pagedkv.request import RequestLike
+from pagedkv.retention.eviction import RetentionPolicy
 from pagedkv.retention.pins import PinKey, PinLease
 from pagedkv.retention.policy import RequestRetention
-from pagedkv.retention.pool import RetentionPool
+
+if TYPE_CHECKING:
+    from pagedkv.core.manager import KVCacheManager
 
 __all__ = ["RetentionControl"]
 
 
-class RetentionControl:
-    """Pins and per-request retention for one manager (module docstring).
+class RetentionControl(ManagerComponent):
+    """Pins and per-request retention for one manager (module docstring); the façade's
+    ``retention`` component.
 
     >>> from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager
     >>> from pagedkv.retention import RetentionConfig
@@ -51,12 +56,18 @@ class RetentionControl:
     8
     """
 
-    def __init__(self, pool: RetentionPool, managers: Sequence[SingleTypeManager]) -> None:
-        self.pool = pool
-        self.managers = list(managers)
+    def __init__(self, policy: RetentionPolicy) -> None:
+        super().__init__("retention")
+        self.pool = policy
+        self.managers: list[SingleTypeManager] = []
+        self._nulls: list[bool] = []
+        self._strides: list[tuple[int, int]] = []
+
+    def bind(self, manager: KVCacheManager) -> None:
+        self.managers = list(manager.managers)
         #: Per manager: whether its tables may hold the null block (full attention
         #: tables never do, which spares a scan of every freed table).
-        self._nulls = [not isinstance(m, FullAttentionManager) for m in self.managers]
+        self._nulls = [m.may_hold_null_blocks for m in self.managers]
         self._strides = [(m.group, m.hash_stride) for m in self.managers if m.cacheable]
 
     # ------------------------------------------------------------------ pins
@@ -103,7 +114,7 @@ class RetentionControl:
         if num_tokens is not None:
             if not isinstance(num_tokens, int) or num_tokens < 0:
                 raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-            hashes = hashes[: num_tokens // self.pool.hash_block_size]
+            hashes = hashes[: num_tokens // self.pool.pool.hash_block_size]
         return self.pin(hashes, ttl_s=ttl_s, refresh_on_hit=refresh_on_hit)
 
     def unpin(self, lease: PinLease) -> None:
@@ -146,7 +157,11 @@ class RetentionControl:
                 f"pagedkv.retention.RequestRetention, got {type(retention).__name__}"
             )
 
-    def before_free(self, request: RequestLike | None) -> None:
+    def before_free(self, request: RequestLike | str, live: RequestLike | None) -> None:
+        """The façade's hook: :meth:`apply_retention` to the tracked request."""
+        self.apply_retention(live)
+
+    def apply_retention(self, request: RequestLike | None) -> None:
         """Give every block ``request`` holds the retention the request asks for (its
         ``retention`` attribute; none, or no request: nothing changes). Called by the
         manager's ``free`` before the blocks are released. O(blocks held + ranges^2),

@@ -33,7 +33,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "RequestRetention",
-    "RetentionConfig",
+    "RetentionSettings",
     "TokenRangeRetention",
 ]
 
@@ -271,8 +271,8 @@ def _has_gap(pieces: list[tuple[int, int]], start: int, end: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RetentionConfig:
-    """Turns retention control on for a manager (``CacheConfig(retention=...)``).
+class RetentionSettings:
+    """The fields of :class:`pagedkv.retention.RetentionConfig` and their checks.
 
     ``pin_budget_fraction``: pinned prefix blocks may take at most this fraction of the
     pool's usable blocks; a pin that would exceed it is refused

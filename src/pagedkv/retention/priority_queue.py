@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from pagedkv.free_queue import FreeBlockQueue
+from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
 from pagedkv.retention.policy import DEFAULT_PRIORITY, MAX_PRIORITY
 

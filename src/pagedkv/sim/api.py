@@ -16,7 +16,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.sim.bounds import BoundResult
+from pagedkv.sim.clock import (
+    STEP_MODELS,
+    RooflineStepModel,
+    clock_summary,
+    model_shape,
+    typical_context,
+)
+from pagedkv.sim.clock.constants import load_constants
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_sweep import host_simulator, with_host_tier
 from pagedkv.sim.host_tier import HostMemoryConfig
@@ -30,15 +39,15 @@ from pagedkv.sim.models import (
 from pagedkv.sim.parallel import bounds_in_background, sweep_rows
 from pagedkv.sim.pure_cache import run_pure_cache
 from pagedkv.sim.results import SimResult
-from pagedkv.sim.scheduler import SchedulerConfig
+from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:
-    from pagedkv.observe.sim_observe import ReplayObserver
+    from pagedkv.sim.observe_engine import ReplayObserver
 
-__all__ = ["MODES", "SimConfig", "capacity_for", "run"]
+__all__ = ["MODES", "SimConfig", "capacity_for", "run", "with_clock"]
 
 MODES = ("engine", "pure-cache")
 #: (done, total) progress callback, and a phase label setter.
@@ -77,10 +86,18 @@ class SimConfig:
     capacity_sweep: tuple[int | None, ...] = ()
     jobs: int | None = None
     check_invariants: bool = False
-    #: A retention policy to compare with LRU (:mod:`pagedkv.retention.sim_support`).
+    #: A retention policy to compare with LRU (:mod:`pagedkv.sim.retention_support`).
     retention: str | None = None
     #: A host-memory tier (engine mode; :mod:`pagedkv.sim.host_tier`); None: device only.
     host: HostMemoryConfig | None = None
+    #: The GPU (:mod:`pagedkv.planner.gpus`: a name or a JSON spec path): the clock's
+    #: peaks, and the memory the planner sizes the pool from unless ``gpu_memory``.
+    gpu: str | None = None
+    #: "auto" (the roofline clock whenever the model is known), "roofline" or "linear"
+    #: (``scheduler.step_time``); :func:`pagedkv.sim.clock.with_clock`.
+    step_model: str = "auto"
+    #: The roofline clock's constants: a set name or a calibration file (None: default).
+    calibration: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -92,8 +109,8 @@ class SimConfig:
             raise InvalidArgumentError(
                 "--semantics reference is the published curves' convention for lookup-store "
                 "replays: use it with --mode pure-cache (an engine stores full blocks only)")
-        if self.num_blocks is not None and (self.model or self.gpu_memory):
-            raise InvalidArgumentError("give either --num-blocks or --model/--gpu-memory")
+        if self.num_blocks is not None and (self.model or self.gpu_memory or self.gpu):
+            raise InvalidArgumentError("give either --num-blocks or --model/--gpu/--gpu-memory")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise InvalidArgumentError(
                 f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
@@ -107,7 +124,7 @@ class SimConfig:
         if self.tp < 1:
             raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
         if self.retention is not None:
-            from pagedkv.retention.sim_support import check_policy
+            from pagedkv.sim.retention_support import check_policy
 
             check_policy(self.retention)
             if self.semantics != "vllm":
@@ -127,12 +144,49 @@ def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
     if config.num_blocks is not None:
         return fixed_capacity(workload, block_size=config.block_size,
                               num_blocks=config.num_blocks)
+    memory = config.gpu_memory
+    if memory is None and config.gpu is not None:
+        memory = resolve_gpu(config.gpu).memory
     return plan_capacity(
         workload, model=config.model or DEFAULT_MODEL,
-        gpu_memory=config.gpu_memory or DEFAULT_GPU_MEMORY,
+        gpu_memory=memory or DEFAULT_GPU_MEMORY,
         utilization=config.gpu_memory_utilization, tp=config.tp,
         block_size=config.block_size, memory_scale=config.memory_scale,
     )
+
+
+def with_clock(config: SimConfig, workload: Workload) -> SimConfig:
+    """``config`` with its scheduler's step time resolved: the roofline clock of
+    ``config.model`` (default the planner's default model) on ``config.gpu`` with
+    ``config.calibration``'s constants — unless ``step_model`` is "linear", the pool is
+    a bare ``num_blocks`` (no model), or the linear model's figures were changed ("auto").
+    Idempotent.
+
+    Raises:
+        InvalidArgumentError: ``step_model`` "roofline" without a model, an unknown GPU
+            or constant set.
+        InputFileError, ConfigError: a bad GPU spec or calibration file; a model whose
+            size cannot be derived.
+    """
+    sched = config.scheduler
+    if isinstance(sched.step_time, RooflineStepModel):
+        return config
+    mode = config.step_model
+    if mode not in STEP_MODELS:
+        raise InvalidArgumentError(f"--step-model must be one of {', '.join(STEP_MODELS)}, "
+                                   f"got {mode!r}")
+    if mode == "roofline" and config.num_blocks is not None:
+        raise InvalidArgumentError("the roofline clock needs the model: give --model "
+                                   "instead of --num-blocks, or --step-model linear")
+    gpu = resolve_gpu(config.gpu)  # checks --gpu even for the linear model
+    constants = load_constants(config.calibration)
+    if mode == "linear" or config.num_blocks is not None or (
+            mode == "auto" and sched.step_time != StepTimeModel()):
+        return config
+    shape = model_shape(config.model or DEFAULT_MODEL, tp=config.tp)
+    clock = RooflineStepModel.build(shape, gpu, constants,
+                                    typical_context_tokens=typical_context(workload))
+    return replace(config, scheduler=replace(sched, step_time=clock))
 
 
 def run(
@@ -149,7 +203,7 @@ def run(
 
     ``progress(done, total)`` and ``phase(label)`` report progress (optional).
     ``observer``: an engine replay on an observed manager instead of the plain one
-    (:mod:`pagedkv.observe.sim_observe`: missed tokens by reason, Prometheus).
+    (:mod:`pagedkv.sim.observe_engine`: missed tokens by reason, Prometheus).
 
     Raises:
         PagedKVError: bad settings or a workload that cannot be replayed as asked.
@@ -158,6 +212,8 @@ def run(
     say = phase or (lambda _label: None)
     if not workload.requests:
         raise InvalidArgumentError("the workload has no requests")
+    if cfg.mode == "engine":
+        cfg = with_clock(cfg, workload)
     cap = capacity_for(workload, cfg)
     bs = cap.block_size
     engine = cfg.mode == "engine"
@@ -170,10 +226,7 @@ def run(
     result: SimResult
     host_sim = None
     if engine and cfg.host is not None:
-        if observer is not None:
-            raise InvalidArgumentError("missed-token attribution and metrics do not observe "
-                                       "a host tier yet: drop --host-memory or them")
-        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg))
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg), observer)
         result = host_sim.run(progress)
     elif engine:
         factory = cap.factory if observer is None else observer.wrap(cap.factory)
@@ -216,7 +269,8 @@ def run(
                         arrivals=s.arrivals, rate_scale=s.rate_scale,
                         step_overhead_s=s.step_time.step_overhead_s,
                         prefill_token_s=s.step_time.prefill_token_s,
-                        decode_seq_s=s.step_time.decode_seq_s)
+                        decode_seq_s=s.step_time.decode_seq_s,
+                        clock=clock_summary(s.step_time)["clock"])
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
     report = build_report(
@@ -227,13 +281,15 @@ def run(
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
         sweep=sweep, settings=settings,
     )
+    if engine:
+        report = replace(report, clock=clock_summary(cfg.scheduler.step_time, result))
     if host_sim is not None and cfg.host is not None:
         if cfg.host.sweep_memory_bytes:
             say("host memory sweep")
         report = with_host_tier(report, host_sim, workload, cap, cfg.host, _with_checks(cfg))
     if cfg.retention is not None:
         say(f"retention policy {cfg.retention} vs LRU")
-        from pagedkv.retention.sim_support import compare_retention
+        from pagedkv.sim.retention_support import compare_retention
 
         cmp = compare_retention(
             workload, policy=cfg.retention, block_size=bs, num_blocks=cap.num_blocks,

@@ -16,17 +16,18 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
-from pagedkv.observe.sim_cli import SimObserving, add_observe_flags
-from pagedkv.retention.sim_support import add_arguments as add_retention_arguments
-from pagedkv.sim.api import SimConfig, run
+from pagedkv.sim.api import SimConfig, run, with_clock
+from pagedkv.sim.clock.cli import add_clock_flags, linear_step_time, run_calibrate, step_model_of
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_cli import add_host_arguments, host_config_from_args
 from pagedkv.sim.loaders import formats, load_trace
 from pagedkv.sim.models import DEFAULT_GPU_MEMORY, DEFAULT_MODEL
+from pagedkv.sim.observe_cli import SimObserving, add_observe_flags
 from pagedkv.sim.plots import check_plot_dir, plot_files, write_plots
 from pagedkv.sim.replicas_cli import add_replica_flags, check_replica_args, run_replicas_cli
 from pagedkv.sim.report import ProgressReporter, print_report
-from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
+from pagedkv.sim.retention_support import add_arguments as add_retention_arguments
+from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.search import find_capacity, parse_seconds
 from pagedkv.sim.semantics import SEMANTICS
 from pagedkv.sim.workloads import Workload, bundled_trace_path
@@ -138,15 +139,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="arrival rate multiplier: 2 = twice as fast (default 1)")
     e.add_argument("--arrivals", choices=["trace", "at-once"], default="trace",
                    help="arrival times from the workload (default) or all at time 0")
-    d = StepTimeModel()
-    e.add_argument("--step-overhead-ms", type=float, default=d.step_overhead_s * 1e3,
-                   metavar="MS", help=f"step-time model: per step (default "
-                   f"{d.step_overhead_s * 1e3:g} ms)")
-    e.add_argument("--prefill-token-us", type=float, default=d.prefill_token_s * 1e6,
-                   metavar="US", help=f"per prefill token (default {d.prefill_token_s * 1e6:g} µs)")
-    e.add_argument("--decode-seq-us", type=float, default=d.decode_seq_s * 1e6,
-                   metavar="US", help=f"per decoding sequence (default "
-                   f"{d.decode_seq_s * 1e6:g} µs)")
+    add_clock_flags(e)
     a = p.add_argument_group("analysis and output")
     a.add_argument("--capacity-sweep", nargs="?", const="default", metavar="TOKENS,...",
                    help="also report pure-cache hit rate vs capacity (LRU, Belady, "
@@ -232,11 +225,7 @@ def _sweep_capacities(text: str) -> list[int | None]:
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    step = StepTimeModel(
-        step_overhead_s=args.step_overhead_ms / 1e3,
-        prefill_token_s=args.prefill_token_us / 1e6,
-        decode_seq_s=args.decode_seq_us / 1e6,
-    )
+    step = linear_step_time(args)
     kv_events = None
     if args.kv_events_endpoint:
         kv_events = KVEventsConfig(
@@ -258,7 +247,8 @@ def _config(args: argparse.Namespace) -> SimConfig:
         capacity_sweep=tuple(_sweep_capacities(args.capacity_sweep))
         if args.capacity_sweep else (),
         jobs=args.jobs, check_invariants=args.check_invariants, retention=args.retention,
-        host=host_config_from_args(args),
+        host=host_config_from_args(args), gpu=args.gpu, step_model=step_model_of(args),
+        calibration=args.calibration,
     )
 
 
@@ -276,6 +266,8 @@ def main_run(args: argparse.Namespace) -> int:
             "--kv-events-endpoint publishes the events of the simulated engine: use it with "
             "--mode engine"
         )
+    if args.calibrate:
+        return run_calibrate(args)
     check_replica_args(args)
     SimObserving.check_args(args)
     ttft_target = parse_seconds(args.ttft_p99) if args.find_capacity else None
@@ -288,9 +280,11 @@ def main_run(args: argparse.Namespace) -> int:
         check_plot_dir(args.plot_dir)  # before the replay, not after it
     if args.replicas is not None:
         wl, what = _workload(args)
-        return run_replicas_cli(wl, config, args, what=what)
+        return run_replicas_cli(wl, with_clock(config, wl), args, what=what)
     progress = ProgressReporter(enabled=not args.no_progress)
     wl, what = _workload(args)
+    if args.mode == "engine":
+        config = with_clock(config, wl)  # find-capacity replays on the same clock
     observing = SimObserving.from_args(args)  # --explain-misses, --metrics-port
     try:
         report = run(wl, config, description=what, progress=progress, phase=progress.phase,

@@ -22,10 +22,12 @@ One step, as vLLM's v1 scheduler does it:
    because another request cached the blocks it needs is thereby noticed a little late).
    A preempted request comes back through here: it looks up its own blocks again, which
    may still be cached.
-4. **Clock**: the step takes ``StepTimeModel.step_time_s(prefill tokens, decode
-   sequences)``; then every scheduled request advances, a request whose last scheduled
-   token completes its known tokens samples one output token (the first one is its time to
-   first token), and a request with all its output tokens finishes and is freed.
+4. **Clock**: the step takes the roofline clock's time for its batch
+   (:mod:`pagedkv.sim.clock`: every scheduled request's context and new tokens), or with
+   the linear model ``StepTimeModel.step_time_s(prefill tokens, decode sequences)``; then
+   every scheduled request advances, a request whose last scheduled token completes its
+   known tokens samples one output token (the first one is its time to first token), and
+   a request with all its output tokens finishes and is freed.
 
 The clock jumps to the next arrival when nothing runs or waits. A request that could not
 fit even in an empty cache (the blocks its groups' specs need for prompt + output - 1
@@ -120,6 +122,7 @@ class EngineSimulator:
             query_tokens=[r.num_prompt_tokens for r in reqs], hit_tokens=[0] * n,
             lookup_time_s=[None] * n, arrival_s=[0.0] * n, first_scheduled_s=[None] * n,
             first_token_s=[None] * n, finish_s=[None] * n,
+            output_tokens=[max(1, r.num_output_tokens) for r in reqs],
         )
         self._scale = 1.0 / cfg.rate_scale
         self._children: dict[int, list[int]] = {}
@@ -137,6 +140,11 @@ class EngineSimulator:
         self._next_sample = 0.0
         self._wall_s = 0.0
         self._publish = cfg.kv_events is not None
+        #: the roofline clock's batch-aware step time (None: the linear model)
+        self._batch_time = getattr(cfg.step_time, "batch_time_s", None)
+        self._batch: tuple[list[LiveRequest], list[tuple[LiveRequest, int]]] = ([], [])
+        #: seconds charged per clock term (weights, compute, KV reads, overhead, comm.)
+        self.clock_terms_s = [0.0] * 5
 
     # ------------------------------------------------------------ driving from outside
 
@@ -199,6 +207,8 @@ class EngineSimulator:
         res.evicted_blocks = mgr.num_evicted_blocks
         res.sim_duration_s = self.now_s
         res.wall_s = self._wall_s
+        if self._batch_time is not None:
+            res.clock_terms_s = list(self.clock_terms_s)
         if close and self._publish:
             mgr.publish_events()
             mgr.close()
@@ -356,8 +366,13 @@ class EngineSimulator:
         return num_hit
 
     def _step_duration_s(self, num_prefill_tokens: int, num_decode_seqs: int) -> float:
-        """The step's simulated duration (the step-time model); a subclass may add the
-        work the step carries besides compute (host-tier copies) and settle it."""
+        """The step's simulated duration (the step-time model: the roofline clock on the
+        step's batch, or the linear model on its counts); a subclass may add the work the
+        step carries besides compute (host-tier copies) and settle it."""
+        batch_time = self._batch_time
+        if batch_time is not None:
+            decode, prefill = self._batch
+            return float(batch_time(decode, prefill, self.clock_terms_s))
         return self.config.step_time.step_time_s(num_prefill_tokens, num_decode_seqs)
 
     def _advance_clock(
@@ -367,6 +382,8 @@ class EngineSimulator:
         by what it computed; sample tokens and finish requests that have them all."""
         cfg = self.config
         num_prefill = sum(n for _, n in prefill)
+        if self._batch_time is not None:
+            self._batch = (decode, prefill)
         self.now_s += self._step_duration_s(num_prefill, len(decode))
         self.res.num_steps += 1
         if self._publish:

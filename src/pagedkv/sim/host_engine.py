@@ -22,16 +22,17 @@ load too).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from pagedkv import KVCacheManager
-from pagedkv.coordinator import ComputedBlocks
+from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.host import (
     BEFORE_FORWARD,
+    HostTierComponent,
     HostTierConfig,
-    HostTieredKVCacheManager,
     LoadPlan,
     StoreOnEviction,
     TieredHit,
@@ -62,17 +63,17 @@ def host_manager_factory(inner: ManagerFactory, num_host_blocks: int,
                 kv_events: KVEventsConfig | None = None) -> KVCacheManager:
         # the plain manager only gives its config (built without events: no socket)
         config = inner(workload, block_size=block_size, num_blocks=num_blocks).config
-        return HostTieredKVCacheManager(replace(config, kv_events=kv_events),
-                                        HostTierConfig(num_blocks=num_host_blocks,
-                                                       write_policy=policy))
+        host = HostTierConfig(num_blocks=num_host_blocks, write_policy=policy)
+        return KVCacheManager(replace(config, kv_events=kv_events, host_tier=host))
 
     return factory
 
 
 class HostEngineSimulator(EngineSimulator):
     """An engine replica whose manager has a host tier of ``host.memory_bytes`` (blocks
-    of ``block_bytes``); ``policy`` decides load versus recompute (default: the cheaper).
-    Other arguments as :class:`EngineSimulator`. ``host_stats`` holds the tier's figures.
+    of ``block_bytes``); ``policy`` decides load versus recompute (default: the cheaper);
+    ``wrap`` wraps the manager factory (an observer's). Other arguments as
+    :class:`EngineSimulator`. ``host_stats`` holds the tier's figures.
 
     Raises:
         InvalidArgumentError: host memory smaller than one block.
@@ -89,30 +90,31 @@ class HostEngineSimulator(EngineSimulator):
         config: SchedulerConfig | None = None,
         manager_factory: ManagerFactory | None = None,
         policy: LoadPolicy | None = None,
+        wrap: Callable[[ManagerFactory], ManagerFactory] | None = None,
     ) -> None:
         num_host = host.num_blocks(block_bytes)
         if num_host < 1:
             raise InvalidArgumentError(
                 f"--host-memory {host.memory_bytes:,} bytes holds no block of "
                 f"{block_bytes:,} bytes; give at least that")
+        factory = host_manager_factory(manager_factory or build_manager, num_host,
+                                       host.write_policy)
         super().__init__(
             workload, block_size=block_size, num_blocks=num_blocks, config=config,
-            manager_factory=host_manager_factory(manager_factory or build_manager, num_host,
-                                                 host.write_policy))
+            manager_factory=wrap(factory) if wrap is not None else factory)
         self.cost = TransferCost(block_bytes=block_bytes, bandwidth_gbps=host.bandwidth_gbps)
         self.policy: LoadPolicy = policy or CostBasedLoad()
         self.host_stats = HostRunStats(
             memory_bytes=host.memory_bytes, block_bytes=block_bytes, num_blocks=num_host,
             bandwidth_gbps=host.bandwidth_gbps)
-        assert isinstance(self.manager, HostTieredKVCacheManager)
-        self.tiered: HostTieredKVCacheManager = self.manager
+        self.tiered = self.manager.component(HostTierComponent)
         self._prefill_token_s = self.config.step_time.prefill_token_s
         self._step_loads: list[LoadPlan] = []
 
     def _lookup_and_allocate(self, live: LiveRequest, budget: int) -> int | None:
         mgr = self.tiered
         req = live.req
-        hit = mgr.lookup(req)
+        hit = mgr.lookup(req)  # the host component's lookup (device, then host)
         host_tokens = hit.num_host_tokens
         use: TieredHit | ComputedBlocks = hit
         if host_tokens:
@@ -124,7 +126,7 @@ class HostEngineSimulator(EngineSimulator):
         num_hit = use.num_computed_tokens
         todo = req.num_tokens - num_hit
         num_new = todo if todo < budget else budget
-        if mgr.allocate_slots(req, num_new, new_computed_blocks=use) is None:
+        if self.manager.allocate_slots(req, num_new, new_computed_blocks=use) is None:
             return None
         self._step_loads.extend(mgr.take_load_plans())
         if not req.num_preemptions:

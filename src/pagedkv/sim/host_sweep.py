@@ -12,7 +12,7 @@ per tier and TTFT: the tier's effect.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv.planner import format_bytes
 from pagedkv.sim.engine import EngineSimulator
@@ -28,6 +28,9 @@ from pagedkv.sim.results import SimResult, percentile
 from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.summary import SimReport
 from pagedkv.sim.workloads import Workload
+
+if TYPE_CHECKING:
+    from pagedkv.sim.observe_engine import ReplayObserver
 
 __all__ = [
     "block_bytes_for",
@@ -45,11 +48,17 @@ def block_bytes_for(cap: CapacityPlan) -> int:
 
 
 def host_simulator(workload: Workload, cap: CapacityPlan, host: HostMemoryConfig,
-                   scheduler: SchedulerConfig) -> HostEngineSimulator:
-    """The engine of a host-tier run on capacity ``cap``."""
-    return HostEngineSimulator(workload, block_size=cap.block_size, num_blocks=cap.num_blocks,
-                               host=host, block_bytes=block_bytes_for(cap), config=scheduler,
-                               manager_factory=cap.factory)
+                   scheduler: SchedulerConfig,
+                   observer: ReplayObserver | None = None) -> HostEngineSimulator:
+    """The engine of a host-tier run on capacity ``cap`` (observed by ``observer``: its
+    manager carries the attribution component beside the host tier)."""
+    sim = HostEngineSimulator(workload, block_size=cap.block_size, num_blocks=cap.num_blocks,
+                              host=host, block_bytes=block_bytes_for(cap), config=scheduler,
+                              manager_factory=cap.factory,
+                              wrap=observer.wrap if observer is not None else None)
+    if observer is not None:
+        observer.attach(sim)
+    return sim
 
 
 def _row(result: SimResult, stats: HostRunStats | None) -> HostSweepRow:

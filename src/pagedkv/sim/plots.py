@@ -7,6 +7,8 @@ and the running / waiting requests, its legend outside the curves.
 ``hit_rate_vs_capacity.png`` (with a sweep): LRU, Belady and infinite, each a colour, solid
 over all requests and dashed after warm-up; the unlimited point at the right edge; the
 simulated capacity marked.
+``latency.png`` (engine mode): the distributions of per-request TTFT, TPOT and end-to-end
+latency, titled with the clock that timed them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def check_plot_dir(plot_dir: str | Path) -> Path:
 def plot_files(report: SimReport, plot_dir: str | Path) -> list[Path]:
     """The files :func:`write_plots` writes for ``report``."""
     names = ["hit_rate_usage.png"] + (["hit_rate_vs_capacity.png"] if report.sweep else [])
+    if report.engine is not None and report.result is not None:
+        names.append("latency.png")
     return [Path(plot_dir) / n for n in names]
 
 
@@ -64,7 +68,42 @@ def write_plots(report: SimReport, plot_dir: str | Path) -> list[Path]:
     written = [_hit_rate_usage(s, out_dir / "hit_rate_usage.png")]
     if s.get("capacity_sweep"):
         written.append(_capacity(s, out_dir / "hit_rate_vs_capacity.png"))
+    if report.engine is not None and report.result is not None:
+        written.append(_latency(report, out_dir / "latency.png"))
     return written
+
+
+def _latency(report: SimReport, path: Path) -> Path:
+    """Per-request TTFT, TPOT and end-to-end latency as distributions (engine mode),
+    titled with the clock that timed them."""
+    import matplotlib.pyplot as plt
+
+    res = report.result
+    assert res is not None
+    outs = res.output_tokens or [1] * len(res.finish_s)
+    ttft, tpot, e2e = [], [], []
+    for a, first, end, n in zip(res.arrival_s, res.first_token_s, res.finish_s, outs,
+                                strict=True):
+        if first is not None:
+            ttft.append(first - a)
+        if end is not None and first is not None:
+            e2e.append(end - a)
+            if n > 1:
+                tpot.append(1e3 * (end - first) / (n - 1))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for ax, values, label in ((axes[0], ttft, "TTFT (s)"), (axes[1], tpot, "TPOT (ms)"),
+                              (axes[2], e2e, "end-to-end (s)")):
+        xs = sorted(values)
+        ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+        ax.set_xlabel(label)
+        ax.set_ylabel("share of requests")
+        ax.grid(alpha=0.3)
+    clock = (report.clock or {}).get("description", "")
+    fig.suptitle(f"per-request latency — clock {clock}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:

@@ -12,7 +12,7 @@ from pagedkv.sim.host_sweep import host_sections, host_sweep_table
 from pagedkv.sim.progress import ProgressReporter, rich_console
 from pagedkv.sim.summary import SimReport
 
-__all__ = ["ProgressReporter", "print_report", "render_text", "verdict_line"]
+__all__ = ["ProgressReporter", "clock_line", "print_report", "render_text", "verdict_line"]
 
 
 def _pct(x: float | None) -> str:
@@ -23,6 +23,27 @@ def _sec(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1000:.1f} ms"
+
+
+def clock_line(s: dict[str, Any]) -> str | None:
+    """``clock: roofline: <model> TP <n> on <gpu> (constants <set>); time: 71 % weights,
+    ...; dominant: weights`` (engine mode), else None."""
+    c = s.get("clock")
+    if not c:
+        return None
+    line = f"clock: {c['description']}"
+    terms = c.get("terms_s")
+    if terms:
+        total = sum(terms.values()) or 1.0
+        parts = [f"{100 * v / total:.0f} % {k}" for k, v in
+                 sorted(terms.items(), key=lambda kv: -kv[1]) if v > 0]
+        line += (f"; decode step {c['decode_step_s'] * 1e3:.1f} ms at the mean context; "
+                 f"time: {', '.join(parts)}; dominant: {c['dominant']}")
+    return line
 
 
 def _cap(tokens: int | None) -> str:
@@ -67,10 +88,16 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
             ("queue delay p50 / p90 / p99",
              " / ".join(_sec(q.get(k)) for k in ("p50", "p90", "p99"))),
             ("TTFT p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in ("p50", "p90", "p99"))),
+            ("TPOT p50 / p90 / p99", " / ".join(_ms(lat.get("tpot_s", {}).get(k))
+                                                for k in ("p50", "p90", "p99"))),
+            ("end-to-end p50 / p90 / p99", " / ".join(_sec(lat.get("e2e_s", {}).get(k))
+                                                      for k in ("p50", "p90", "p99"))),
+            ("output tokens/s", "—" if s.get("output_tokens_per_s") is None
+             else f"{s['output_tokens_per_s']:,.0f}"),
         ]))
     sections.extend(host_sections(s))
     if s.get("retention"):
-        from pagedkv.retention.sim_support import render_rows
+        from pagedkv.sim.retention_support import render_rows
 
         sections.append(render_rows(s["retention"]))
     return sections
@@ -144,6 +171,9 @@ def render_text(report: SimReport) -> str:
         lines.extend("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
                      for r in cells)
         lines.append("")
+    clock = clock_line(s)
+    if clock:
+        lines.append(clock)
     verdict = verdict_line(s)
     if verdict:
         lines.append(verdict)
@@ -190,6 +220,9 @@ def print_report(report: SimReport, *, stream: TextIO | None = None, plain: bool
         for row in host_rows:
             host_table.add_row(*row)
         console.print(host_table)
+    clock = clock_line(s)
+    if clock:
+        console.print(clock, highlight=False)
     verdict = verdict_line(s)
     if verdict:
         console.print(verdict, highlight=False)

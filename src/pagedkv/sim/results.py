@@ -56,6 +56,11 @@ class SimResult:
     num_steps: int = 0
     sim_duration_s: float = 0.0
     wall_s: float = 0.0
+    #: the roofline clock's seconds per term (weights, compute, KV reads, overhead,
+    #: communication); empty with the linear model
+    clock_terms_s: list[float] = field(default_factory=list)
+    #: output tokens per request (engine mode; for TPOT and throughput)
+    output_tokens: list[int] = field(default_factory=list)
 
     @property
     def capacity_tokens(self) -> int:

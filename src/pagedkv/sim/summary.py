@@ -87,6 +87,12 @@ class EngineStats:
     ttft: Latency
     max_waiting: int
     usage_over_time: tuple[UsageSample, ...]
+    #: time per output token after the first, per request: (finish - first) / (out - 1)
+    tpot: Latency = field(default_factory=lambda: Latency(p50=None, p90=None, p99=None))
+    #: end-to-end latency, arrival to last token
+    e2e: Latency = field(default_factory=lambda: Latency(p50=None, p90=None, p99=None))
+    #: output tokens of finished requests per simulated second
+    output_tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,12 +154,15 @@ class SimReport:
     engine: EngineStats | None = None
     verdict: Verdict | None = None
     sweep: tuple[SweepRow, ...] = ()
-    #: ``--retention``: :meth:`pagedkv.retention.sim_support.RetentionComparison.to_dict`.
+    #: ``--retention``: :meth:`pagedkv.sim.retention_support.RetentionComparison.to_dict`.
     retention: dict[str, Any] | None = None
     result: SimResult | None = field(default=None, repr=False, compare=False)
     #: The host tier's figures and host-size sweep (:mod:`pagedkv.sim.host_sweep`).
     host_tier: HostRunStats | None = None
     host_sweep: tuple[HostSweepRow, ...] = ()
+    #: The clock that timed the run (:func:`pagedkv.sim.clock.clock_summary`); None in
+    #: pure-cache mode.
+    clock: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: every field but ``result``; engine figures at the top level."""
@@ -171,7 +180,9 @@ class SimReport:
             out.update(
                 steps=e.steps, simulated_s=e.simulated_s, usage_mean=e.usage_mean,
                 usage_max=e.usage_max, max_waiting=e.max_waiting,
-                latency_s={"queue_delay_s": asdict(e.queue_delay), "ttft_s": asdict(e.ttft)},
+                latency_s={"queue_delay_s": asdict(e.queue_delay), "ttft_s": asdict(e.ttft),
+                           "tpot_s": asdict(e.tpot), "e2e_s": asdict(e.e2e)},
+                output_tokens_per_s=e.output_tokens_per_s,
                 usage_over_time=[asdict(u) for u in e.usage_over_time],
             )
         if self.sweep:
@@ -193,7 +204,10 @@ def _engine_stats(res: SimResult) -> EngineStats:
     queue = [s - a for a, s in zip(arrivals, res.first_scheduled_s, strict=True)
              if s is not None]
     ttft = [f - a for a, f in zip(arrivals, res.first_token_s, strict=True) if f is not None]
+    tpot, e2e, out_tokens = _per_request(res)
     return EngineStats(
+        tpot=Latency.of(tpot), e2e=Latency.of(e2e),
+        output_tokens_per_s=out_tokens / res.sim_duration_s if res.sim_duration_s > 0 else None,
         steps=res.num_steps, simulated_s=res.sim_duration_s,
         usage_mean=sum(usage) / len(usage) if usage else None,
         usage_max=max(usage) if usage else None,
@@ -204,6 +218,24 @@ def _engine_stats(res: SimResult) -> EngineStats:
             for t, u, r, w in zip(res.sample_time_s, usage, res.sample_running,
                                   res.sample_waiting, strict=True)),
     )
+
+
+def _per_request(res: SimResult) -> tuple[list[float], list[float], int]:
+    """(TPOT of requests with 2+ output tokens, end-to-end latencies, output tokens) of
+    the finished requests."""
+    tpot: list[float] = []
+    e2e: list[float] = []
+    total = 0
+    outs = res.output_tokens or [1] * len(res.finish_s)
+    for a, first, end, n in zip(res.arrival_s, res.first_token_s, res.finish_s, outs,
+                                strict=True):
+        if end is None or first is None:
+            continue
+        e2e.append(end - a)
+        total += n
+        if n > 1:
+            tpot.append((end - first) / (n - 1))
+    return tpot, e2e, total
 
 
 def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:

@@ -13,7 +13,7 @@ tensor:
 
 ``physical`` is the engine's :class:`~pagedkv.torch.tables.Placement` (manager ids ->
 pages). :class:`HostTierEngine` (an :class:`~pagedkv.torch.engine.Engine` over a
-:class:`~pagedkv.host.HostTieredKVCacheManager`) runs one step in the order the plans
+:class:`~pagedkv.host.HostTierComponent`) runs one step in the order the plans
 require:
 
 1. schedule (``lookup`` across tiers, ``allocate_slots``: evictions make store plans, host
@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pagedkv import CacheConfig, Request
+from pagedkv import CacheConfig, KVCacheManager, Request
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.host import (
     BEFORE_FORWARD,
+    HostTierComponent,
     HostTierConfig,
     HostTieredKVCacheManager,
     StoreOnEviction,
@@ -149,15 +150,15 @@ class TransferStats:
 
 class HostTierEngine(Engine):
     """:class:`~pagedkv.torch.engine.Engine` over a host-tiered manager
-    (:class:`pagedkv.host.HostTieredKVCacheManager`) that executes its plans on ``host``
+    (a manager with a ``host_tier`` component) that executes its plans on ``host``
     tensors in the order of the module docstring; other arguments as ``Engine``.
     ``transfers`` counts what was copied.
     """
 
-    def __init__(self, manager: HostTieredKVCacheManager, model: TinyDecoder,
+    def __init__(self, manager: KVCacheManager, model: TinyDecoder,
                  cache: KVCacheTensors, host: HostKVTensors, **kwargs: Any) -> None:
         super().__init__(manager, model, cache, **kwargs)
-        self.tiered = manager
+        self.tiered = manager.component(HostTierComponent)
         self.host = host
         self.transfers = TransferStats()
         self._after: list[Any] = []
@@ -263,4 +264,4 @@ def run_layout_with_host(
                     num_evicted_blocks=manager.num_evicted_blocks,
                     null_block_untouched=cache.block_bytes(0) == null_before)
     return HostRunResult(run=run, transfers=engine.transfers,
-                         host_hit_tokens=manager.make_host_stats().host_hit_tokens)
+                         host_hit_tokens=manager.host.make_host_stats().host_hit_tokens)

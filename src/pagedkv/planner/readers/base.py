@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedkv.core.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, UnsupportedModelError
 from pagedkv.planner._fields import ConfigFields
 from pagedkv.planner.model_spec import TORCH_DTYPE_TO_NAME
-from pagedkv.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 
 __all__ = [
     "AttentionShape",

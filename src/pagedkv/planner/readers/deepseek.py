@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pagedkv.core.specs import KVCacheSpec, MLAAttentionSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     register_reader,
     split_heads,
 )
-from pagedkv.specs import KVCacheSpec, MLAAttentionSpec
 
 
 @register_reader("deepseek_v2", "deepseek_v3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pagedkv.core.specs import KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     read_attention,
@@ -12,7 +13,6 @@ from pagedkv.planner.readers.base import (
     register_wrapper,
     specs_from_layer_types,
 )
-from pagedkv.specs import KVCacheSpec
 
 
 def alternating_layers(

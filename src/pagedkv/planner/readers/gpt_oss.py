@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from pagedkv.core.specs import KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     register_reader,
 )
 from pagedkv.planner.readers.gemma import alternating_layers
-from pagedkv.specs import KVCacheSpec
 
 
 @register_reader("gpt_oss")

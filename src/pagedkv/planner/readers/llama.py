@@ -3,6 +3,7 @@ attention or sliding by documented config fields."""
 
 from __future__ import annotations
 
+from pagedkv.core.specs import KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     full_spec,
@@ -11,7 +12,6 @@ from pagedkv.planner.readers.base import (
     sliding_spec,
     specs_from_layer_types,
 )
-from pagedkv.specs import KVCacheSpec
 
 
 @register_reader("llama", "mixtral", "mistral", "gemma")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pagedkv.core.specs import ChunkedLocalAttentionSpec, KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     full_spec,
@@ -12,7 +13,6 @@ from pagedkv.planner.readers.base import (
     register_reader,
     register_wrapper,
 )
-from pagedkv.specs import ChunkedLocalAttentionSpec, KVCacheSpec
 
 _LLAMA4_TEXT_DEFAULTS: Mapping[str, Any] = {
     # transformers Llama4TextConfig defaults (see _GEMMA3_TEXT_DEFAULTS for why).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagedkv.core.specs import KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     full_spec,
@@ -10,7 +11,6 @@ from pagedkv.planner.readers.base import (
     split_dim,
     state_spec,
 )
-from pagedkv.specs import KVCacheSpec
 
 #: ``layers_block_type`` entries (both spellings transformers accepts) -> pattern chars.
 _BLOCK_TYPE_CHAR = {"mamba": "M", "linear_attention": "M", "attention": "*",

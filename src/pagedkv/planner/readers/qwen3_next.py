@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagedkv.core.specs import KVCacheSpec
 from pagedkv.planner.readers.base import (
     ReaderContext,
     full_spec,
@@ -10,7 +11,6 @@ from pagedkv.planner.readers.base import (
     split_dim,
     state_spec,
 )
-from pagedkv.specs import KVCacheSpec
 
 
 @register_reader("qwen3_next")

@@ -1,0 +1,238 @@
+"""The manager's configuration: one frozen value, built by hand or from a planner result.
+
+>>> from pagedkv.core.specs import FullAttentionSpec
+>>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_bytes=2)
+>>> config = CacheConfig(groups=(spec,), num_blocks=1024, max_model_len=8192)
+>>> config.enable_caching, config.hash_algo
+(True, 'sha256_cbor')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+from pagedkv.core.components import ComponentSpec, PublisherSpec
+from pagedkv.core.hashing import HASH_ALGOS
+from pagedkv.core.specs import KVCacheSpec
+from pagedkv.errors import ConfigError, InvalidArgumentError
+
+__all__ = ["HOST_BYTES_PER_BLOCK", "CacheConfig"]
+
+#: Host memory the pool's bookkeeping takes per block (measured: ~104 bytes,
+#: benchmarks/scaling.py), rounded up.
+HOST_BYTES_PER_BLOCK = 110
+
+
+def _check_host_memory(num_blocks: int) -> None:
+    try:
+        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf: the pool build will tell
+        return
+    need_bytes = num_blocks * HOST_BYTES_PER_BLOCK
+    if need_bytes > total_bytes:
+        raise ConfigError(
+            f"num_blocks={num_blocks:,} needs about {need_bytes / 2**30:,.0f} GiB of host "
+            f"memory for the block pool's bookkeeping ({HOST_BYTES_PER_BLOCK} bytes per "
+            f"block), but this machine has {total_bytes / 2**30:,.0f} GiB; size num_blocks "
+            "from the KV-cache memory (pagedkv plan, or CacheConfig.from_plan)"
+        )
+
+
+class _PlanGroup(Protocol):
+    @property
+    def spec(self) -> KVCacheSpec: ...
+
+
+class PlanLike(Protocol):
+    """What :meth:`CacheConfig.from_plan` reads of a planner result
+    (:class:`pagedkv.planner.KVCachePlan`)."""
+
+    @property
+    def groups(self) -> Sequence[_PlanGroup]: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+
+#: The component fields, each checked against its protocol (see :meth:`_check_components`).
+_COMPONENT_FIELDS = ("retention", "observe", "host_tier")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheConfig:
+    """Everything a :class:`~pagedkv.KVCacheManager` needs.
+
+    ``groups``: one layer spec per KV-cache group (the planner produces them).
+    ``hash_block_size``: block size hashes are computed at; default the smallest group
+    block size (every group block size must be a multiple of it).
+    ``drop_last_hit``: speculative decoding whose draft head needs the last block's hidden
+    states; the last hit block is dropped so it is recomputed.
+    ``hash_memo_blocks``: how many recently hashed blocks the hasher remembers so repeated
+    prefixes are not re-hashed (0: off); see :class:`pagedkv.BlockHasher`.
+    ``watermark``: fraction of ``num_blocks`` (``int(watermark * num_blocks)`` blocks)
+    kept free when a request that holds no blocks (new or preempted) is admitted while
+    other requests are scheduled (``allocate_slots(..., has_scheduled_reqs=True)``, the
+    default), as vLLM's ``watermark``; 0 (default): no headroom.
+    ``kv_events``: publish KV-cache events over ZeroMQ in vLLM's wire format (implies
+    ``enable_events``; needs the ``events`` extra); see
+    :meth:`~pagedkv.KVCacheManager.publish_events`.
+    ``retention``: priorities, pins and tenant quotas (``None``: vLLM's LRU, unchanged);
+    see :mod:`pagedkv.retention`. ``observe``: miss attribution and residency sampling
+    (:class:`pagedkv.observe.ObserveConfig`). ``host_tier``: a host-memory tier
+    (:class:`pagedkv.host.HostTierConfig`). ``components``: further component specs.
+    The four combine freely; each is a component spec (:mod:`pagedkv.core.components`),
+    reachable on the manager as ``mgr.retention``, ``mgr.observe``, ``mgr.host``.
+    ``max_in_flight_tokens``: the most tokens scheduled but not yet settled (one batch per
+    concurrent step; vLLM's ``max_in_flight_tokens``); sets the admission cap of sliding
+    window and chunked local groups under ``allocate_slots(...,
+    full_sequence_must_fit=True)``. ``None`` (default): ``max_model_len``.
+    ``zero_new_blocks``: record the attention blocks each allocation takes, for the engine
+    to zero (:meth:`~pagedkv.KVCacheManager.take_new_block_ids`); ``None`` (default): when
+    the model has a Mamba group, as vLLM's ``needs_kv_cache_zeroing`` (pass ``True`` for a
+    cache mixing KV precisions across groups).
+    ``num_hash_lookahead_tokens``: L, the tokens after each block its hash also covers
+    (vLLM's ``num_hash_lookahead_tokens``, for EAGLE/MTP drafters whose KV at a block's
+    last position depends on the next L tokens); a block is hashed, hence cached, only once
+    L more tokens are known; see :mod:`pagedkv.core.hashing_lookahead`. 0 (default): off.
+
+    Raises:
+        InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
+            ``max_model_len``, an unknown ``hash_algo``, a ``watermark`` outside [0, 1], a
+            ``max_in_flight_tokens`` that is not a positive int, a non-bool
+            ``zero_new_blocks``, or a ``num_hash_lookahead_tokens`` that is not an int >= 0.
+        ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
+            ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
+            machine's memory.
+    """
+
+    groups: tuple[KVCacheSpec, ...]
+    num_blocks: int
+    max_model_len: int
+    enable_caching: bool = True
+    hash_algo: str = "sha256_cbor"
+    hash_block_size: int | None = None
+    secret_seed: bytes | None = None
+    enable_events: bool = False
+    drop_last_hit: bool = False
+    hit_rate_window_requests: int = 1000
+    kv_events: PublisherSpec | None = None
+    hash_memo_blocks: int = 16384
+    watermark: float = 0.0
+    retention: ComponentSpec | None = None
+    max_in_flight_tokens: int | None = None
+    zero_new_blocks: bool | None = None
+    num_hash_lookahead_tokens: int = 0
+    observe: ComponentSpec | None = None
+    host_tier: ComponentSpec | None = None
+    components: tuple[ComponentSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._check_components()
+        if type(self.num_hash_lookahead_tokens) is not int or self.num_hash_lookahead_tokens < 0:
+            raise InvalidArgumentError(
+                f"num_hash_lookahead_tokens must be an int >= 0, got "
+                f"{self.num_hash_lookahead_tokens!r}; 0 turns hash lookahead off"
+            )
+        if not self.groups:
+            raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        if self.max_in_flight_tokens is not None and (
+                type(self.max_in_flight_tokens) is not int or self.max_in_flight_tokens < 1):
+            raise InvalidArgumentError(
+                f"max_in_flight_tokens must be a positive int or None, got "
+                f"{self.max_in_flight_tokens!r}; pass the scheduler's token budget per step "
+                "times the steps in flight"
+            )
+        if self.zero_new_blocks not in (None, True, False):
+            raise InvalidArgumentError(
+                f"zero_new_blocks must be None, True or False, got {self.zero_new_blocks!r}"
+            )
+        if (type(self.watermark) not in (int, float) or not 0.0 <= self.watermark <= 1.0):
+            raise InvalidArgumentError(
+                f"watermark must be a fraction of num_blocks in [0, 1], got "
+                f"{self.watermark!r}; vLLM's default is 0.0"
+            )
+        if type(self.num_blocks) is not int or self.num_blocks < 2:
+            raise InvalidArgumentError(
+                f"num_blocks must be an int >= 2 (block 0 is the null block), got "
+                f"{self.num_blocks!r}"
+            )
+        _check_host_memory(self.num_blocks)
+        if not isinstance(self.max_model_len, int) or self.max_model_len <= 0:
+            raise InvalidArgumentError(
+                f"max_model_len must be a positive int, got {self.max_model_len!r}"
+            )
+        if self.hash_algo not in HASH_ALGOS:
+            raise InvalidArgumentError(
+                f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
+            )
+
+    def _check_components(self) -> None:
+        for name in _COMPONENT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, ComponentSpec):
+                raise InvalidArgumentError(
+                    f"CacheConfig.{name} must be a component spec (an object with "
+                    f"attach(build)), got {type(value).__name__}; see the field's docs")
+        if self.kv_events is not None and not isinstance(self.kv_events, PublisherSpec):
+            raise InvalidArgumentError(
+                f"CacheConfig.kv_events must be a pagedkv.events.KVEventsConfig, got "
+                f"{type(self.kv_events).__name__}")
+        if not isinstance(self.components, tuple) or not all(
+                isinstance(c, ComponentSpec) for c in self.components):
+            raise InvalidArgumentError(
+                "CacheConfig.components must be a tuple of component specs (objects with "
+                f"attach(build)), got {self.components!r}")
+
+    @property
+    def events_on(self) -> bool:
+        """Whether the manager records events (``enable_events`` or ``kv_events``)."""
+        return self.enable_events or self.kv_events is not None
+
+    @classmethod
+    def from_plan(cls, plan: PlanLike, **fields_: Any) -> CacheConfig:
+        """The config for a planner result: its groups' specs (in group order), its
+        ``num_blocks`` and, unless given, its ``max_model_len``; any other field by name,
+        as for the constructor (so this can never lag behind the fields).
+
+        >>> from pagedkv.planner import plan_kv_cache
+        >>> from pagedkv.core.specs import FullAttentionSpec
+        >>> spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128,
+        ...                          dtype_bytes=2)
+        >>> plan = plan_kv_cache({"layer.0": spec}, available_bytes=1 << 30,
+        ...                      max_model_len=4096)
+        >>> config = CacheConfig.from_plan(plan, watermark=0.01)
+        >>> config.num_blocks == plan.num_blocks, config.groups == (spec,), config.watermark
+        (True, True, 0.01)
+
+        Raises:
+            InvalidArgumentError: the plan has no groups (nothing to cache), or a keyword
+                that is not a field (or is one the plan sets: ``groups``, ``num_blocks``).
+        """
+        if not plan.groups:
+            raise InvalidArgumentError(
+                "the plan has no KV-cache groups (a model without attention layers); "
+                "there is nothing for a KV-cache manager to manage"
+            )
+        fields_.setdefault("max_model_len", plan.max_model_len)
+        return cls.with_fields(groups=tuple(g.spec for g in plan.groups),
+                               num_blocks=plan.num_blocks, **fields_)
+
+    @classmethod
+    def with_fields(cls, **fields_: Any) -> CacheConfig:
+        """``CacheConfig(**fields_)``, refusing an unknown field by name (not TypeError).
+
+        Raises:
+            InvalidArgumentError: a keyword that is not a field; the fields listed.
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(fields_) - names)
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown CacheConfig field(s) {unknown}; the fields are {sorted(names)}")
+        return cls(**fields_)

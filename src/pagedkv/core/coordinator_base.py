@@ -1,0 +1,434 @@
+"""The coordinator base: the groups of one model as one unit (see
+:mod:`pagedkv.core.coordinator` for the family): the per-group loops of allocating, registering
+and freeing a request's blocks, and the hit a lookup hands out (:class:`ComputedBlocks`).
+
+Lookups never change state; a refused :meth:`Coordinator.allocate` changes nothing except
+releasing the blocks that fell out of the request's windows (as vLLM 0.33 does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, KeysView, Sequence
+from typing import NamedTuple
+
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.pool import BlockPool
+from pagedkv.core.request import RequestLike
+from pagedkv.errors import InvalidArgumentError
+
+__all__ = ["BlockTables", "ComputedBlocks", "Coordinator"]
+
+#: Per-group block ids, one list per group.
+BlockTables = tuple[list[int], ...]
+
+
+class ComputedBlocks(NamedTuple):
+    """A prefix-cache hit: block ids per group and the number of hit tokens.
+
+    ``issuer`` and ``request_id`` say which manager issued the hit for which request:
+    :meth:`pagedkv.KVCacheManager.allocate_slots` adopts a hit only from the manager that issued
+    it, for the same request, and only while its blocks still hold the request's prefix
+    (:class:`~pagedkv.errors.InvalidHitError` otherwise).
+    """
+
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    issuer: object = None
+    request_id: str | None = None
+    #: The pool's ``index_generation`` at the lookup and a copy of what it returned: while
+    #: both still match, the blocks provably still hold the prefix (no O(n) hash check).
+    generation: int = -1
+    fingerprint: tuple[object, ...] = ()
+
+
+class Coordinator:
+    """The groups of one model, sharing ``pool``. Subclasses decide lookups.
+
+    >>> from pagedkv.core.managers import FullAttentionManager
+    >>> from pagedkv.core.specs import FullAttentionSpec
+    >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    >>> from pagedkv.core.coordinator_simple import NoPrefixCacheCoordinator
+    >>> pool = BlockPool(8, hash_block_size=4)
+    >>> coord = NoPrefixCacheCoordinator([FullAttentionManager(spec, pool, 0)], pool)
+    >>> coord.allocate("r", None, num_computed_tokens=0, total_computed_tokens=0,
+    ...                num_tokens=10)                  # 10 tokens -> 3 blocks
+    ([1, 2, 3],)
+    >>> coord.allocate("r", None, num_computed_tokens=10, total_computed_tokens=10,
+    ...                num_tokens=30) is None          # 8 blocks needed, 4 free
+    True
+    >>> coord.free("r"); pool.free_queue.num_free
+    7
+    """
+
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
+        self.managers = list(managers)
+        self.pool = pool
+        self._droppers = [m for m in self.managers if m.drops_blocks]
+        self._cacheable = [m for m in self.managers if m.cacheable]
+        self._no_hit: BlockTables = tuple([] for _ in self.managers)
+        #: Per group: whether its new blocks are recorded for zeroing (set by the façade,
+        #: see :meth:`pagedkv.KVCacheManager.take_new_block_ids`).
+        self.zeroing: list[bool] = [False] * len(self.managers)
+        #: Per group: block ids the engine must zero, since the last take.
+        self.new_block_ids: list[list[int]] = [[] for _ in self.managers]
+        #: Per group: the admission cap in blocks of ``full_sequence_must_fit`` (None: none).
+        self.admission_cap_blocks: list[int | None] = [None] * len(self.managers)
+        #: Every hit and registration lands on a multiple of this many tokens.
+        self.cache_alignment_tokens = 1
+        self._build_plans()
+
+    def _build_plans(self) -> None:
+        """Per-group data the hot paths read (call again after changing a manager's
+        ``partial_hits``): the tables of the first group (every group tracks the same
+        requests); per group ``(manager, block size, tables or None)`` for growing a
+        request that holds blocks (tables only where the manager :attr:`grows_plainly
+        <pagedkv.core.managers.base.SingleTypeManager.grows_plainly>`); per caching group
+        ``(manager, block size, cached counts or None)`` (counts only where registering
+        nothing new is a no-op, see :meth:`SingleTypeManager.registers_whole_blocks_only`)."""
+        self._tables0 = self.managers[0].req_to_blocks
+        self._grow_plan = [
+            (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
+            for m in self.managers
+        ]
+        self._cache_plan = [
+            (m, m.block_size, m.num_cached_blocks if m.registers_whole_blocks_only() else None,
+             m.caps_registration_itself)
+            for m in self._cacheable
+        ]
+        # With hash lookahead every group registers only blocks its request has hashes for
+        # (the coordinator caps the tokens, see cache_blocks).
+        self._capped_at_hashes = any(m.hash_lookahead_tokens for m in self.managers)
+
+    # ----------------------------------------------------------------- lookup
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int
+    ) -> tuple[BlockTables, int] | None:
+        """Per-group hit block ids and the hit length in tokens (``<= max_length``), or
+        ``None`` when this coordinator makes no lookups (caching off). No state change."""
+        raise NotImplementedError
+
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        """Why ``hit`` cannot be adopted by a request with ``block_hashes`` (see
+        :meth:`SingleTypeManager.hit_problem`), or None. No state change. O(hit blocks)."""
+        if type(hit) is not tuple or len(hit) != len(self.managers):
+            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
+        for m, blocks in zip(self.managers, hit, strict=True):
+            if type(blocks) is not list:
+                return f"group {m.group}: block ids come as a list, got {blocks!r}"
+            why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
+            if why is not None:
+                return why
+        return None
+
+    # ----------------------------------------------------------------- requests
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request holds a block table (it was allocated and not freed). O(1)."""
+        return request_id in self.managers[0].req_to_blocks
+
+    def request_ids(self) -> KeysView[str]:
+        """The ids of the requests holding block tables (a live view). O(1)."""
+        return self.managers[0].req_to_blocks.keys()
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        *,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
+    ) -> BlockTables | None:
+        """Give the request slots for ``num_tokens`` tokens in every group.
+
+        ``hit``: the hit blocks a new request adopts (from a lookup), else ``None``;
+        ``num_computed_tokens``: computed before this step (decides which blocks fell out
+        of windows); ``total_computed_tokens``: plus the hit and external tokens;
+        ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
+        ignore lookahead, Mamba, are sized by; default ``num_tokens``);
+        ``headroom_blocks``: free blocks the allocation must leave (vLLM's
+        ``reserved_blocks`` plus the watermark; the façade computes it);
+        ``num_local_computed_tokens``: computed plus hit tokens (external ones apart; only
+        sub-block hits need it, see :class:`PartialHitCoordinator`).
+
+        Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
+        are never read again, whatever this call decides), then check capacity for every
+        group at once, then claim every group's hit blocks, then grow every table.
+        Claiming all hits before any group allocates means one group's allocation can
+        never evict another group's hit.
+
+        Returns:
+            The new block ids per group, or ``None`` when the pool is short; a refusal
+            changes nothing except releasing the skipped blocks. O(blocks touched).
+        """
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if hit is None and request_id in self._tables0:
+            return self._grow(request_id, num_tokens, num_encoder_tokens,
+                              num_tokens_main_model, headroom_blocks, total_computed_tokens)
+        managers = self.managers
+        table_hit = hit if hit is not None else self._no_hit
+        num_needed = 0
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
+                 for m in managers]
+        for g, m in enumerate(managers):
+            num_needed += m.get_num_blocks_to_allocate(
+                request_id, slots[g], table_hit[g], total_computed_tokens
+            )
+        pool = self.pool
+        if num_needed + headroom_blocks > pool.free_queue.num_free:
+            return None
+        if hit is not None:
+            # Claim every group's hit before any group allocates: an allocation takes
+            # blocks from the front of the free queue and would evict an unclaimed hit.
+            for g, m in enumerate(managers):
+                pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
+        new_blocks = []
+        zeroing = self.zeroing
+        for g, m in enumerate(managers):
+            m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
+            new = m.allocate_new_blocks(request_id, slots[g])
+            if zeroing[g] and new:
+                self.new_block_ids[g].extend(b for b in new if b)
+            new_blocks.append(new)
+        return tuple(new_blocks)
+
+    def _grow(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_encoder_tokens: int,
+        num_tokens_main_model: int | None,
+        headroom_blocks: int,
+        total_computed_tokens: int,
+    ) -> BlockTables | None:
+        """:meth:`allocate` for a request that already holds blocks and adopts no hit (a
+        running request's next chunk or decode step, the common call), after the window
+        release: the same capacity check and growth.
+
+        NOTE: inlined for speed: in groups whose manager grows plainly (full attention,
+        sliding window, chunked local) the table grows to ``ceil(num_tokens /
+        block_size)`` blocks right here, without the four per-group method calls of
+        :meth:`allocate` (they would do the same: no hit to claim or save). Other groups
+        (Mamba, cross attention, sinks) go through their methods."""
+        plan = self._grow_plan
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        counts: list[int] = []  # plain groups: blocks to add; the others: their slots
+        num_needed = 0
+        for m, bs, tables in plan:
+            if tables is not None:
+                n = -(-num_tokens // bs) - len(tables[request_id])
+                counts.append(n)
+            else:
+                slots = main if m.ignores_lookahead else m.slots_needed(
+                    num_tokens, num_encoder_tokens)
+                n = m.get_num_blocks_to_allocate(request_id, slots, [], total_computed_tokens)
+                counts.append(slots)
+            if n > 0:
+                num_needed += n
+        pool = self.pool
+        if num_needed + headroom_blocks > pool.free_queue.num_free:
+            return None
+        out: list[list[int]] = []
+        zeroing = self.zeroing
+        for g, (m, _bs, tables) in enumerate(plan):
+            if tables is not None:
+                n = counts[g]
+                if n <= 0:
+                    out.append([])
+                    continue
+                new = pool.get_new_blocks(n)
+                tables[request_id].extend(new)
+            else:
+                new = m.allocate_new_blocks(request_id, counts[g])
+            if zeroing[g] and new:
+                self.new_block_ids[g].extend(b for b in new if b)
+            out.append(new)
+        return tuple(out)
+
+    def num_blocks_for_full_sequence(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int,
+    ) -> int:
+        """Free blocks the request needs to hold all its ``num_tokens`` tokens at once
+        (``allocate_slots(..., full_sequence_must_fit=True)``, vLLM 0.33's admission gate
+        for chunked prefill), each group's need capped at its admission cap
+        (:attr:`admission_cap_blocks`: sliding window and chunked local recycle blocks, so
+        a request never holds more). Counted before any skipped block is released. No
+        state change.
+
+        Worked case (sliding window 8 at block 4, cap 5 blocks): a new 40-token request
+        needs ``min(10, 5) = 5`` blocks, not 10.
+        """
+        table_hit = hit if hit is not None else self._no_hit
+        caps = self.admission_cap_blocks
+        n = 0
+        for g, m in enumerate(self.managers):
+            slots = num_tokens if m.ignores_lookahead else m.slots_needed(
+                num_tokens, num_encoder_tokens)
+            cap = caps[g]
+            if cap is not None and slots > cap * m.block_size:
+                slots = cap * m.block_size
+            n += m.get_num_blocks_to_allocate(request_id, slots, table_hit[g],
+                                              total_computed_tokens)
+        return n
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens``
+        tokens, in every group that caches. Precondition: the request holds blocks."""
+        rid = request.request_id
+        align = self.cache_alignment_tokens
+        if align > 1:
+            num_tokens = num_tokens // align * align
+        # NOTE: the common case (no block became full) costs one comparison per group
+        # instead of a chain of method calls (see _build_plans).
+        hashed = num_tokens
+        if self._capped_at_hashes:  # hash lookahead: only blocks the request has hashes for
+            hashed = len(request.block_hashes) * self.pool.hash_block_size
+            if hashed > num_tokens:
+                hashed = num_tokens
+        for m, bs, cached, caps_itself in self._cache_plan:
+            if cached is None or hashed // bs > cached[rid]:
+                m.cache_blocks(request, rid, num_tokens if caps_itself else hashed)
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: every group resets its per-step bookkeeping."""
+        for m in self.managers:
+            m.new_step_starts()
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks in every group, tail first; an unknown id is a
+        no-op. O(blocks held)."""
+        for m in self.managers:
+            m.free(request_id)
+
+    def pop_blocks_for_free(self, request_id: str) -> list[int]:
+        """Forget the request in every group without releasing its blocks: the tables
+        concatenated in group order, each without its leading null blocks (vLLM 0.33's
+        ``pop_blocks_for_free``). The caller releases them later, last first."""
+        out: list[int] = []
+        for m in self.managers:
+            out.extend(m.pop_blocks_for_free(request_id))
+        return out
+
+    def block_ids(self, request_id: str) -> BlockTables:
+        """Copies of the request's block tables. Precondition: it holds blocks."""
+        return tuple(list(m.req_to_blocks[request_id]) for m in self.managers)
+
+    def block_ids_for_computed_tokens(self, request_id: str, num_tokens: int) -> BlockTables:
+        """Copies of the request's tables, attention groups clipped to the
+        ``ceil(num_tokens / block_size)`` blocks covering ``num_tokens`` tokens (Mamba and
+        cross-attention tables whole). Precondition: it holds blocks."""
+        return tuple(
+            list(m.req_to_blocks[request_id][: -(-num_tokens // m.block_size)])
+            if m.positional else list(m.req_to_blocks[request_id])
+            for m in self.managers
+        )
+
+    def num_token_slots(self, request_id: str) -> int:
+        """Tokens the request's tables can hold in every caching group (the fewest of
+        them; a large number when no group caches). Precondition: it holds blocks."""
+        return min((len(m.req_to_blocks[request_id]) * m.block_size for m in self._cacheable),
+                   default=1 << 62)
+
+    def num_common_prefix_blocks(self, request_id: str, num_running_requests: int) -> list[int]:
+        """Per group, the leading blocks every running request shares (0 where the kind
+        has no cascade attention)."""
+        return [m.get_num_common_prefix_blocks(request_id, num_running_requests)
+                for m in self.managers]
+
+    # ----------------------------------------------------------------- checks
+
+    def truncate(self, hit: BlockTables, num_tokens: int) -> BlockTables:
+        """``hit`` cut at ``num_tokens``: each caching group keeps its first
+        ``num_tokens // block_size`` blocks (non-caching groups none). Block 4, hit
+        ``[5, 6, 7]`` cut at 8 -> ``[5, 6]``. Pure slicing.
+
+        Raises:
+            InvalidArgumentError: ``num_tokens`` is not a multiple of a caching group's
+                block size.
+        """
+        out: list[list[int]] = []
+        for m, blocks in zip(self.managers, hit, strict=True):
+            if not m.cacheable:
+                out.append([])
+                continue
+            if num_tokens % m.block_size:
+                raise InvalidArgumentError(
+                    f"cannot truncate a hit to {num_tokens} tokens: not a multiple of group "
+                    f"{m.group}'s block size {m.block_size}")
+            out.append(list(blocks[: num_tokens // m.block_size]))
+        return tuple(out)
+
+    def take_new_block_ids(self) -> list[int]:
+        """The zeroed groups' blocks allocated (or recorded) since the last call."""
+        out: list[int] = []
+        for ids in self.new_block_ids:
+            out.extend(ids)
+            ids.clear()
+        return out
+
+    def record_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Record the request's blocks from ``start_token`` on again in every zeroed group.
+
+        Raises:
+            InvalidArgumentError: ``start_token`` is not a multiple of a zeroed group's
+                block size (nothing recorded).
+        """
+        groups = [m for m in self.managers if self.zeroing[m.group]]
+        for m in groups:
+            if start_token % m.block_size:
+                raise InvalidArgumentError(
+                    f"start_token={start_token} is not a multiple of group {m.group}'s block "
+                    f"size {m.block_size}; zero from a block boundary")
+        for m in groups:
+            self.new_block_ids[m.group].extend(
+                m.req_to_blocks[request_id][start_token // m.block_size:])
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Block copies queued since the last call (sub-block hits only; none here)."""
+        return []
+
+    def iter_pending_copy_blocks(self) -> Iterator[int]:
+        """Both blocks of every queued copy (sub-block hits only; none here)."""
+        return iter(())
+
+    def iter_held_blocks(self) -> Iterator[int]:
+        """Every block id held by any table of any group, once per holding."""
+        for m in self.managers:
+            yield from m.iter_held_blocks()
+
+    def check_invariants(self, held_outside: dict[int, int] | None = None) -> None:
+        """Each group's checks; every group tracks the same requests; every block's ref
+        count equals the number of tables holding it plus ``held_outside[b]`` (references
+        the engine holds outside tables: popped or copy-retained blocks).
+        O(num_blocks + held blocks)."""
+        pool = self.pool
+        counts = [0] * pool.num_blocks
+        for b, n in (held_outside or {}).items():
+            counts[b] += n
+        tracked: set[str] | None = None
+        for m in self.managers:
+            m.check_invariants()
+            ids = set(m.req_to_blocks)
+            assert tracked is None or ids == tracked, "groups track different requests"
+            tracked = ids
+        for b in self.iter_held_blocks():
+            counts[b] += 1
+        for b in range(1, pool.num_blocks):
+            assert pool.ref_cnt[b] == counts[b], (
+                f"block {b}: ref count {pool.ref_cnt[b]}, held {counts[b]} times (block "
+                "tables and references held outside them)"
+            )

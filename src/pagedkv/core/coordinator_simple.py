@@ -1,0 +1,121 @@
+"""The coordinators without a hybrid lookup (see :mod:`pagedkv.core.coordinator`).
+
+* :class:`NoPrefixCacheCoordinator` — caching off: no lookup, nothing registered.
+* :class:`UnitaryCoordinator` — one group: that group's longest hit; no loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.core.coordinator_base import BlockTables, Coordinator
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.pool import BlockPool
+from pagedkv.core.request import RequestLike
+
+__all__ = ["NoPrefixCacheCoordinator", "UnitaryCoordinator"]
+
+
+class NoPrefixCacheCoordinator(Coordinator):
+    """Caching off: no lookup, no hit adopted, nothing registered."""
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int
+    ) -> tuple[BlockTables, int] | None:
+        return None
+
+    def hit_problem(
+        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
+    ) -> str | None:
+        if num_hit_tokens or type(hit) is not tuple or any(hit):
+            return "prefix caching is off: this manager hands out no hits"
+        return None
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        *,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
+    ) -> BlockTables | None:
+        return super().allocate(
+            request_id, None, num_computed_tokens=num_computed_tokens,
+            total_computed_tokens=total_computed_tokens, num_tokens=num_tokens,
+            num_encoder_tokens=num_encoder_tokens, num_tokens_main_model=num_tokens_main_model,
+            headroom_blocks=headroom_blocks, num_local_computed_tokens=num_local_computed_tokens)
+
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        return
+
+
+class UnitaryCoordinator(Coordinator):
+    """One group: its own longest hit, and the allocation without per-group loops."""
+
+    def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
+        super().__init__(managers, pool)
+        assert len(self.managers) == 1
+        self._manager = self.managers[0]
+
+    def find_longest_cache_hit(
+        self, block_hashes: list[bytes], max_length: int
+    ) -> tuple[BlockTables, int] | None:
+        m = self._manager
+        blocks = m.find_longest_cache_hit(block_hashes, max_length)
+        return (blocks,), len(blocks) * m.block_size
+
+    def allocate(
+        self,
+        request_id: str,
+        hit: BlockTables | None,
+        *,
+        num_computed_tokens: int,
+        total_computed_tokens: int,
+        num_tokens: int,
+        num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        headroom_blocks: int = 0,
+        num_local_computed_tokens: int | None = None,
+    ) -> BlockTables | None:
+        """As :meth:`Coordinator.allocate`, for the one group."""
+        m = self._manager
+        if hit is None and m.grows_plainly:
+            table = m.req_to_blocks.get(request_id)
+            if table is not None:
+                # NOTE: inlined for speed, as Coordinator._grow: a running request.
+                if m.drops_blocks:
+                    m.remove_skipped_blocks(request_id, num_computed_tokens)
+                n = -(-num_tokens // m.block_size) - len(table)
+                pool = self.pool
+                if (n if n > 0 else 0) + headroom_blocks > pool.free_queue.num_free:
+                    return None
+                if n <= 0:
+                    return ([],)
+                new = pool.get_new_blocks(n)
+                table.extend(new)
+                if self.zeroing[0]:
+                    self.new_block_ids[0].extend(b for b in new if b)
+                return (new,)
+        if m.ignores_lookahead and num_tokens_main_model is not None:
+            slots = num_tokens_main_model
+        else:
+            slots = m.slots_needed(num_tokens, num_encoder_tokens)
+        table_hit = hit[0] if hit is not None else []
+        if m.drops_blocks:
+            m.remove_skipped_blocks(request_id, num_computed_tokens)
+        if m.get_num_blocks_to_allocate(
+            request_id, slots, table_hit, total_computed_tokens
+        ) + headroom_blocks > self.pool.free_queue.num_free:
+            return None
+        if hit is not None:
+            self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
+        m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
+        new = m.allocate_new_blocks(request_id, slots)
+        if self.zeroing[0] and new:
+            self.new_block_ids[0].extend(b for b in new if b)
+        return (new,)

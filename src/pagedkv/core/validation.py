@@ -1,0 +1,369 @@
+"""Checks at the façade boundary: a misused call raises before any state changes.
+
+Each entry point of :class:`~pagedkv.KVCacheManager` calls one function here. The common
+call on the hot path (``allocate_slots(live_request, n)`` for a request that already holds
+blocks) is checked by a few comparisons inline in the façade and reaches this module only
+when one of them fails; this module then names the problem and the fix.
+
+Rules (every violation raises the exception named, state unchanged):
+
+* request ids are ``str`` and unique among *live* requests (those holding blocks):
+  :class:`~pagedkv.errors.DuplicateRequestError` for a second request object with a live id;
+* a request that holds no blocks (new, or freed) has ``num_computed_tokens == 0``: the KV
+  of computed tokens would be in no block;
+* counts are ``int`` (not ``bool``, ``float`` or ``str``) and ``>= 0``; ``num_new_tokens``
+  may not reach past the request's tokens (``computed + hit + external + new <=
+  num_tokens``); lookahead slots past ``max_model_len`` are capped (speculative tokens
+  that can never be accepted);
+* a prompt longer than ``max_model_len`` is refused at ``new_request``, lookup and
+  allocation;
+* a hit (:class:`~pagedkv.ComputedBlocks`) is adopted only if this manager issued it for
+  this request and its blocks still hold the request's prefix
+  (:class:`~pagedkv.errors.InvalidHitError`); O(hit blocks), nothing without a hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
+
+from pagedkv.core.coordinator import ComputedBlocks, Coordinator
+from pagedkv.core.hashing import BlockHasher, HashExtras
+from pagedkv.core.pool import BlockPool
+from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
+
+if TYPE_CHECKING:
+    from pagedkv.core.request import RequestLike
+
+
+class ManagerView(Protocol):
+    """What the checks read of the façade (:class:`pagedkv.KVCacheManager`)."""
+
+    @property
+    def live_requests(self) -> Mapping[str, RequestLike]: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def hasher(self) -> BlockHasher: ...
+
+    @property
+    def issuer_token(self) -> object: ...
+
+    @property
+    def pool(self) -> BlockPool: ...
+
+    @property
+    def coordinator(self) -> Coordinator: ...
+
+    def require_live(self, request_id: str) -> None: ...
+
+
+def check_request_retention(request_id: str, retention: object) -> None:
+    """A request's ``retention`` is interpreted by the retention component; the core
+    checks its shape (an object with ``block_runs``, e.g.
+    :class:`pagedkv.retention.RequestRetention`).
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    if not callable(getattr(retention, "block_runs", None)):
+        raise InvalidArgumentError(
+            f"request {request_id!r}: retention must be a "
+            f"pagedkv.retention.RequestRetention, got {type(retention).__name__}"
+        )
+
+__all__ = [
+    "check_allocate",
+    "check_cache_blocks",
+    "check_count",
+    "check_estimate",
+    "check_free",
+    "check_lookup",
+    "check_new_request",
+    "check_request_id",
+]
+
+
+def check_request_id(request_id: object) -> str:
+    """``request_id`` if it is a non-empty ``str``.
+
+    Raises:
+        InvalidArgumentError: any other value.
+    """
+    if type(request_id) is not str or not request_id:
+        raise InvalidArgumentError(
+            f"request ids are non-empty strings, got {request_id!r}; convert the engine's id "
+            "with str()"
+        )
+    return request_id
+
+
+def check_count(name: str, value: object) -> int:
+    """``value`` if it is an ``int >= 0`` (``bool`` is refused).
+
+    Raises:
+        InvalidArgumentError: any other value; the message names ``name``.
+    """
+    if type(value) is not int or value < 0:
+        raise InvalidArgumentError(
+            f"{name} must be an int >= 0, got {value!r}; pass a whole number of tokens"
+        )
+    return value
+
+
+def _request_of(obj: object) -> RequestLike:
+    if isinstance(obj, (str, bytes, int)) or obj is None or not hasattr(obj, "request_id"):
+        raise InvalidArgumentError(
+            f"expected a request object (pagedkv.Request or a RequestLike), got {obj!r}; "
+            "create one with mgr.new_request(...)"
+        )
+    return cast("RequestLike", obj)
+
+
+def check_new_request(
+    mgr: ManagerView,
+    request_id: object,
+    prompt_token_ids: Sequence[int],
+    block_hashes: Sequence[bytes] | None,
+    hash_extras: HashExtras | None,
+) -> None:
+    """Checks of :meth:`KVCacheManager.new_request`; the token ids themselves are checked
+    by :class:`~pagedkv.Request`.
+
+    Raises:
+        InvalidArgumentError: a bad id, an over-long prompt, bad hashes or extras.
+        DuplicateRequestError: the id is live.
+    """
+    rid = check_request_id(request_id)
+    if rid in mgr.live_requests:
+        raise DuplicateRequestError(
+            f"request id {rid!r} belongs to a live request (it holds blocks); free it first "
+            "or give the new request another id"
+        )
+    if not isinstance(prompt_token_ids, Sequence) or isinstance(prompt_token_ids, (str, bytes)):
+        raise InvalidArgumentError(
+            f"request {rid!r}: prompt_token_ids must be a sequence of ints, got "
+            f"{type(prompt_token_ids).__name__}"
+        )
+    if len(prompt_token_ids) > mgr.max_model_len:
+        raise InvalidArgumentError(
+            f"request {rid!r}: a {len(prompt_token_ids)}-token prompt is longer than "
+            f"max_model_len={mgr.max_model_len}; truncate it or raise max_model_len"
+        )
+    if hash_extras is not None and not isinstance(hash_extras, HashExtras):
+        raise InvalidArgumentError(
+            f"request {rid!r}: hash_extras must be a HashExtras, got {hash_extras!r}"
+        )
+    if block_hashes is not None:
+        bs = mgr.hasher.block_size
+        if len(block_hashes) > len(prompt_token_ids) // bs:
+            raise InvalidArgumentError(
+                f"request {rid!r}: {len(block_hashes)} block hashes for "
+                f"{len(prompt_token_ids)} tokens, which fill only "
+                f"{len(prompt_token_ids) // bs} blocks of {bs}; give one hash per full block"
+            )
+        for i, h in enumerate(block_hashes):
+            if type(h) is not bytes:
+                raise InvalidArgumentError(
+                    f"request {rid!r}: block hash {i} must be bytes (a digest), got {h!r}"
+                )
+
+
+def check_lookup(mgr: ManagerView, request: object) -> None:
+    """Checks of :meth:`KVCacheManager.get_computed_blocks`.
+
+    Raises:
+        InvalidArgumentError: not a request, or a prompt longer than ``max_model_len``.
+    """
+    req = _request_of(request)
+    if req.num_tokens > mgr.max_model_len:
+        raise InvalidArgumentError(
+            f"request {req.request_id!r} has {req.num_tokens} tokens, more than "
+            f"max_model_len={mgr.max_model_len}; finish it at max_model_len"
+        )
+
+
+def check_estimate(request: object) -> None:
+    """Checks of :meth:`KVCacheManager.estimate_cached_tokens`.
+
+    Raises:
+        InvalidArgumentError: not a request, or its id is not a str.
+    """
+    check_request_id(_request_of(request).request_id)
+
+
+def check_allocate(
+    mgr: ManagerView,
+    request: object,
+    num_new_tokens: object,
+    hit: object,
+    counts: tuple[object, object, object, object],
+    headroom: tuple[object, ...] = (0, True, False),
+) -> bool:
+    """All checks of :meth:`KVCacheManager.allocate_slots`; ``counts`` are
+    ``num_new_computed_tokens`` (``None``: the hit's), ``num_lookahead_tokens``,
+    ``num_external_computed_tokens`` and ``num_encoder_tokens``; ``headroom`` is
+    ``(reserved_blocks, has_scheduled_reqs)``: an int >= 0 and a bool.
+
+    Returns:
+        Whether this is the request's first allocation (it holds no blocks yet).
+
+    Raises:
+        InvalidArgumentError, DuplicateRequestError, InvalidHitError: the rules of the
+            module docstring.
+    """
+    # Each test is a cheap guard; the diagnosing helpers run only when one fails.
+    req = cast("RequestLike", request)
+    try:
+        rid = req.request_id
+        computed = req.num_computed_tokens
+        num_tokens = req.num_tokens
+    except AttributeError:
+        _request_of(request)
+        raise
+    if type(rid) is not str or not rid:
+        check_request_id(rid)
+    if type(num_new_tokens) is not int or num_new_tokens < 0:
+        check_count("num_new_tokens", num_new_tokens)
+    num_new = cast(int, num_new_tokens)
+    new_computed, lookahead, external, encoder = counts
+    if hit is not None and not isinstance(hit, ComputedBlocks):
+        raise InvalidHitError(
+            f"request {rid!r}: new_computed_blocks must be the ComputedBlocks that "
+            f"get_computed_blocks returned, got {type(hit).__name__}"
+        )
+    num_hit = hit.num_computed_tokens if hit is not None else 0
+    if new_computed is None:
+        new_computed = num_hit
+    if lookahead or external or encoder or new_computed != num_hit:
+        check_count("num_new_computed_tokens", new_computed)
+        lookahead = check_count("num_lookahead_tokens", lookahead)
+        external = check_count("num_external_computed_tokens", external)
+        check_count("num_encoder_tokens", encoder)
+    reserved, has_scheduled = headroom[0], headroom[1]
+    must_fit = headroom[2] if len(headroom) > 2 else False
+    if type(must_fit) is not bool:
+        raise InvalidArgumentError(
+            f"full_sequence_must_fit must be a bool, got {must_fit!r}"
+        )
+    if type(reserved) is not int or reserved < 0:
+        check_count("reserved_blocks", reserved)
+    if type(has_scheduled) is not bool:
+        raise InvalidArgumentError(
+            f"has_scheduled_reqs must be a bool, got {has_scheduled!r}; pass whether other "
+            "requests are scheduled in this step"
+        )
+    live = mgr.live_requests.get(rid)
+    if live is not None and live is not request:
+        raise DuplicateRequestError(
+            f"request id {rid!r} belongs to another live request object; ids must be unique "
+            "among live requests (free the other one first)"
+        )
+    has_hit = hit is not None and bool(num_hit or any(hit.block_ids))
+    if has_hit and live is not None:
+        raise InvalidArgumentError(
+            f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
+            "be given to its first allocate_slots call"
+        )
+    if type(computed) is not int or computed < 0:
+        check_count(f"request {rid!r}: num_computed_tokens", computed)
+    if num_tokens > mgr.max_model_len:
+        raise InvalidArgumentError(
+            f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
+            f"{mgr.max_model_len}; finish it at max_model_len"
+        )
+    if live is None and computed:
+        raise InvalidArgumentError(
+            f"request {rid!r} holds no blocks (new, or freed) but num_computed_tokens="
+            f"{computed}; set it to 0 before allocating again (its KV is gone)"
+        )
+    if new_computed != num_hit:
+        raise InvalidArgumentError(
+            f"request {rid!r}: num_new_computed_tokens={new_computed} but the hit holds "
+            f"{num_hit} tokens; leave it out (it defaults to the hit's)"
+        )
+    if num_new == 0 and not external and not lookahead:
+        raise InvalidArgumentError(
+            f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or external or "
+            "lookahead tokens); there is nothing to allocate"
+        )
+    if has_hit:
+        assert hit is not None
+        _check_hit(mgr, req, rid, hit)
+    if computed + num_hit + cast(int, external) + num_new > num_tokens:
+        raise InvalidArgumentError(
+            f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
+            f"{num_new} new tokens is more than its {num_tokens} tokens; append the tokens "
+            "first (lookahead slots go in num_lookahead_tokens)"
+        )
+    return live is None
+
+
+def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
+    if hit.issuer is not mgr.issuer_token or hit.request_id != rid:
+        whose = "another manager" if hit.issuer is not mgr.issuer_token else (
+            f"request {hit.request_id!r}")
+        raise InvalidHitError(
+            f"request {rid!r}: this hit was issued for {whose}; pass the hit that "
+            "get_computed_blocks returned for this request on this manager"
+        )
+    if type(hit.num_computed_tokens) is not int or not (
+            0 <= hit.num_computed_tokens < req.num_tokens):
+        raise InvalidHitError(
+            f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
+            f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
+        )
+    if hit.generation == mgr.pool.index_generation and hit.fingerprint == (
+            hit.num_computed_tokens, *map(tuple, hit.block_ids)):
+        return  # unchanged since the lookup, and no block lost or changed its hash since
+    why = mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
+    if why is not None:
+        raise InvalidHitError(
+            f"request {rid!r}: the hit cannot be adopted: {why}; look it up again with "
+            "get_computed_blocks right before allocate_slots"
+        )
+
+
+def check_free(mgr: ManagerView, request: object) -> str:
+    """The id to free: ``request`` itself (a str) or its ``request_id``.
+
+    Raises:
+        InvalidArgumentError: neither a str nor a request.
+        DuplicateRequestError: a request object whose id a *different* live request holds.
+    """
+    if type(request) is str:
+        return request
+    req = _request_of(request)
+    rid = check_request_id(req.request_id)
+    live = mgr.live_requests.get(rid)
+    if live is not None and live is not request:
+        raise DuplicateRequestError(
+            f"request id {rid!r} belongs to another live request object; freeing this one "
+            "would free that one's blocks (free by id, mgr.free(request_id), if you mean it)"
+        )
+    return rid
+
+
+def check_cache_blocks(mgr: ManagerView, request: object, num_computed_tokens: object) -> None:
+    """Checks of :meth:`KVCacheManager.cache_blocks`.
+
+    Raises:
+        InvalidArgumentError: a bad count, or tokens beyond the slots the request holds.
+        UnknownRequestError: the request holds no blocks.
+    """
+    req = _request_of(request)
+    rid = check_request_id(req.request_id)
+    n = check_count("num_computed_tokens", num_computed_tokens)
+    mgr.require_live(rid)
+    if mgr.live_requests[rid] is not request:
+        raise DuplicateRequestError(
+            f"request id {rid!r} belongs to another live request object"
+        )
+    slots = mgr.coordinator.num_token_slots(rid)
+    if min(n, req.num_tokens) > slots:
+        raise InvalidArgumentError(
+            f"request {rid!r}: cannot register {n} computed tokens, it holds slots for "
+            f"{slots}; allocate_slots first"
+        )

@@ -1,0 +1,209 @@
+"""GPUs the simulator's clock and the planner know: dense peak FLOP rates, HBM bandwidth,
+memory and interconnect, each from the vendor's data sheet (``docs/simulator.md``, "The
+clock", lists the sources).
+
+Figures are the **dense** tensor-core rates (the data sheets' "with sparsity" figures are
+twice these). A GPU without FP8 tensor cores (A100) has ``fp8_tflops`` None: FP8 weights
+there run at the BF16 rate. Memory follows the project's convention: an "80 GB" card holds
+80 GiB (what ``--gpu-memory`` defaults to).
+
+A GPU the table lacks is given as a small JSON file (:func:`load_gpu_spec`)::
+
+    {"name": "my-gpu", "bf16_tflops": 400, "fp8_tflops": 800, "hbm_tb_s": 2.0,
+     "memory_gib": 64, "interconnect_gb_s": 300}
+
+>>> gpu = find_gpu("h100")
+>>> gpu.name, gpu.bf16_tflops, gpu.hbm_tb_s, gpu.memory
+('H100-SXM', 989.4, 3.35, '80GiB')
+>>> find_gpu("a100-80gb").peak_flops(weight_bytes_per_param=1.0)  # no FP8: the BF16 rate
+312000000000000.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagedkv.errors import InputFileError, InvalidArgumentError
+
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuSpec", "find_gpu", "gpu_names", "load_gpu_spec",
+           "resolve_gpu"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU: dense tensor-core peaks (TFLOP/s), HBM bandwidth (TB/s), memory (GiB),
+    the GPU-to-GPU bandwidth tensor parallelism uses (GB/s, one direction) and where the
+    figures come from."""
+
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    hbm_tb_s: float
+    memory_gib: float
+    interconnect_gb_s: float
+    interconnect: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("bf16_tflops", "hbm_tb_s", "memory_gib", "interconnect_gb_s"):
+            _check_positive(key, getattr(self, key), self.name)
+        if self.fp8_tflops is not None:
+            _check_positive("fp8_tflops", self.fp8_tflops, self.name)
+
+    @property
+    def memory(self) -> str:
+        """Memory as ``--gpu-memory`` takes it (``80GiB``)."""
+        return f"{self.memory_gib:g}GiB"
+
+    @property
+    def hbm_bytes_s(self) -> float:
+        return self.hbm_tb_s * 1e12
+
+    @property
+    def interconnect_bytes_s(self) -> float:
+        return self.interconnect_gb_s * 1e9
+
+    def peak_flops(self, *, weight_bytes_per_param: float = 2.0) -> float:
+        """Dense peak FLOP/s for matrices of weights that size: FP8 (or smaller) weights
+        use the FP8 rate where the GPU has one, else the BF16 rate."""
+        if weight_bytes_per_param <= 1.0 and self.fp8_tflops is not None:
+            return self.fp8_tflops * 1e12
+        return self.bf16_tflops * 1e12
+
+
+def _check_positive(key: str, value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"GPU spec {where}: {key} must be a number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidArgumentError(
+            f"GPU spec {where}: {key} must be a finite number > 0, got {value!r}")
+
+
+_NV = "NVIDIA data sheet"
+#: The table (docs/simulator.md gives each source's address).
+GPUS: Mapping[str, GpuSpec] = {g.name: g for g in (
+    GpuSpec(name="A100-40GB", bf16_tflops=312.0, fp8_tflops=None, hbm_tb_s=1.555,
+            memory_gib=40, interconnect_gb_s=300.0, interconnect="NVLink 3 (600 GB/s bidir.)",
+            source=f"{_NV}: A100 Tensor Core GPU (SXM4 40GB)"),
+    GpuSpec(name="A100-80GB", bf16_tflops=312.0, fp8_tflops=None, hbm_tb_s=2.039,
+            memory_gib=80, interconnect_gb_s=300.0, interconnect="NVLink 3 (600 GB/s bidir.)",
+            source=f"{_NV}: A100 Tensor Core GPU (SXM4 80GB)"),
+    GpuSpec(name="H100-SXM", bf16_tflops=989.4, fp8_tflops=1978.9, hbm_tb_s=3.35,
+            memory_gib=80, interconnect_gb_s=450.0, interconnect="NVLink 4 (900 GB/s bidir.)",
+            source=f"{_NV}: H100 Tensor Core GPU (SXM)"),
+    GpuSpec(name="H100-PCIe", bf16_tflops=756.0, fp8_tflops=1513.0, hbm_tb_s=2.0,
+            memory_gib=80, interconnect_gb_s=64.0, interconnect="PCIe Gen5 x16 (128 GB/s bidir.)",
+            source=f"{_NV}: H100 Tensor Core GPU (PCIe)"),
+    GpuSpec(name="H200", bf16_tflops=989.4, fp8_tflops=1978.9, hbm_tb_s=4.8,
+            memory_gib=141, interconnect_gb_s=450.0, interconnect="NVLink 4 (900 GB/s bidir.)",
+            source=f"{_NV}: H200 Tensor Core GPU (SXM)"),
+    GpuSpec(name="B200", bf16_tflops=2250.0, fp8_tflops=4500.0, hbm_tb_s=8.0,
+            memory_gib=180, interconnect_gb_s=900.0, interconnect="NVLink 5 (1.8 TB/s bidir.)",
+            source=f"{_NV}: HGX B200 (per GPU)"),
+    GpuSpec(name="L40S", bf16_tflops=362.05, fp8_tflops=733.0, hbm_tb_s=0.864,
+            memory_gib=48, interconnect_gb_s=32.0, interconnect="PCIe Gen4 x16 (64 GB/s bidir.)",
+            source=f"{_NV}: L40S GPU (GDDR6 864 GB/s)"),
+    GpuSpec(name="MI300X", bf16_tflops=1307.4, fp8_tflops=2614.9, hbm_tb_s=5.3,
+            memory_gib=192, interconnect_gb_s=448.0,
+            interconnect="Infinity Fabric (7 x 64 GB/s per direction)",
+            source="AMD Instinct MI300X data sheet"),
+)}
+
+#: What ``--gpu`` defaults to (the default ``--gpu-memory`` is its memory).
+DEFAULT_GPU = "H100-SXM"
+
+_ALIASES: Mapping[str, str] = {
+    "a100": "A100-80GB", "a100-80g": "A100-80GB", "a100-40g": "A100-40GB",
+    "h100": "H100-SXM", "h100-80gb": "H100-SXM", "h100-sxm5": "H100-SXM",
+    "h200-sxm": "H200", "h200-141gb": "H200", "b200-180gb": "B200", "mi300": "MI300X",
+}
+
+
+def gpu_names() -> list[str]:
+    """The table's names."""
+    return list(GPUS)
+
+
+def find_gpu(name: str) -> GpuSpec:
+    """The table's GPU called ``name`` (case-insensitive; ``h100`` is the SXM card).
+
+    Raises:
+        InvalidArgumentError: an unknown name (the message lists the known ones and says
+            how to describe another GPU).
+    """
+    key = name.strip().lower()
+    for gpu in GPUS.values():
+        if gpu.name.lower() == key:
+            return gpu
+    alias = _ALIASES.get(key)
+    if alias is not None:
+        return GPUS[alias]
+    raise InvalidArgumentError(
+        f"unknown GPU {name!r}: give one of {', '.join(GPUS)}, or a JSON spec file "
+        '({"name", "bf16_tflops", "hbm_tb_s", "memory_gib", "interconnect_gb_s"})')
+
+
+_FIELDS = ("name", "bf16_tflops", "fp8_tflops", "hbm_tb_s", "memory_gib",
+           "interconnect_gb_s", "interconnect", "source")
+_REQUIRED = ("bf16_tflops", "hbm_tb_s", "memory_gib")
+
+
+def load_gpu_spec(path: str | Path) -> GpuSpec:
+    """A GPU from a JSON file (module docstring): ``bf16_tflops``, ``hbm_tb_s`` and
+    ``memory_gib`` are required; ``fp8_tflops`` (default none), ``interconnect_gb_s``
+    (default 64, PCIe Gen5), ``name`` (default the file name) optional.
+
+    Raises:
+        InputFileError: unreadable or not JSON, a missing or unknown key, a value that is
+            not a finite positive number (NaN, negative, text).
+    """
+    p = Path(path)
+    try:
+        data: Any = json.loads(p.read_text(encoding="utf-8"),
+                               parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(str(p), f"cannot read the GPU spec ({exc})") from None
+    except ValueError as exc:
+        raise InputFileError(str(p), f"the GPU spec is not valid JSON ({exc})") from None
+    if not isinstance(data, Mapping):
+        raise InputFileError(str(p), f"a GPU spec is a JSON object with {', '.join(_REQUIRED)}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise InputFileError(str(p), f"unknown key in the GPU spec; keys are "
+                             f"{', '.join(_FIELDS)}", key=unknown[0])
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise InputFileError(str(p), f"missing from the GPU spec; give "
+                             f"{', '.join(_REQUIRED)} (and interconnect_gb_s for TP)",
+                             key=missing[0])
+    try:
+        return GpuSpec(
+            name=str(data.get("name", p.stem)), bf16_tflops=data["bf16_tflops"],
+            fp8_tflops=data.get("fp8_tflops"), hbm_tb_s=data["hbm_tb_s"],
+            memory_gib=data["memory_gib"], interconnect_gb_s=data.get("interconnect_gb_s", 64.0),
+            interconnect=str(data.get("interconnect", "")), source=f"spec file {p.name}")
+    except InvalidArgumentError as exc:
+        raise InputFileError(str(p), str(exc)) from None
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+def resolve_gpu(text: str | None) -> GpuSpec:
+    """``--gpu``: a table name, or a path to a JSON spec (ends in ``.json``); None: the
+    default (:data:`DEFAULT_GPU`).
+
+    Raises:
+        InvalidArgumentError, InputFileError: as :func:`find_gpu`, :func:`load_gpu_spec`.
+    """
+    if text is None:
+        return GPUS[DEFAULT_GPU]
+    if text.lower().endswith(".json") or Path(text).is_file():
+        return load_gpu_spec(text)
+    return find_gpu(text)

@@ -1,0 +1,82 @@
+"""The side-by-side harness (``benchmarks/kv_workload.py``) and its pagedkv adapter: the
+workloads are deterministic, a gzip'd trace reads like the plain one, a bad trace line is
+named, and replaying a workload twice on fresh managers gives the same block ids. (The
+speed figures come from ``benchmarks/compare_vllm.py``; nothing here is timed.)"""
+
+from __future__ import annotations
+
+import argparse
+import doctest
+import gzip
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import kv_workload  # noqa: E402
+from vllm_compare_adapter import PagedKVAdapter  # noqa: E402
+
+
+def _args(*flags: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    kv_workload.add_workload_args(ap)
+    return kv_workload.parse_with_preset(ap, list(flags))
+
+
+def test_synthetic_workload_is_deterministic_and_shares_its_prompt() -> None:
+    a = kv_workload.build_workload(_args("--num-requests", "40"))
+    b = kv_workload.build_workload(_args("--num-requests", "40"))
+    assert kv_workload.workload_digest(a) == kv_workload.workload_digest(b)
+    assert all(r.prompt[:1024] == a[0].prompt[:1024] for r in a)  # shared fraction 1.0
+    other = kv_workload.build_workload(_args("--num-requests", "40", "--seed", "1"))
+    assert kv_workload.workload_digest(other) != kv_workload.workload_digest(a)
+
+
+def test_preset_expands_and_explicit_flags_win() -> None:
+    args = _args("--preset", "heavy-eviction", "--num-blocks", "900")
+    assert (args.num_blocks, args.num_system_prompts, args.shared_fraction) == (900, 8, 0.8)
+    assert _args("--preset", "mooncake").trace == kv_workload.DEFAULT_TRACE
+
+
+def test_bundled_trace_plain_and_gzip_give_one_workload(tmp_path: Path) -> None:
+    plain = kv_workload.build_workload(_args("--preset", "mooncake", "--trace-limit", "30"))
+    assert len(plain) == 30
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(Path(kv_workload.DEFAULT_TRACE).read_bytes()))
+    again = kv_workload.build_workload(_args("--preset", "mooncake", "--trace", str(packed),
+                                             "--trace-limit", "30"))
+    assert kv_workload.workload_digest(again) == kv_workload.workload_digest(plain)
+
+
+def test_bad_trace_line_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"input_length": 4, "hash_ids": [1]}\n{"input_length": "x"}\n')
+    with pytest.raises(SystemExit, match=r"t\.jsonl:2: not a Mooncake record"):
+        kv_workload.build_workload(_args("--trace", str(bad)))
+
+
+def _run(*flags: str) -> dict[str, Any]:
+    args = _args(*flags)
+    reqs = kv_workload.build_workload(args)
+    args.max_model_len = max(len(r.prompt) + len(r.decode) for r in reqs)
+    return kv_workload.replay(PagedKVAdapter(args), reqs, args.concurrency)
+
+
+def test_replay_on_fresh_managers_gives_the_same_block_ids() -> None:
+    flags = ("--preset", "heavy-eviction", "--num-requests", "120", "--num-blocks", "300")
+    first, second = _run(*flags), _run(*flags)
+    assert first["digest_lookup"] == second["digest_lookup"]
+    assert first["digest_alloc"] == second["digest_alloc"]
+    assert first["hit_tokens"] > 0 and first["ops"]["free"]["count"] == 120
+    assert first["final_free_blocks"] == 299  # everything freed (block 0 is the null block)
+
+
+@pytest.mark.parametrize("name", ["kv_workload", "conformance.codec", "conformance.transcript"])
+def test_docstring_examples(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
