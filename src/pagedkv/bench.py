@@ -29,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.checks import check_flag, check_whole
+from pagedkv.cli_args import whole_arg
 from pagedkv.core.manager import KVCacheManager
 from pagedkv.core.request import Request
 from pagedkv.core.specs import FullAttentionSpec
@@ -58,10 +60,14 @@ class BenchConfig:
         if self.workload not in WORKLOADS:
             raise InvalidArgumentError(
                 f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        if self.hash_algo not in ("sha256_cbor", "xxhash_cbor"):
+            raise InvalidArgumentError(
+                f"hash_algo must be 'sha256_cbor' or 'xxhash_cbor', got {self.hash_algo!r}")
+        check_flag("BenchConfig.enable_events", self.enable_events)
+        check_whole("BenchConfig.seed", self.seed, minimum=None)
         for name in ("num_requests", "block_size", "concurrency"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
+            check_whole(name, value, minimum=1, maximum=10_000_000)
         if self.num_blocks is not None and (
                 isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int)
                 or not 2 <= self.num_blocks <= _MAX_BENCH_BLOCKS):
@@ -268,7 +274,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="workload random seed (default: %(default)s)")
     p.add_argument("--events", action="store_true", help="buffer KV events, drain each step")
-    p.add_argument("--repeat", type=_positive_int, default=1,
+    p.add_argument("--repeat", type=whole_arg("--repeat", minimum=1, maximum=1000), default=1,
                    help="runs on fresh managers; the median core ops/s is shown")
     p.add_argument("--smoke", action="store_true", help="a tiny run (200 requests) for CI")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -9,9 +9,9 @@ full-attention, a hybrid (full + sliding window + Mamba) and an MLA layout.
    survives an eviction storm; evicted blocks come back from the host tier; a miss is
    explained as an eviction; stored and removed events are emitted).
 
-The host tier supports full-attention layouts only (sliding-window and Mamba host hit
-rules are not built): on the hybrid layout every subset with it is refused at
-construction with a ConfigError naming the group, which this test pins down too.
+On the hybrid layout the host tier serves each group by its own rule (full attention
+every block, the window's blocks, the Mamba state at the hit's end), so an evicted
+prompt comes back from host memory there too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import pytest
 
 from pagedkv import (
     CacheConfig,
-    ConfigError,
     FullAttentionSpec,
     KVCacheManager,
     MambaSpec,
@@ -72,10 +71,6 @@ def _config(layout: str, features: frozenset[str], num_blocks: int = 40,
 
 
 def _build(layout: str, features: frozenset[str], **kw: object) -> KVCacheManager:
-    if layout == "hybrid" and "host" in features:
-        with pytest.raises(ConfigError, match="group 1 is SlidingWindowSpec"):
-            KVCacheManager(_config(layout, features, **kw))  # type: ignore[arg-type]
-        pytest.skip("refused: the host tier has no sliding-window/Mamba hit rules yet")
     return KVCacheManager(_config(layout, features, **kw))  # type: ignore[arg-type]
 
 
@@ -182,8 +177,13 @@ def test_active_features_work_in_every_combination(layout: str,
         _run(mgr, f"storm{k}", _prompt(k))
         if "observe" in features:
             mgr.observe.begin_step()
-    probe = mgr.new_request("probe", _prompt(1))
+    # the first prompt plus one token: a hit may then cover all 12 tokens, where the
+    # hybrid layout's Mamba group cached its state
+    probe = mgr.new_request("probe", [*_prompt(1), 7])
     device_hit = mgr.get_computed_blocks(probe).num_computed_tokens
+    if "observe" in features and "retention" not in features:
+        labels = {s.label for s in mgr.observe.explain_lookup(probe).segments}
+        assert "evicted" in labels, labels
     if "retention" in features:
         # the pinned blocks stayed cached in every group that caches them (a hybrid hit
         # also needs the Mamba state, which this layout does not cache)
@@ -192,12 +192,14 @@ def test_active_features_work_in_every_combination(layout: str,
         assert layout == "hybrid" or device_hit >= 8
     elif "host" in features:
         assert device_hit == 0
-        assert mgr.host.lookup(probe).num_host_tokens > 0, "not stored in the host tier"
+        hit = mgr.host.lookup(probe)
+        assert hit.num_host_tokens == 12, "not stored in the host tier"
+        assert mgr.allocate_slots(probe, 1, new_computed_blocks=hit) is not None
+        (plan,) = mgr.host.take_load_plans()
+        assert plan.num_blocks == {"hybrid": 3 + 2 + 1}.get(layout, 3)
+        mgr.host.complete_load(plan, True)
     else:
         assert device_hit == 0
-    if "observe" in features and "retention" not in features:
-        labels = {s.label for s in mgr.observe.explain_lookup(probe).segments}
-        assert "evicted" in labels, labels
     if "events" in features:
         assert any(type(e).__name__ == "BlockRemoved" for e in mgr.take_events())
     mgr.check_invariants()

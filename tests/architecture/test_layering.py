@@ -3,7 +3,9 @@
 The layers, bottom to top (``docs/architecture.md`` draws them):
 
 ==========  ===============================================================
-0 base      ``pagedkv.errors``
+0 base      ``pagedkv.errors``, and the input checks every layer shares:
+            ``pagedkv.checks`` (field checks), ``pagedkv.cli_args`` (option types),
+            ``pagedkv.json_input`` (the JSON reader)
 1 core      ``pagedkv.core`` — the exact engine (knows no feature), and ``pagedkv``
             itself, the public surface, which re-exports the core
 2 features  ``pagedkv.events``, ``pagedkv.planner``, ``pagedkv.retention``,
@@ -28,6 +30,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 LAYERS: dict[str, int] = {
     "pagedkv.errors": 0,
+    "pagedkv.checks": 0,
+    "pagedkv.cli_args": 0,
+    "pagedkv.json_input": 0,
     "pagedkv._moved": 1,
     "pagedkv.core": 1,
     "pagedkv.events": 2,

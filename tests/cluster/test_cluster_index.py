@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pagedkv.cluster.index import MemoryIndex, Replica
+from pagedkv.cluster.index import MemoryIndex, Replica, ref_digest
 from pagedkv.errors import InvalidArgumentError
 
 A, B, C = Replica(pod="a"), Replica(pod="b", dp_rank=1), Replica(pod="c", dp_rank=0)
@@ -110,11 +110,14 @@ def test_redis_key_layout(redis_client):
     keys = sorted(k.decode() for k in redis_client.keys("*"))
     assert keys == [
         "pkv:{Qwen/Qwen3-32B}:b:0:0000000000000abc",
+        "pkv:{Qwen/Qwen3-32B}:digests",
         "pkv:{Qwen/Qwen3-32B}:r:b|1",
         "pkv:{Qwen/Qwen3-32B}:replicas",
     ]
     assert redis_client.smembers(keys[0]) == {b"b|1|GPU"}
-    assert redis_client.smembers(keys[1]) == {b"0:0000000000000abc|GPU"}
+    assert redis_client.smembers(keys[2]) == {b"0:0000000000000abc|GPU"}
+    # The digest computed by the server's script equals the Python one.
+    assert int(redis_client.hget(keys[1], "b|1")) == ref_digest((0, 0xABC, "GPU"))
     # Another model's data is separate.
     other = RedisIndex(redis_client, model="other")
     assert other.longest_prefix(0, [0xABC]) == {}

@@ -9,10 +9,11 @@ import pagedkv
 EXPECTED = [
     "AllBlocksCleared", "BlockHasher", "BlockRemoved", "BlockStored", "CacheConfig",
     "ChunkedLocalAttentionSpec", "ComputedBlocks", "ConfigError", "CrossAttentionSpec",
-    "FullAttentionSpec", "HashExtras", "InputFileError", "InsufficientMemoryError",
-    "InvalidArgumentError",
+    "DuplicateRequestError", "FullAttentionSpec", "HashExtras", "InputFileError",
+    "InsufficientMemoryError", "InvalidArgumentError", "InvalidHitError",
     "KVCacheEvent", "KVCacheManager", "KVCacheSpec", "LoRA", "MLAAttentionSpec", "MambaSpec",
-    "MissingDependencyError", "MultiModalItem", "PagedKVError", "PrefixCacheStats", "Request",
+    "MissingDependencyError", "MultiModalItem", "PagedKVError", "PinBudgetError",
+    "PrefixCacheStats", "Request",
     "RequestLike", "SinkFullAttentionSpec", "SlidingWindowSpec", "SpecMergeError",
     "UnknownRequestError", "UnsupportedModelError", "__version__",
 ]
@@ -23,6 +24,15 @@ def test_public_api_is_pinned_and_sorted() -> None:
     assert pagedkv.__all__ == sorted(pagedkv.__all__)
     for name in pagedkv.__all__:
         assert hasattr(pagedkv, name), name
+
+
+def test_every_documented_error_is_importable_from_pagedkv() -> None:
+    """errors.py's tree is the documented one: each class in it is public."""
+    from pagedkv import errors
+
+    for name in errors.__all__:
+        assert getattr(pagedkv, name) is getattr(errors, name), name
+        assert name in pagedkv.__all__, name
 
 
 def test_error_tree() -> None:

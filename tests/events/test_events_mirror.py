@@ -132,7 +132,8 @@ def test_compaction_merges_chains_and_keeps_the_blocks(rng):
 
 def test_config_defaults_and_validation():
     config = KVEventsConfig()
-    assert config.endpoint == "tcp://*:5557" and config.replay_endpoint is None
+    assert config.endpoint == "tcp://127.0.0.1:5557" and config.replay_endpoint is None
+    assert not config.allow_remote
     assert config.buffer_steps == 10_000 and config.wire_form == "map"
     assert config.data_parallel_rank == 0
     with pytest.raises(TypeError):
@@ -144,10 +145,28 @@ def test_config_defaults_and_validation():
         {"wire_form": "json"},
         {"endpoint": ""},
         {"data_parallel_rank": -1},
-        {"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5557"},
+        {"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5557", "allow_remote": True},
     ):
         with pytest.raises(ConfigError):
             KVEventsConfig(**bad)
+
+
+@pytest.mark.parametrize("endpoint", [
+    "tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557", "tcp://*:*", "tcp://eth0:*",
+])
+@pytest.mark.parametrize("field", ["endpoint", "replay_endpoint"])
+def test_binding_beyond_loopback_is_an_explicit_choice(endpoint, field):
+    """Event messages carry prompt token ids without authentication: a socket reachable
+    from other hosts needs allow_remote=True; loopback, ipc and connecting endpoints
+    (a forwarder's address) do not."""
+    other = {"endpoint": "tcp://127.0.0.1:*"} if field == "replay_endpoint" else {}
+    with pytest.raises(ConfigError, match="allow_remote=True"):
+        KVEventsConfig(**{field: endpoint}, **other)
+    assert getattr(KVEventsConfig(**{field: endpoint}, **other, allow_remote=True),
+                   field) == endpoint
+    for fine in ("tcp://127.0.0.1:5557", "tcp://[::1]:*", "ipc:///tmp/kv",
+                 "tcp://10.0.0.1:5557"):
+        assert getattr(KVEventsConfig(**{field: fine}, **other), field) == fine
 
 
 def test_bind_or_connect_and_topic():
@@ -157,6 +176,7 @@ def test_bind_or_connect_and_topic():
     assert should_bind("ipc:///tmp/kv")
     assert should_bind("inproc://kv")
     assert not should_bind("tcp://10.0.0.1:5557")
+    assert should_bind("tcp://127.0.0.1:5557") and should_bind("tcp://[::1]:5557")
     assert kv_topic("10.0.0.7", "Qwen/Qwen3-0.6B") == "kv@10.0.0.7@Qwen/Qwen3-0.6B"
 
 

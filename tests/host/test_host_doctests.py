@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["pagedkv.host.pool", "pagedkv.host.policy", "pagedkv.host.config",
-           "pagedkv.host.manager"]
+           "pagedkv.host.manager", "pagedkv.host.rules"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -10,7 +10,7 @@ from host_support import BS, finish_step, make, run, spec
 from pagedkv import CacheConfig
 from pagedkv.core.manager import KVCacheManager
 from pagedkv.core.records import BlockRemoved, BlockStored
-from pagedkv.core.specs import MLAAttentionSpec, SlidingWindowSpec
+from pagedkv.core.specs import CrossAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError, InvalidHitError
 from pagedkv.host import (
     AFTER_FORWARD,
@@ -278,12 +278,23 @@ def test_admission_after_hits():
 
 
 def test_unsupported_layouts_are_refused_clearly():
-    sw = SlidingWindowSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype_bytes=2,
+    cross = CrossAttentionSpec(block_size=BS, num_kv_heads=2, head_size=8, dtype_bytes=2,
+                               max_encoder_len=16)
+    with pytest.raises(ConfigError, match="group 1 is CrossAttentionSpec, whose blocks are "
+                                          "never cached"):
+        HostTieredKVCacheManager(
+            CacheConfig(groups=(spec(), cross), num_blocks=10, max_model_len=64),
+            HostTierConfig(num_blocks=4))
+    sw = SlidingWindowSpec(block_size=2 * BS, num_kv_heads=2, head_size=8, dtype_bytes=2,
                            sliding_window=8)
-    with pytest.raises(ConfigError, match="group 1 is SlidingWindowSpec"):
+    with pytest.raises(ConfigError, match="group 1 has block size 8, hashes are at 4"):
         HostTieredKVCacheManager(
             CacheConfig(groups=(spec(), sw), num_blocks=10, max_model_len=64),
             HostTierConfig(num_blocks=4))
+    with pytest.raises(ConfigError, match="drop_last_hit"):
+        HostTieredKVCacheManager(
+            CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64,
+                        drop_last_hit=True), HostTierConfig(num_blocks=4))
     with pytest.raises(ConfigError, match="prefix caching"):
         HostTieredKVCacheManager(
             CacheConfig(groups=(spec(),), num_blocks=10, max_model_len=64,

@@ -49,7 +49,7 @@ BAD: list[tuple[str, list[str], int, str]] = [
      "not even a one-token request fits"),
     ("weights-exceed-gpu", ["Llama-3.1-70B", "--gpu-memory", "80GB"], 1, "exceed the usable"),
     ("utilization", ["Llama-3.1-8B", "--gpu-memory", "80GB", "--gpu-memory-utilization",
-                     "1.2"], 1, "utilization must be in (0, 1]"),
+                     "1.2"], 2, "utilization: must be a finite number in (0, 1]"),
     ("backend-cannot-run-it", ["Llama-3.1-8B", "--kv-cache-memory", "10GiB",
                                "--attention-backend", "FLASHMLA"], 1,
      "cannot run standard attention"),

@@ -63,7 +63,7 @@ def test_gpu_spec_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ('{"bf16_tflops": NaN, "hbm_tb_s": 1, "memory_gib": 8}', "NaN is not a number"),
+    ('{"bf16_tflops": NaN, "hbm_tb_s": 1, "memory_gib": 8}', "NaN is not a JSON number"),
     ('{"bf16_tflops": -5, "hbm_tb_s": 1, "memory_gib": 8}', "finite number > 0"),
     ('{"bf16_tflops": 5, "memory_gib": 8}', "'hbm_tb_s': missing"),
     ('{"bf16_tflops": 5, "hbm_tb_s": 1, "memory_gib": 8, "clock": 2}', "'clock': unknown"),
@@ -293,7 +293,7 @@ def test_70b_a100_and_h100_differ_and_say_why() -> None:
 
 BAD = [
     ("unknown gpu", ["--gpu", "V100"], "unknown GPU 'V100'"),
-    ("nan calibration", ["--calibration", "{nan}"], "NaN is not a number"),
+    ("nan calibration", ["--calibration", "{nan}"], "NaN is not a JSON number"),
     ("negative calibration", ["--calibration", "{neg}"], "must be a number in (0, 1]"),
     ("unknown calibration", ["--calibration", "fastest"], "no such constant set or file"),
     ("negative gpu spec", ["--gpu", "{badgpu}"], "finite number > 0"),

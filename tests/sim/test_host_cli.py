@@ -31,6 +31,14 @@ def test_text_report_has_the_host_section_and_sweep(tmp_path: Path) -> None:
         assert text in out, text
 
 
+def test_a_hybrid_model_replays_with_a_host_tier(tmp_path: Path) -> None:
+    """Gemma 3 (full attention + sliding window groups): each group by its own host rule."""
+    proc = _simulate(tmp_path, "--no-progress", "--no-plots", "--no-bounds", "--limit", "5",
+                     "--host-memory", "1GiB", "--model", "Gemma-3-27B-it")
+    assert proc.returncode == 0, proc.stderr
+    assert "Host tier" in proc.stdout and "hit tokens: device / host" in proc.stdout
+
+
 def test_retention_host_tier_and_miss_attribution_together(tmp_path: Path) -> None:
     """The three features on one manager: each one's section is in the report."""
     proc = _simulate(tmp_path, *GEN, "--host-memory", "64MiB", "--retention", "pin-popular",
@@ -78,9 +86,11 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("negative", ["--host-memory=-1GiB"], 2, "negative"),
     ("unknown unit", ["--host-memory", "3parsecs"], 2, "not a size"),
     ("zero bandwidth", ["--host-memory", "1GiB", "--host-bandwidth-gbps", "0"], 2,
-     "above 0"),
+     "in (0, 1e+06]"),
+    ("nan bandwidth", ["--host-memory", "1GiB", "--host-bandwidth-gbps", "nan"], 2,
+     "finite number"),
     ("text bandwidth", ["--host-memory", "1GiB", "--host-bandwidth-gbps", "fast"], 2,
-     "GB/s"),
+     "--host-bandwidth-gbps"),
     ("bad policy", ["--host-memory", "1GiB", "--host-write-policy", "never"], 2,
      "invalid choice"),
     ("smaller than a block", ["--host-memory", "1KiB", "--num-blocks", "100"], 1,
@@ -91,8 +101,6 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
     ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
     ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
-    ("hybrid model", ["--host-memory", "1GiB", "--model", "Gemma-3-27B-it"], 1,
-     "full-attention"),
 ]
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from pagedkv.errors import ConfigError, InvalidArgumentError
+from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import SimConfig, bundled_trace_path, load_trace, multi_turn, run
 from pagedkv.sim.host_engine import HostEngineSimulator
 from pagedkv.sim.host_sweep import block_bytes_for
@@ -173,11 +173,12 @@ def test_bad_settings() -> None:
     assert parse_host_sizes("1GiB, 2GB") == (1 << 30, 2 * 10**9)
 
 
-def test_a_hybrid_model_is_refused_with_the_reason() -> None:
+def test_a_hybrid_model_replays_with_a_host_tier() -> None:
+    """Gemma 3 (full attention + sliding window): the host tier serves each group."""
     wl = load_trace(bundled_trace_path(), limit=5)
-    with pytest.raises(ConfigError, match="full-attention"):
-        run(wl, SimConfig(model="Gemma-3-27B-it", bounds=False, jobs=1,
-                          host=HostMemoryConfig(memory_bytes=1 << 30)))
+    rep = run(wl, SimConfig(model="Gemma-3-27B-it", bounds=False, jobs=1,
+                            host=HostMemoryConfig(memory_bytes=1 << 30)))
+    assert rep.host_tier is not None
 
 
 def test_without_baseline_one_size_has_no_table() -> None:

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from pagedkv.errors import ConfigError
 from pagedkv.torch import ShuffledPlacement
 from pagedkv.torch.check import compare_runs, layout_named, run_layout, workload
 from pagedkv.torch.host_tier import (
@@ -108,6 +107,20 @@ def test_host_tensors_mirror_the_device_layout() -> None:
     assert torch.equal(cache.pages[0][2], cache.pages[0][3])
 
 
-def test_unsupported_layout_is_refused() -> None:
-    with pytest.raises(ConfigError, match="full-attention"):
-        run_layout_with_host(layout_named("full+sliding"), num_host_blocks=8)
+@pytest.mark.parametrize("name", ["full+sliding", "full+chunked", "full+mamba"])
+@pytest.mark.parametrize("write_through", [False, True], ids=["on-eviction", "write-through"])
+def test_hybrid_layouts_host_tier_logits_bitwise_equal(name: str, write_through: bool) -> None:
+    """Each group by its own host rule (window blocks, the chunk, the Mamba state loaded
+    into the live block): logits still bitwise equal to a run without caching."""
+    layout = layout_named(name)
+    loaded = 0
+    for requests in (_evicting_workload(), workload()):
+        hosted = run_layout_with_host(layout, num_host_blocks=64, placement=_shuffled,
+                                      write_through=write_through, requests=requests)
+        result = compare_runs(name, hosted.run,
+                              run_layout(layout, enable_caching=False, requests=requests))
+        assert result.evicted_blocks > 0 and hosted.transfers.stored_blocks > 0
+        assert result.bitwise_equal and result.max_abs_diff == 0.0
+        assert result.null_block_untouched
+        loaded += hosted.transfers.loaded_blocks
+    assert loaded > 0, "no host load: the test exercises nothing"

@@ -24,10 +24,14 @@ from pagedkv import (
     Request,
     SlidingWindowSpec,
 )
+from pagedkv.cli_args import seconds_arg
 from pagedkv.cluster.index import ClusterIndex
 from pagedkv.cluster.router import CacheAware, Router
 
-__all__ = ["add_parser"]
+__all__ = ["MAX_TOKEN_FILE_BYTES", "add_parser"]
+
+#: The most bytes ``index query --tokens @FILE`` reads (about 6 million token ids).
+MAX_TOKEN_FILE_BYTES = 64 * 2**20
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,12 +50,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--subscribe", action="append", required=True,
                        metavar="[POD=]tcp://HOST:PORT[,replay=tcp://HOST:PORT]",
                        help="a publisher to follow (repeat for many)")
-    serve.add_argument("--status-every", type=float, default=10.0, metavar="SECONDS",
+    serve.add_argument("--status-every", type=seconds_arg("--status-every"),
+                       default=10.0, metavar="SECONDS",
                        help="status line period on stderr (default 10)")
-    serve.add_argument("--request-timeout", type=float, default=1.0, metavar="SECONDS",
+    serve.add_argument("--request-timeout", type=seconds_arg("--request-timeout"),
+                       default=1.0, metavar="SECONDS",
                        help="wait for a replay or snapshot answer (default 1)")
-    serve.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
+    serve.add_argument("--max-seconds", type=seconds_arg("--max-seconds", allow_zero=True),
+                       default=None, metavar="SECONDS",
                        help="stop after this long (default: run until SIGTERM)")
+    serve.add_argument("--writer-lease", type=seconds_arg("--writer-lease"), default=5.0,
+                       metavar="SECONDS",
+                       help="write each pod's entries under a lease in Redis: a second "
+                       "'index serve' for the same pod stands by and takes over this long "
+                       "after the writer dies (default 5)")
     serve.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                        help="serve Prometheus metrics (index size, events ingested, gaps, "
                        "resyncs) on 127.0.0.1:PORT (0: a free port, printed); needs "
@@ -115,7 +127,8 @@ def _serve(args: argparse.Namespace) -> int:
         stop["now"] = True
 
     previous = [signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)]
-    service = IndexService(index, sources, request_timeout_s=args.request_timeout)
+    service = IndexService(index, sources, request_timeout_s=args.request_timeout,
+                           lease_ttl_s=args.writer_lease)
     exporter = None
     try:
         print(f"pagedkv index serve: {len(sources)} publisher(s) -> {args.redis} "
@@ -181,11 +194,7 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
         return hashes, args.num_tokens or len(hashes) * args.block_size + 1
     text = args.tokens
     if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InputFileError(str(path), f"cannot read token ids: {exc.strerror}") from exc
+        text = _read_token_file(Path(text[1:]))
     tokens = _int_list(text, "--tokens")
     if not tokens:
         raise InvalidArgumentError("--tokens: the prompt is empty")
@@ -197,9 +206,29 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
     return [wire_hash(h) for h in request.block_hashes], len(tokens)
 
 
+def _read_token_file(path: Path) -> str:
+    """The text of a ``--tokens @FILE`` file, read up to :data:`MAX_TOKEN_FILE_BYTES`
+    (a device such as /dev/zero, or a huge file, is refused, not read into memory)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InputFileError(str(path), f"cannot read token ids: {exc.strerror}") from exc
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise InputFileError(str(path), f"more than {MAX_TOKEN_FILE_BYTES // 2**20} MiB of "
+                             "token ids; a prompt's ids fit in far less")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(str(path), f"not UTF-8 text (byte offset {exc.start}); write "
+                             "token ids as decimal text") from None
+
+
 def _query(args: argparse.Namespace) -> int:
     if args.block_size < 1:
         raise InvalidArgumentError("--block-size must be >= 1")
+    if args.num_tokens is not None and args.num_tokens < 1:
+        raise InvalidArgumentError(f"--num-tokens must be >= 1, got {args.num_tokens}")
     specs = _groups(args.group, args.block_size)
     hashes, num_tokens = _prompt(args)
     index = _open_index(args)

@@ -26,6 +26,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -40,6 +42,9 @@ __all__ = [
     "MemoryIndex",
     "Replica",
     "ReplicaState",
+    "WriterConflictError",
+    "ref_digest",
+    "ref_member",
 ]
 
 BlockRef = tuple[int, int, str]
@@ -50,11 +55,42 @@ ANY_TIER = None
 
 _SEP = "|"
 
+DIGEST_MODULUS = 1 << 48
+"""Block-set digests are sums modulo 2**48 (exact in Redis's Lua numbers, doubles)."""
+
+
+def ref_member(ref: BlockRef) -> str:
+    """A block reference as a replica's reverse-set member: ``<group>:<hash hex>|<tier>``.
+
+    >>> ref_member((0, 255, "GPU"))
+    '0:00000000000000ff|GPU'
+    """
+    group_idx, block_hash, tier = ref
+    return f"{group_idx}:{block_hash:016x}|{tier}"
+
+
+def ref_digest(ref: BlockRef) -> int:
+    """A block reference's share of its replica's digest: the first 48 bits of the SHA-1
+    of :func:`ref_member`. A replica's digest is the sum of its references' shares modulo
+    :data:`DIGEST_MODULUS` (order-free, updated per change; the Redis backend computes the
+    same sum server-side), so two block sets that differ in content almost surely differ
+    in digest even when their sizes are equal."""
+    return int(hashlib.sha1(ref_member(ref).encode()).hexdigest()[:12], 16)
+
 
 class IndexUnavailableError(PagedKVError):
     """The index backend cannot be reached (e.g. Redis is down). Callers degrade: the
     router routes by load alone, the ingest keeps counting and rewrites the index when
     the backend is back."""
+
+
+class WriterConflictError(PagedKVError):
+    """An update under a writer lease that another writer holds: the replica is written
+    by another ingest (``holder``); nothing was written. The ingest stands by."""
+
+    def __init__(self, message: str, *, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
@@ -95,27 +131,45 @@ class ReplicaState:
     """What the index says about one replica: ``state`` is ``"synced"`` (the entries
     mirror every event) or ``"rebuilding"`` (a gap nobody could repair: the replica's
     entries were cleared and are rebuilt from the events that followed), ``num_blocks``
-    the block references it holds."""
+    the block references it holds, ``digest`` the sum of their :func:`ref_digest` shares
+    modulo :data:`DIGEST_MODULUS` (what :meth:`IndexIngest.heal
+    <pagedkv.cluster.ingest.IndexIngest.heal>` compares with its own)."""
 
     state: str
     num_blocks: int
+    digest: int = 0
 
 
 class ClusterIndex(ABC):
     """Presence of blocks on replicas, for one model (``model`` namespaces the data).
 
-    Writers: one ingest per replica. Readers: any number of routers. Every method may
-    raise :class:`IndexUnavailableError` when the backend is unreachable.
+    Writers: one ingest per replica, made single by a *writer lease* per replica
+    (:meth:`claim_writer`; an ingest that does not hold it stands by and takes over when
+    the holder stops renewing it). Readers: any number of routers. Every method may raise
+    :class:`IndexUnavailableError` when the backend is unreachable.
     """
 
     model: str
 
     @abstractmethod
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
         """Record that ``replica`` now holds ``added`` and no longer holds ``removed``
-        (net changes: a reference is in at most one of them)."""
+        (net changes: a reference is in at most one of them). With ``writer``, only if
+        ``writer`` holds the replica's lease (checked atomically with the write), else
+        :class:`WriterConflictError` and nothing is written."""
+
+    @abstractmethod
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        """Take or renew ``replica``'s writer lease for ``writer`` for ``ttl_s`` seconds;
+        returns None when ``writer`` holds it now, else the holder's id (the lease ends
+        ``ttl_s`` after the holder's last renewal)."""
+
+    @abstractmethod
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        """End ``writer``'s lease on ``replica`` (nothing if another writer holds it)."""
 
     @abstractmethod
     def clear_replica(self, replica: Replica) -> None:
@@ -169,7 +223,8 @@ class MemoryIndex(ClusterIndex):
     strings, so the hot loops hash cached strings only.
     """
 
-    __slots__ = ("_holders", "_owned", "_replicas", "_states", "_tier_bits", "model")
+    __slots__ = ("_digests", "_holders", "_leases", "_owned", "_replicas", "_states",
+                 "_tier_bits", "model")
 
     def __init__(self, *, model: str) -> None:
         self.model = model
@@ -178,6 +233,20 @@ class MemoryIndex(ClusterIndex):
         self._states: dict[str, str] = {}
         self._replicas: dict[str, Replica] = {}
         self._tier_bits: dict[str, int] = {}
+        self._digests: dict[str, int] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # replica key -> writer, expiry
+
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        now = time.monotonic()
+        holder, expires_s = self._leases.get(replica.key, (writer, now))
+        if holder != writer and expires_s > now:
+            return holder
+        self._leases[replica.key] = (writer, now + ttl_s)
+        return None
+
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        if self._leases.get(replica.key, ("",))[0] == writer:
+            del self._leases[replica.key]
 
     def _bit(self, tier: str) -> int:
         bit = self._tier_bits.get(tier)
@@ -194,15 +263,25 @@ class MemoryIndex(ClusterIndex):
         return key
 
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
+        if writer is not None:
+            holder, expires_s = self._leases.get(replica.key, ("", 0.0))
+            if holder != writer or expires_s <= time.monotonic():
+                raise WriterConflictError(
+                    f"{replica.key}: writer {writer!r} does not hold the writer lease "
+                    f"(holder: {holder or 'nobody'})", holder=holder)
         rkey = self._register(replica)
         owned = self._owned[rkey]
         holders_of = self._holders
         bits = self._tier_bits
+        digest = self._digests.get(rkey, 0)
         for ref in added:
             group_idx, block_hash, tier = ref
             bit = bits.get(tier) or self._bit(tier)
+            if ref not in owned:
+                digest += ref_digest(ref)
             owned.add(ref)
             holders = holders_of.get((group_idx, block_hash))
             if holders is None:
@@ -213,6 +292,8 @@ class MemoryIndex(ClusterIndex):
             if ref in owned:
                 owned.discard(ref)
                 self._drop(rkey, ref)
+                digest -= ref_digest(ref)
+        self._digests[rkey] = digest % DIGEST_MODULUS
 
     def _drop(self, rkey: str, ref: BlockRef) -> None:
         group_idx, block_hash, tier = ref
@@ -232,6 +313,7 @@ class MemoryIndex(ClusterIndex):
             for ref in owned:
                 self._drop(rkey, ref)
             owned.clear()
+        self._digests.pop(rkey, None)
 
     def set_state(self, replica: Replica, state: str) -> None:
         _check_state(state)
@@ -245,7 +327,8 @@ class MemoryIndex(ClusterIndex):
 
     def replicas(self) -> dict[Replica, ReplicaState]:
         return {
-            self._replicas[k]: ReplicaState(state=s, num_blocks=len(self._owned[k]))
+            self._replicas[k]: ReplicaState(state=s, num_blocks=len(self._owned[k]),
+                                            digest=self._digests.get(k, 0))
             for k, s in self._states.items()
         }
 
@@ -291,6 +374,9 @@ class MemoryIndex(ClusterIndex):
                 holders = rebuilt.setdefault((group_idx, block_hash), {})
                 holders[rkey] = holders.get(rkey, 0) | self._tier_bits[tier]
         assert rebuilt == self._holders, "holder table out of step with the reverse table"
+        for rkey, refs in self._owned.items():
+            expected = sum(ref_digest(r) for r in refs) % DIGEST_MODULUS
+            assert self._digests.get(rkey, 0) == expected, f"{rkey}: digest out of step"
         for state in self._states.values():
             _check_state(state)
 

@@ -9,6 +9,9 @@ key                                    type    members
 ``pkv:{M}:b:<group>:<hash>``           SET     ``<pod>|<rank>|<tier>``: who holds the block
 ``pkv:{M}:r:<pod>|<rank>``             SET     ``<group>:<hash>|<tier>``: what a replica holds
 ``pkv:{M}:replicas``                   HASH    ``<pod>|<rank>`` → ``synced`` / ``rebuilding``
+``pkv:{M}:digests``                    HASH    ``<pod>|<rank>`` → digest of its block set
+``pkv:{M}:w:<pod>|<rank>``             STRING  the ingest holding the replica's writer lease
+                                               (expires unless renewed: ``PX``)
 =====================================  ======  ===============================================
 
 ``<hash>`` is the block's wire hash in 16 lower-case hex digits, ``<rank>`` the DP rank or
@@ -16,7 +19,14 @@ key                                    type    members
 
 * **update** (one event batch of one replica): one ``EVALSHA`` of a Lua script that
   adds (``SADD``) or removes (``SREM``) the replica in each changed block key and the
-  reference in its reverse set (atomic, so the forward and reverse sets never disagree);
+  reference in its reverse set (atomic, so the forward and reverse sets never disagree),
+  and adds or subtracts each reference's share of the replica's digest
+  (:func:`~pagedkv.cluster.index.ref_digest`, computed server-side with ``sha1hex``) for
+  the members that really changed; under a writer lease the script first checks that the
+  caller holds it (else nothing is written);
+* **writer lease** (one per replica, :meth:`~ClusterIndex.claim_writer`): a ``SET ... PX``
+  key renewed by its holder; a script takes it only when absent (expired: the holder
+  died) or already the caller's;
 * **clear a replica** (restart, ``AllBlocksCleared``, unrepairable gap): ``SSCAN`` its
   reverse set in chunks of 1,000, ``SREM`` itself from each block key and the chunk from
   the reverse set (one transaction per chunk), ``DEL`` the reverse set — O(what it held),
@@ -37,12 +47,16 @@ from typing import Any
 
 from pagedkv.cluster.index import (
     ANY_TIER,
+    DIGEST_MODULUS,
     BlockRef,
     ClusterIndex,
     IndexUnavailableError,
     Replica,
     ReplicaState,
+    WriterConflictError,
     _check_state,
+    ref_digest,
+    ref_member,
 )
 from pagedkv.errors import InvalidArgumentError, require
 
@@ -91,18 +105,51 @@ return out
 # prefix ("pkv:{M}:b:"), ARGV[2]: the replica key, ARGV[3]: added and ARGV[4]: removed
 # references, each "<group>:<hash>|<tier>" (the reverse member), comma-separated.
 # Atomic: the forward and reverse sets change together.
+# KEYS[3]: the digests hash, KEYS[4]: the writer lease key; ARGV[5]: the writer ("" = no
+# lease check); returns 1, writing nothing, when the lease is not the writer's. The
+# digest is a sum modulo 2^48 of each member's first 48 bits of SHA-1 (exact in Lua's
+# doubles), changed only for members really added/removed.
 _UPDATE_LUA = """
 local prefix, rkey = ARGV[1], ARGV[2]
+if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
+  return 1
+end
+local modulus = 281474976710656
+local digest = tonumber(redis.call('HGET', KEYS[3], rkey) or '0')
 redis.call('HSETNX', KEYS[2], rkey, 'synced')
 for ref in string.gmatch(ARGV[3], '[^,]+') do
   local cut = string.find(ref, '|', 1, true)
   redis.call('SADD', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
-  redis.call('SADD', KEYS[1], ref)
+  if redis.call('SADD', KEYS[1], ref) == 1 then
+    digest = (digest + tonumber(string.sub(redis.sha1hex(ref), 1, 12), 16)) % modulus
+  end
 end
 for ref in string.gmatch(ARGV[4], '[^,]+') do
   local cut = string.find(ref, '|', 1, true)
   redis.call('SREM', prefix .. string.sub(ref, 1, cut - 1), rkey .. string.sub(ref, cut))
-  redis.call('SREM', KEYS[1], ref)
+  if redis.call('SREM', KEYS[1], ref) == 1 then
+    digest = (digest - tonumber(string.sub(redis.sha1hex(ref), 1, 12), 16)) % modulus
+  end
+end
+redis.call('HSET', KEYS[3], rkey, string.format('%.0f', digest))
+return 0
+"""
+
+# KEYS[1]: the lease key. ARGV[1]: the writer, ARGV[2]: time to live in ms. Returns the
+# holder when another writer holds the lease, else takes or renews it and returns "".
+_CLAIM_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then
+  return holder
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ''
+"""
+
+# KEYS[1]: the lease key. ARGV[1]: the writer. Deletes the lease only if it is the writer's.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
 end
 return 0
 """
@@ -136,8 +183,11 @@ class RedisIndex(ClusterIndex):
         self.model = model
         self._prefix = f"pkv:{{{model}}}:"
         self._replicas_key = self._prefix + "replicas"
+        self._digests_key = self._prefix + "digests"
         self._longest = client.register_script(_LONGEST_PREFIX_LUA)
         self._update = client.register_script(_UPDATE_LUA)
+        self._claim = client.register_script(_CLAIM_LUA)
+        self._release = client.register_script(_RELEASE_LUA)
 
     # --- keys -------------------------------------------------------------------------
 
@@ -151,21 +201,42 @@ class RedisIndex(ClusterIndex):
 
     # --- writes -------------------------------------------------------------------------
 
+    def lease_key(self, replica: Replica) -> str:
+        """The writer lease key of one replica: ``pkv:{M}:w:<pod>|<rank>``."""
+        return f"{self._prefix}w:{replica.key}"
+
+    def claim_writer(self, replica: Replica, writer: str, ttl_s: float) -> str | None:
+        with self._guard():
+            holder = self._claim(keys=[self.lease_key(replica)],
+                                 args=[writer, max(1, int(ttl_s * 1000))])
+        return holder.decode() if holder else None
+
+    def release_writer(self, replica: Replica, writer: str) -> None:
+        with self._guard():
+            self._release(keys=[self.lease_key(replica)], args=[writer])
+
     def update(
-        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef]
+        self, replica: Replica, *, added: Sequence[BlockRef], removed: Sequence[BlockRef],
+        writer: str | None = None,
     ) -> None:
         if not added and not removed:
             return
         with self._guard():
-            self._update(
-                keys=[self.reverse_key(replica), self._replicas_key],
+            conflict = self._update(
+                keys=[self.reverse_key(replica), self._replicas_key, self._digests_key,
+                      self.lease_key(replica)],
                 args=[
                     self._prefix + "b:",
                     replica.key,
-                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in added]),
-                    ",".join([f"{g}:{h:016x}|{t}" for g, h, t in removed]),
+                    ",".join([ref_member(ref) for ref in added]),
+                    ",".join([ref_member(ref) for ref in removed]),
+                    writer or "",
                 ],
             )
+        if conflict:
+            raise WriterConflictError(
+                f"{replica.key}: writer {writer!r} does not hold the writer lease",
+                holder="")
 
     def clear_replica(self, replica: Replica) -> None:
         rkey = replica.key
@@ -186,7 +257,10 @@ class RedisIndex(ClusterIndex):
                     pipe.execute()
                 if cursor == 0:
                     break
-            client.delete(reverse_key)
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(reverse_key)
+            pipe.hdel(self._digests_key, rkey)
+            pipe.execute()
 
     def set_state(self, replica: Replica, state: str) -> None:
         _check_state(state)
@@ -205,11 +279,14 @@ class RedisIndex(ClusterIndex):
             raw = self._client.hgetall(self._replicas_key)
             keys = [k.decode() for k in raw]
             pipe = self._client.pipeline(transaction=False)
+            pipe.hgetall(self._digests_key)
             for key in keys:
                 pipe.scard(f"{self._prefix}r:{key}")
-            sizes = pipe.execute()
+            digests, *sizes = pipe.execute()
         return {
-            Replica.from_key(key): ReplicaState(state=raw[key.encode()].decode(), num_blocks=n)
+            Replica.from_key(key): ReplicaState(
+                state=raw[key.encode()].decode(), num_blocks=n,
+                digest=int(digests.get(key.encode(), b"0")))
             for key, n in zip(keys, sizes, strict=True)
         }
 
@@ -277,6 +354,9 @@ class RedisIndex(ClusterIndex):
         assert forward == reverse, (
             f"forward and reverse sets disagree: {sorted(forward ^ reverse)[:5]}"
         )
+        for replica, state in self.replicas().items():
+            expected = sum(ref_digest(r) for r in self.blocks_of(replica)) % DIGEST_MODULUS
+            assert state.digest == expected, f"{replica.key}: digest out of step"
 
     def close(self) -> None:
         self._client.close()

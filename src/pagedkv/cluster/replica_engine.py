@@ -29,7 +29,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pagedkv import FullAttentionSpec, KVCacheEvent, KVCacheManager, Request
+from pagedkv import (
+    FullAttentionSpec,
+    InvalidArgumentError,
+    KVCacheEvent,
+    KVCacheManager,
+    Request,
+)
+from pagedkv.checks import check_whole
 from pagedkv.sim import StepTimeModel
 
 __all__ = ["EngineConfig", "ReplicaEngine", "Tracked"]
@@ -48,6 +55,14 @@ class EngineConfig:
     max_running: int = 256
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
     num_usage_samples: int = 400
+
+    def __post_init__(self) -> None:
+        check_whole("EngineConfig.num_blocks", self.num_blocks, minimum=2)
+        for name in ("block_size", "max_model_len", "token_budget", "max_running"):
+            check_whole(f"EngineConfig.{name}", getattr(self, name), minimum=1)
+        if not isinstance(self.step_time, StepTimeModel):
+            raise InvalidArgumentError(
+                f"EngineConfig.step_time must be a StepTimeModel, got {self.step_time!r}")
 
 
 class Tracked:

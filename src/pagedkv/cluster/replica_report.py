@@ -51,6 +51,9 @@ def render_replica_report(report: ReplicaReport) -> str:
             f"{_s(r.queue_p50_s):>9}s{_s(r.queue_p99_s):>9}s{spread:>14}"
             f"{r.load_imbalance:>10.2f}{usage:>9.1%}{r.num_preemptions:>8,}"
         )
+    rejected = max((r.num_rejected for r in report.results), default=0)
+    if rejected:
+        lines.append(f"rejected (longer than a replica's cache): {rejected:,} requests")
     return "\n".join(lines)
 
 

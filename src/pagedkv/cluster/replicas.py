@@ -31,6 +31,7 @@ from pagedkv.cluster.router import POLICIES, CostWeights, ReplicaLoad, Router, m
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.wire import wire_hash
 from pagedkv.sim import Workload, request_block_hashes
+from pagedkv.sim.scheduler import request_blocks_needed
 
 __all__ = ["PolicyResult", "ReplicaReport", "compare_policies", "run_replicas"]
 
@@ -146,7 +147,7 @@ def run_replicas(
             events = e.take_events()
             if uses_index:
                 ingest.apply(name.pod, events)  # the index as of this moment
-        if -(-(r.num_prompt_tokens + max(1, r.num_output_tokens) - 1) // bs) > capacity:
+        if request_blocks_needed(r, bs) > capacity:
             num_rejected += 1  # it could never run: preempted forever otherwise
             continue
         hashes = request_block_hashes(r, bs, source_block_size=workload.source_block_size,

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pagedkv import InvalidArgumentError, KVCacheSpec
+from pagedkv.checks import check_number, check_whole
 from pagedkv.cluster.hit_rules import PrefixRule, hybrid_hit_blocks, rules_for
 from pagedkv.cluster.index import ANY_TIER, ClusterIndex, IndexUnavailableError, Replica
 from pagedkv.core.records import MEDIUM_GPU
@@ -70,6 +71,10 @@ class ReplicaLoad:
     queued_prefill_tokens: int = 0
     running_seqs: int = 0
 
+    def __post_init__(self) -> None:
+        check_whole("ReplicaLoad.queued_prefill_tokens", self.queued_prefill_tokens)
+        check_whole("ReplicaLoad.running_seqs", self.running_seqs)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostWeights:
@@ -79,8 +84,8 @@ class CostWeights:
     decode_seq: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.prefill_token < 0 or self.decode_seq < 0:
-            raise InvalidArgumentError(f"cost weights must be >= 0: {self}")
+        for name in ("prefill_token", "decode_seq"):
+            check_number(f"CostWeights.{name}", getattr(self, name), minimum=0, maximum=1e12)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

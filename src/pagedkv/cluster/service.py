@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from pagedkv.checks import check_number
+from pagedkv.cli_args import MAX_SECONDS
 from pagedkv.cluster.index import ClusterIndex, Replica
 from pagedkv.cluster.ingest import IndexIngest
 from pagedkv.errors import InvalidArgumentError
@@ -94,6 +96,11 @@ class ServiceStats:
 class IndexService:
     """Ingest from ``sources`` into ``index`` (module docstring). Close with :meth:`close`.
 
+    ``lease_ttl_s``: each replica is written under a writer lease
+    (:class:`~pagedkv.cluster.ingest.IndexIngest`), renewed every ``heal_every_s``; a
+    second service following the same pod stands by and takes over within
+    ``lease_ttl_s`` when the writer dies (at once when it closes). None: no leases.
+
     Raises InvalidArgumentError for an endpoint ZeroMQ rejects or a pod named twice;
     MissingDependencyError without the ``events`` extra.
     """
@@ -107,9 +114,15 @@ class IndexService:
         heal_every_s: float = 0.5,
         rcvhwm: int = 100_000,
         rcvbuf_bytes: int | None = None,
+        lease_ttl_s: float | None = 5.0,
     ) -> None:
+        check_number("heal_every_s", heal_every_s, minimum=0, maximum=MAX_SECONDS)
+        if lease_ttl_s is not None and not lease_ttl_s > heal_every_s:
+            raise InvalidArgumentError(
+                f"lease_ttl_s ({lease_ttl_s}) must exceed heal_every_s ({heal_every_s}): "
+                "the lease is renewed at every heal")
         self.index = index
-        self.ingest = IndexIngest(index, replica_of=self._replica_of)
+        self.ingest = IndexIngest(index, replica_of=self._replica_of, lease_ttl_s=lease_ttl_s)
         self.subscriber = Subscriber(
             self.ingest, request_timeout_s=request_timeout_s, rcvhwm=rcvhwm,
             rcvbuf_bytes=rcvbuf_bytes,
@@ -139,12 +152,9 @@ class IndexService:
                 self.subscriber.add_publisher(
                     publisher_id, source.endpoint, replay_endpoint=source.replay_endpoint
                 )
-        except InvalidArgumentError:
+        except BaseException:  # e.g. an endpoint ZeroMQ rejects: InvalidArgumentError
             self.close()
             raise
-        except Exception as exc:  # zmq.ZMQError for an endpoint it cannot parse
-            self.close()
-            raise InvalidArgumentError(f"cannot subscribe: {exc}") from exc
 
     def _replica_of(self, publisher_id: str) -> Replica:
         return Replica(pod=self._pod_of[publisher_id],
@@ -230,9 +240,13 @@ class IndexService:
             f"replays {sum(s.num_replay_requests for s in statuses)}, "
             f"snapshots {sum(s.num_snapshots for s in statuses)}, "
             f"bad {sum(s.num_bad_messages for s in statuses)}, "
-            f"index {'UNAVAILABLE' if ingest.dirty else 'ok'}"
+            + (f"standby {ingest.num_standby_replicas} (another ingest writes them), "
+               if ingest.num_standby_replicas else "")
+            + f"index {'UNAVAILABLE' if ingest.dirty else 'ok'}"
         )
 
     def close(self) -> None:
-        """Close the sockets (the index stays open: its owner closes it). Idempotent."""
+        """Close the sockets and end the writer leases (the index stays open: its owner
+        closes it). Idempotent."""
         self.subscriber.close()
+        self.ingest.close()

@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+from pagedkv.checks import check_fits_memory, check_flag, check_whole
 from pagedkv.core.components import ComponentSpec, PublisherSpec
 from pagedkv.core.hashing import HASH_ALGOS
 from pagedkv.core.specs import KVCacheSpec
@@ -27,18 +27,30 @@ HOST_BYTES_PER_BLOCK = 110
 
 
 def _check_host_memory(num_blocks: int) -> None:
-    try:
-        total_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf: the pool build will tell
-        return
-    need_bytes = num_blocks * HOST_BYTES_PER_BLOCK
-    if need_bytes > total_bytes:
-        raise ConfigError(
-            f"num_blocks={num_blocks:,} needs about {need_bytes / 2**30:,.0f} GiB of host "
-            f"memory for the block pool's bookkeeping ({HOST_BYTES_PER_BLOCK} bytes per "
-            f"block), but this machine has {total_bytes / 2**30:,.0f} GiB; size num_blocks "
-            "from the KV-cache memory (pagedkv plan, or CacheConfig.from_plan)"
-        )
+    check_fits_memory("num_blocks", num_blocks, HOST_BYTES_PER_BLOCK,
+                      "size num_blocks from the KV-cache memory (pagedkv plan, or "
+                      "CacheConfig.from_plan)", error=ConfigError)
+
+
+def _check_fields(config: CacheConfig) -> None:
+    """Each field's type on its own (:mod:`pagedkv.checks`): specs in ``groups``, flags
+    True/False, counts whole numbers (not bool), bytes for the seed."""
+    if not isinstance(config.groups, (tuple, list)) or not all(
+            isinstance(g, KVCacheSpec) for g in config.groups):
+        raise InvalidArgumentError(
+            f"CacheConfig.groups must be a tuple of layer specs (FullAttentionSpec(...), "
+            f"...), got {config.groups!r:.200}")
+    for name in ("enable_caching", "enable_events", "drop_last_hit"):
+        check_flag(f"CacheConfig.{name}", getattr(config, name))
+    check_whole("CacheConfig.max_model_len", config.max_model_len, minimum=1)
+    check_whole("CacheConfig.hit_rate_window_requests", config.hit_rate_window_requests,
+                minimum=1)
+    check_whole("CacheConfig.hash_memo_blocks", config.hash_memo_blocks, minimum=0)
+    if config.hash_block_size is not None:
+        check_whole("CacheConfig.hash_block_size", config.hash_block_size, minimum=1)
+    if config.secret_seed is not None and type(config.secret_seed) is not bytes:
+        raise InvalidArgumentError(
+            f"CacheConfig.secret_seed must be bytes or None, got {config.secret_seed!r:.60}")
 
 
 class _PlanGroup(Protocol):
@@ -141,6 +153,7 @@ class CacheConfig:
             )
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
+        _check_fields(self)
         if self.max_in_flight_tokens is not None and (
                 type(self.max_in_flight_tokens) is not int or self.max_in_flight_tokens < 1):
             raise InvalidArgumentError(
@@ -148,7 +161,7 @@ class CacheConfig:
                 f"{self.max_in_flight_tokens!r}; pass the scheduler's token budget per step "
                 "times the steps in flight"
             )
-        if self.zero_new_blocks not in (None, True, False):
+        if self.zero_new_blocks is not None and type(self.zero_new_blocks) is not bool:
             raise InvalidArgumentError(
                 f"zero_new_blocks must be None, True or False, got {self.zero_new_blocks!r}"
             )

@@ -18,11 +18,13 @@ from pagedkv.events.settings import (
     DEFAULT_ENDPOINT,
     KVEventsSettings,
     WireForm,
+    binds_beyond_loopback,
     kv_topic,
     should_bind,
 )
 
-__all__ = ["DEFAULT_ENDPOINT", "KVEventsConfig", "WireForm", "kv_topic", "should_bind"]
+__all__ = ["DEFAULT_ENDPOINT", "KVEventsConfig", "WireForm", "binds_beyond_loopback", "kv_topic",
+           "should_bind"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

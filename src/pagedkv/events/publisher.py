@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from pagedkv.core.records import BlockStored, KVCacheEvent
-from pagedkv.errors import InvalidArgumentError, require
+from pagedkv.errors import ConfigError, InvalidArgumentError, require
 from pagedkv.events.settings import KVEventsSettings, should_bind
 from pagedkv.events.snapshot import SNAPSHOT_REPLY, SNAPSHOT_REQUEST, Snapshot, snapshot_events
 from pagedkv.events.wire import END_OF_REPLAY, BatchEncoder, encode_seq
@@ -81,7 +81,8 @@ class ZmqEventPublisher:
 
     Raises:
         MissingDependencyError: pyzmq or msgpack is not installed.
-        zmq.ZMQError: an endpoint cannot be bound or connected (e.g. address in use).
+        ConfigError: an endpoint cannot be bound or connected (malformed, or the address
+            is in use).
     """
 
     def __init__(
@@ -132,14 +133,21 @@ class ZmqEventPublisher:
 
     def _open(self, kind: int, endpoint: str, *, hwm: int) -> Any:
         sock = self._context.socket(kind)
+        bind = should_bind(endpoint)
         try:
             sock.setsockopt(self._zmq.SNDHWM, hwm)
             if "::" in endpoint or endpoint.startswith("tcp://["):
                 sock.setsockopt(self._zmq.IPV6, 1)
-            if should_bind(endpoint):
+            if bind:
                 sock.bind(endpoint)
             else:
                 sock.connect(endpoint)
+        except self._zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigError(
+                f"cannot {'bind' if bind else 'connect'} the events endpoint {endpoint!r}: "
+                f"{exc}; give a free port ('tcp://127.0.0.1:*' picks one) or a valid "
+                "endpoint such as 'tcp://127.0.0.1:5557'") from exc
         except Exception:
             sock.close(linger=0)
             raise

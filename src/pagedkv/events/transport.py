@@ -29,6 +29,7 @@ import logging
 import time
 from typing import Any
 
+from pagedkv.checks import check_text
 from pagedkv.core.records import KVCacheEvent
 from pagedkv.errors import InvalidArgumentError, require
 from pagedkv.events.mirror import MirrorIndex, MirrorSink
@@ -38,6 +39,7 @@ from pagedkv.events.snapshot import (
     stored_from_snapshot_events,
 )
 from pagedkv.events.source_state import SourceState, SourceStatus
+from pagedkv.events.sub_socket import SubOptions, check_options, connect_sub
 from pagedkv.events.wire import END_OF_REPLAY, decode_batch, decode_seq, encode_seq
 
 __all__ = ["SourceStatus", "Subscriber"]
@@ -61,7 +63,9 @@ class Subscriber:
     Not thread-safe: one thread calls every method. Sockets connect to the given
     endpoints (publishers bind). Close with :meth:`close` or a ``with`` block.
 
-    Raises MissingDependencyError without pyzmq or msgpack.
+    Raises MissingDependencyError without pyzmq or msgpack; InvalidArgumentError for a
+    timeout that is not a finite number of seconds > 0 (at most 10^9), or a socket size
+    that is not a whole number in [1, 2**31 - 1].
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class Subscriber:
         rcvhwm: int = 100_000,
         rcvbuf_bytes: int | None = None,
     ) -> None:
+        check_options(request_timeout_s, idle_probe_s, rcvhwm, rcvbuf_bytes)
         zmq: Any = require("zmq", "events", "the KV-cache event subscriber")
         self._zmq = zmq
         require("msgpack", "events", "the KV-cache event subscriber")
@@ -103,17 +108,15 @@ class Subscriber:
         ``topic`` is a prefix filter on the topic frame. With ``replay_endpoint`` and
         ``sync`` the subscriber first asks for a snapshot, so the mirror starts complete;
         with ``sync=False`` it starts from the first live batch it sees.
-        Raises InvalidArgumentError for a publisher id already added.
+        Raises InvalidArgumentError for a publisher id already added, or an endpoint
+        ZeroMQ cannot connect to (nothing is added then).
         """
+        check_text("publisher_id", publisher_id, allow_empty=False)
+        check_text("topic", topic)
         if publisher_id in self._sources:
             raise InvalidArgumentError(f"publisher {publisher_id!r} was already added")
-        zmq = self._zmq
-        sub = self._context.socket(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
-        if self._rcvbuf_bytes is not None:
-            sub.setsockopt(zmq.RCVBUF, self._rcvbuf_bytes)
-        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        sub.connect(endpoint)
+        sub = connect_sub(self._zmq, self._context, SubOptions(
+            endpoint, replay_endpoint, topic, self._rcvhwm, self._rcvbuf_bytes))
         source = SourceState(
             publisher_id, sub, replay_endpoint, sync and replay_endpoint is not None
         )
@@ -181,7 +184,7 @@ class Subscriber:
         probe_s = self._idle_probe_s
         for source in self._sources.values():
             if source.awaiting is not None:
-                if now > source.deadline_s:
+                if not now <= source.deadline_s:  # (a NaN deadline retries, never hangs)
                     self._retry(source)
             elif (
                 probe_s is not None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
+from pagedkv.checks import check_fits_memory, check_flag, check_whole
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.host.policy import AdmissionRule, AdmitAll, StoreOnEviction, WritePolicy
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from pagedkv.planner.plan import KVCachePlan
 
 __all__ = ["HostTierSettings", "device_block_bytes", "host_blocks_for_bytes"]
+
+#: Host bytes the tier's bookkeeping takes per block, at least: its free list alone holds a
+#: list slot (8 bytes) and an int object (28 bytes) per block.
+HOST_TIER_BYTES_PER_BLOCK = 36
 
 
 def host_blocks_for_bytes(host_bytes: int, bytes_per_block: int) -> int:
@@ -85,15 +90,17 @@ class HostTierSettings:
     enable_events: bool | None = None
 
     def __post_init__(self) -> None:
-        if type(self.num_blocks) is not int or self.num_blocks < 1:
-            raise InvalidArgumentError(
-                f"HostTierConfig.num_blocks must be an int >= 1, got {self.num_blocks!r}"
-            )
+        check_whole("HostTierConfig.num_blocks", self.num_blocks, minimum=1)
+        check_fits_memory("HostTierConfig.num_blocks", self.num_blocks,
+                          HOST_TIER_BYTES_PER_BLOCK,
+                          "size the tier from host memory (HostTierConfig.from_bytes)")
         if not isinstance(self.write_policy, WritePolicy):
             raise InvalidArgumentError(
                 f"write_policy must be a WritePolicy (StoreOnEviction(), WriteThrough()), "
                 f"got {self.write_policy!r}"
             )
+        if self.enable_events is not None:
+            check_flag("HostTierConfig.enable_events", self.enable_events)
         if not isinstance(self.admission, AdmissionRule):
             raise InvalidArgumentError(
                 f"admission must be an AdmissionRule (AdmitAll(), AdmitAfterHits(...)), "

@@ -22,13 +22,17 @@ step before anything writes into that step's blocks (loads included). (2) A requ
 load in flight is neither allocated nor freed until ``complete_load`` (both raise
 :class:`~pagedkv.errors.InvalidArgumentError`). (3) After ``complete_load(plan, False)``
 the request's tokens past ``plan.num_device_tokens`` are not computed: the engine
-recomputes them (its blocks are there, unregistered) or frees the request. (4) A
-write-through (``after_forward``) store runs before its block's request is freed.
+recomputes them (its blocks are there, unregistered) or frees the request; when
+``plan.resumable`` is False (a window or Mamba group released the device hit's blocks)
+it frees the request. (4) A write-through (``after_forward``) store runs before its
+block's request is freed. (5) A Mamba group's state is loaded into the request's live
+block: the engine starts the step from it.
 
-Supported layouts: every group full attention (MLA, sinks included) with the group block
-size equal to the hash block size; caching on; no ``drop_last_hit``.
-Others raise :class:`~pagedkv.errors.ConfigError` naming the group (sliding-window and
-Mamba groups would need their own host hit rules: not built yet).
+Supported layouts: any mix of full attention (MLA, sinks), sliding window, chunked local
+and Mamba groups, each served by its own host hit rule (:mod:`pagedkv.host.rules`, from
+the managers' ``hit_span``), every group's block size equal to the hash block size;
+caching on; no ``drop_last_hit``. Others (cross attention, mixed block sizes) raise
+:class:`~pagedkv.errors.ConfigError` naming the group.
 """
 
 from __future__ import annotations
@@ -40,14 +44,15 @@ from pagedkv.core.components import AllocateCall, ManagerBuild, ManagerComponent
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.coordinator import BlockTables, ComputedBlocks
 from pagedkv.core.manager import KVCacheManager
+from pagedkv.core.managers import manager_class_for
 from pagedkv.core.records import KVCacheEvent
 from pagedkv.core.request import RequestLike
-from pagedkv.core.specs import FullAttentionSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError, InvalidHitError
 from pagedkv.host.config import HostTierSettings
 from pagedkv.host.device import EvictionListener, HostFeedingRecorder
-from pagedkv.host.plans import LoadPlan, StorePlan, TieredHit
+from pagedkv.host.plans import HostHit, LoadPlan, StorePlan, TieredHit
 from pagedkv.host.policy import WriteThrough
+from pagedkv.host.rules import ContinuationQuery
 from pagedkv.host.tier import HostTier, HostTierStats
 
 __all__ = ["HostTierComponent", "HostTierConfig", "HostTieredKVCacheManager", "make_manager"]
@@ -91,20 +96,18 @@ HostTieredKVCacheManager = make_manager
 def _check_supported(config: CacheConfig) -> None:
     hbs = config.hash_block_size or min(s.block_size for s in config.groups)
     for g, spec in enumerate(config.groups):
-        if not isinstance(spec, FullAttentionSpec):
+        cls = manager_class_for(spec, enable_caching=config.enable_caching)
+        if not cls.cacheable:
             raise ConfigError(
-                f"the host tier supports full-attention groups (MLA and sinks included) "
-                f"only; group {g} is {type(spec).__name__}: run this model without a host "
-                "tier (sliding-window and Mamba host hit rules are not built yet)"
-            )
+                f"group {g} is {type(spec).__name__}, whose blocks are never cached "
+                f"({cls.__name__}): a host tier has nothing to continue; run this model "
+                "without a host tier")
         if spec.block_size != hbs:
             raise ConfigError(
                 f"the host tier needs every group's block size equal to the hash block size; "
-                f"group {g} has block size {spec.block_size}, hashes are at {hbs}: leave "
-                "CacheConfig.hash_block_size unset"
+                f"group {g} has block size {spec.block_size}, hashes are at {hbs}: give "
+                "every group one block size and leave CacheConfig.hash_block_size unset"
             )
-    if len({s.block_size for s in config.groups}) != 1:
-        raise ConfigError("the host tier needs one block size for every group")
     if not config.enable_caching:
         raise ConfigError("a host tier needs prefix caching on (CacheConfig.enable_caching)")
     if config.drop_last_hit:
@@ -149,22 +152,28 @@ class HostTierComponent(ManagerComponent):
 
     def bind(self, manager: KVCacheManager) -> None:
         self.mgr = manager
+        #: Per group, the positions a hit of N tokens needs (the managers' rule).
+        self._spans = [m.hit_span for m in manager.managers]
 
     # ---------------------------------------------------------------- lookup
 
     def lookup(self, request: RequestLike) -> TieredHit:
         """The longest hit across tiers: the device hit (``get_computed_blocks``,
-        statistics included), then the blocks right after it that every group holds ready
-        in the host tier, all within ``num_tokens - 1`` tokens. No state change besides
-        the lookup statistics. O(hit blocks).
+        statistics included), then the longest continuation every group can be served
+        for from the host tier by its own rule (:mod:`pagedkv.host.rules`: full attention
+        every block, a sliding window the blocks in its window, a Mamba group the state
+        at the hit's end), all within ``num_tokens - 1`` tokens. No state change besides
+        the lookup statistics. O(blocks scanned x groups).
 
         Raises:
             InvalidArgumentError: as ``get_computed_blocks``.
         """
         device = self.mgr.get_computed_blocks(request)
         bs = self._block_size
-        host = self.tier.continuation(request.block_hashes, self._num_groups, bs,
-                                      device.num_computed_tokens // bs, request.num_tokens - 1)
+        host = self.tier.continuation(ContinuationQuery(
+            block_hashes=request.block_hashes, spans=self._spans,
+            device_tables=device.block_ids, first_block=device.num_computed_tokens // bs,
+            block_size=bs, end_block=(request.num_tokens - 1) // bs))
         c = self.tier.counters
         c.lookups += 1
         c.lookup_tokens += request.num_tokens
@@ -215,22 +224,43 @@ class HostTierComponent(ManagerComponent):
         if new is None:
             self.tier.unpin(host_hit.keys)
             return None
-        first = host_hit.first_block
-        last = first + host_hit.num_blocks
-        table_id = request.request_id
-        device_ids = [m.req_to_blocks[table_id][first:last] for m in mgr.managers]
-        self.tier.start_load(request.request_id, host_hit, device_ids, self._block_size,
-                             hit.device.num_computed_tokens)
-        # the device part was counted by after_allocate; count the host part
-        d = hit.device.num_computed_tokens
-        self._count_hits(request, d, d + host_hit.num_tokens)
+        self.tier.start_load(request.request_id, host_hit,
+                             self._load_targets(request.request_id, host_hit),
+                             hit.device.num_computed_tokens,
+                             self._holds_hit(request.request_id, hit.device.num_computed_tokens))
+        # the device part was counted by after_allocate; count the host keys loaded
+        if self._hit_tracker is not None:
+            self._hit_tracker.on_hits(k for keys in host_hit.keys for k in keys)
         return new
+
+    def _load_targets(self, rid: str, host_hit: HostHit) -> list[tuple[int, list[int]]]:
+        """Per group, where its host blocks land: (first table position, device ids), as
+        each manager places KV that arrives as external tokens (``load_position``)."""
+        end = host_hit.first_block + host_hit.num_tokens // self._block_size
+        out: list[tuple[int, list[int]]] = []
+        for m, ids in zip(self.mgr.managers, host_hit.host_block_ids, strict=True):
+            if not ids:
+                out.append((end, []))
+                continue
+            first = m.load_position(rid, end - len(ids))
+            out.append((first, m.req_to_blocks[rid][first:first + len(ids)]))
+        return out
+
+    def _holds_hit(self, rid: str, num_tokens: int) -> bool:
+        """Whether every group's table still holds the blocks a hit of ``num_tokens``
+        needs (so a failed load can be recomputed from there)."""
+        for m, span in zip(self.mgr.managers, self._spans, strict=True):
+            start, end = span(num_tokens)
+            table = m.req_to_blocks[rid]
+            if not all(table[start:end]):
+                return False
+        return True
 
     def after_allocate(self, request: RequestLike, hit: object,
                        new: BlockTables | None) -> None:
         """A device-only hit that was adopted counts for the admission rule's hits."""
         if new is not None and isinstance(hit, ComputedBlocks) and self._hit_tracker:
-            self._count_hits(request, 0, hit.num_computed_tokens)
+            self._count_hits(request, hit.num_computed_tokens)
 
     def _check_host_hit(self, request: RequestLike, hit: TieredHit,
                         call: AllocateCall) -> None:
@@ -254,14 +284,15 @@ class HostTierComponent(ManagerComponent):
         if why is not None:
             raise InvalidHitError(why)
 
-    def _count_hits(self, request: RequestLike, start_tokens: int, end_tokens: int) -> None:
-        """The admission rule hears of hits on the blocks of tokens [start, end)."""
+    def _count_hits(self, request: RequestLike, num_tokens: int) -> None:
+        """The admission rule hears of a device hit of ``num_tokens`` tokens: per group,
+        the keys of the positions its rule needs."""
         tracker = self._hit_tracker
         if tracker is None:
             return
-        bs = self._block_size
-        hashes = request.block_hashes[start_tokens // bs:end_tokens // bs]
-        tracker.on_hits((h, g) for g in range(self._num_groups) for h in hashes)
+        hashes = request.block_hashes
+        tracker.on_hits((hashes[p], g) for g, span in enumerate(self._spans)
+                        for p in range(*span(num_tokens)))
 
     def before_free(self, request: RequestLike | str, live: RequestLike | None) -> None:
         """A request with a load in flight is not freed (its device blocks are being

@@ -55,12 +55,14 @@ class LookupState(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HostHit:
-    """The host part of a hit: per group, the host block ids continuing the device hit,
-    starting at table position ``first_block``; ``num_tokens`` tokens in all (every group
-    covers the same tokens). ``keys[g][i]`` is the key of ``host_block_ids[g][i]``.
-    ``num_pending_blocks``: blocks right after the hit that are in the host tier but still
-    being stored (``LookupState.HIT_PENDING``); a caller may wait for them instead of
-    recomputing."""
+    """The host part of a hit: it continues the device hit, which ends at table position
+    ``first_block``, by ``num_tokens`` tokens. Per group, the host block ids the
+    continuation needs, for the table positions just before the hit's end (full attention:
+    every position from ``first_block``; a sliding window: those inside the window; a
+    Mamba group: the state at the hit's end; see :mod:`pagedkv.host.rules`).
+    ``keys[g][i]`` is the key of ``host_block_ids[g][i]``. ``num_pending_blocks``: blocks
+    the hit could grow by once keys still being stored are ready
+    (``LookupState.HIT_PENDING``); a caller may wait for them instead of recomputing."""
 
     first_block: int
     num_tokens: int
@@ -70,8 +72,8 @@ class HostHit:
 
     @property
     def num_blocks(self) -> int:
-        """Host blocks per group."""
-        return len(self.host_block_ids[0]) if self.host_block_ids else 0
+        """Host blocks to load, all groups together."""
+        return sum(len(ids) for ids in self.host_block_ids)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,7 +101,9 @@ class TieredHit:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupLoad:
     """Copies for one group: ``host_block_ids[i]`` -> ``device_block_ids[i]``; the device
-    blocks sit at table positions ``first_block ..`` and cover ``num_tokens`` tokens."""
+    blocks sit at table positions ``first_block ..``; the load brings the request
+    ``num_tokens`` tokens (every group the same). A Mamba group's one state lands in the
+    request's live block (the engine starts its next step from it)."""
 
     group: int
     host_block_ids: tuple[int, ...]
@@ -114,13 +118,18 @@ class LoadPlan:
     from eviction, and its device blocks stay unregistered, until
     ``complete_load(plan, success)``. ``num_device_tokens`` were hit on the device,
     ``num_host_tokens`` come with this load; after it the request has
-    ``num_computed_tokens`` = their sum."""
+    ``num_computed_tokens`` = their sum. ``resumable``: after a failed load the request
+    still holds every block its first ``num_device_tokens`` tokens need, so it can
+    recompute from there; False (a sliding-window, chunked-local or Mamba group dropped
+    the device hit's blocks the host part made unneeded): free the request and admit it
+    again."""
 
     plan_id: int
     request_id: str
     groups: tuple[GroupLoad, ...]
     num_device_tokens: int
     num_host_tokens: int
+    resumable: bool = True
 
     @property
     def num_computed_tokens(self) -> int:

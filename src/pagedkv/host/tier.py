@@ -31,11 +31,14 @@ from pagedkv.host.plans import (
     HostHit,
     HostKey,
     LoadPlan,
-    LookupState,
     StorePlan,
 )
 from pagedkv.host.policy import HitTracker
 from pagedkv.host.pool import HostBlockPool
+from pagedkv.host.rules import ContinuationQuery, find_continuation
+
+#: Where one group's load lands: (first table position, device block ids).
+LoadTarget = tuple[int, Sequence[int]]
 
 __all__ = ["DeviceBlock", "HostTier", "HostTierStats"]
 
@@ -186,38 +189,24 @@ class HostTier:
 
     # ------------------------------------------------------------------ lookups and loads
 
-    def continuation(
-        self, block_hashes: Sequence[bytes], num_groups: int, block_size: int,
-        first_block: int, max_tokens: int,
-    ) -> HostHit:
-        """The ready keys continuing a device hit of ``first_block`` blocks, every group
-        at once, within ``max_tokens`` tokens. No state change. O(hit blocks)."""
-        state = self.pool.state
+    def continuation(self, query: ContinuationQuery) -> HostHit:
+        """The ready keys continuing a device hit, every group by its own rule
+        (:mod:`pagedkv.host.rules`). No state change. O(positions scanned x groups)."""
         entries = self.pool.entries
-        end = min(max_tokens // block_size, len(block_hashes))
-        ids: list[list[int]] = [[] for _ in range(num_groups)]
-        keys: list[list[HostKey]] = [[] for _ in range(num_groups)]
-        i = first_block
-        groups = range(num_groups)
-        while i < end:
-            h = block_hashes[i]
-            found = [entries.get((h, g)) for g in groups]
-            if not all(e is not None and e.ready for e in found):
-                break
-            for g, e in enumerate(found):
-                assert e is not None
-                keys[g].append((h, g))
-                ids[g].append(e.block_id)
-            i += 1
-        pending = 0
-        while i < end and all(state((block_hashes[i], g)) is not LookupState.MISS
-                              for g in range(num_groups)):
-            pending += 1
-            i += 1
-        n = len(ids[0]) if ids else 0
-        return HostHit(first_block=first_block, num_tokens=n * block_size,
-                       host_block_ids=tuple(map(tuple, ids)),
-                       keys=tuple(map(tuple, keys)), num_pending_blocks=pending)
+        state = self.pool.state
+        cont = find_continuation(query, state)
+        ids: list[tuple[int, ...]] = []
+        keys: list[tuple[HostKey, ...]] = []
+        hashes = query.block_hashes
+        for g, start in enumerate(cont.starts):
+            gkeys = tuple((hashes[p], g) for p in range(start, cont.end_block))
+            keys.append(gkeys)
+            ids.append(tuple(entries[k].block_id for k in gkeys))
+        num_blocks = cont.end_block - cont.first_block
+        return HostHit(first_block=cont.first_block,
+                       num_tokens=num_blocks * query.block_size,
+                       host_block_ids=tuple(ids), keys=tuple(keys),
+                       num_pending_blocks=cont.num_pending_blocks)
 
     def hit_problem(self, hit: HostHit) -> str | None:
         """Why ``hit`` cannot be loaded now (a key gone, pending, or moved), or None."""
@@ -240,20 +229,20 @@ class HostTier:
             for k in keys:
                 self.pool.unpin(k)
 
-    def start_load(
-        self, request_id: str, hit: HostHit, device_ids: Sequence[Sequence[int]],
-        block_size: int, num_device_tokens: int,
-    ) -> LoadPlan:
-        """Record the load of the (already pinned) ``hit`` into ``device_ids`` per group;
-        touch its keys (the chain's head most recent)."""
+    def start_load(self, request_id: str, hit: HostHit, targets: Sequence[LoadTarget],
+                   num_device_tokens: int, resumable: bool) -> LoadPlan:
+        """Record the load of the (already pinned) ``hit`` into each group's target
+        (``(first table position, device block ids)``); touch its keys (the chain's head
+        most recent)."""
         plan = LoadPlan(
             plan_id=self._new_id(), request_id=request_id,
             groups=tuple(
                 GroupLoad(group=g, host_block_ids=hit.host_block_ids[g],
-                          device_block_ids=tuple(device_ids[g]), first_block=hit.first_block,
+                          device_block_ids=tuple(ids), first_block=first,
                           num_tokens=hit.num_tokens)
-                for g in range(len(hit.keys))),
+                for g, (first, ids) in enumerate(targets)),
             num_device_tokens=num_device_tokens, num_host_tokens=hit.num_tokens,
+            resumable=resumable,
         )
         for keys in hit.keys:
             self.pool.touch(reversed(keys))

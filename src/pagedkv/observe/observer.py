@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from pagedkv.checks import check_clock, check_whole
 from pagedkv.core import validation
 from pagedkv.core.components import ManagerBuild, ManagerComponent
 from pagedkv.core.config import CacheConfig
@@ -38,7 +39,6 @@ from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.core.hashing import BlockHasher
 from pagedkv.core.manager import KVCacheManager
 from pagedkv.core.request import RequestLike
-from pagedkv.errors import InvalidArgumentError
 from pagedkv.observe.attribution import Explainer
 from pagedkv.observe.ghost import GhostRecorder
 from pagedkv.observe.reasons import LookupExplanation, MissStats, Reason
@@ -57,8 +57,9 @@ class ObserveConfig:
     seconds for eviction records and residency (a simulator passes its simulated clock).
 
     Raises:
-        InvalidArgumentError: a negative ``ghost_entries`` or ``residency_sample_every``
-            below 1.
+        InvalidArgumentError: a negative ``ghost_entries``, a ``residency_sample_every``
+            below 1, a ``clock`` that is not callable (each count a whole number, not a
+            bool).
     """
 
     ghost_entries: int = 65536
@@ -66,15 +67,11 @@ class ObserveConfig:
     clock: Callable[[], float] = field(default=time.monotonic)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.ghost_entries, int) or self.ghost_entries < 0:
-            raise InvalidArgumentError(
-                f"ghost_entries must be an int >= 0, got {self.ghost_entries!r}"
-            )
-        every = self.residency_sample_every
-        if every is not None and (not isinstance(every, int) or every < 1):
-            raise InvalidArgumentError(
-                f"residency_sample_every must be None or an int >= 1, got {every!r}"
-            )
+        check_whole("ObserveConfig.ghost_entries", self.ghost_entries, minimum=0)
+        if self.residency_sample_every is not None:
+            check_whole("ObserveConfig.residency_sample_every", self.residency_sample_every,
+                        minimum=1, hint=" (None: no residency sampling)")
+        check_clock("ObserveConfig.clock", self.clock)
 
     def attach(self, build: ManagerBuild) -> Observer:
         """Attach attribution to a manager being built (a component spec, see

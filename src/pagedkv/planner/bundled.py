@@ -9,13 +9,13 @@ True
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import ConfigError, InputFileError
+from pagedkv.json_input import parse_json
 
 __all__ = ["bundled_model_names", "load_config"]
 
@@ -108,10 +108,7 @@ def load_config(model: str) -> tuple[dict[str, Any], str, str]:
         text = entry.read_text(encoding="utf-8")
         source = f"bundled:{bundled}.json"
         name = bundled
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputFileError(source, f"not valid JSON: {exc.msg}", line=exc.lineno) from exc
+    data = parse_json(text, source)
     if not isinstance(data, dict):
         raise InputFileError(source, f"expected a JSON object, got {type(data).__name__}")
     return data, source, name

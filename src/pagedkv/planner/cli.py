@@ -22,6 +22,7 @@ import re
 import sys
 from typing import Any, TextIO
 
+from pagedkv.cli_args import number_arg
 from pagedkv.errors import InvalidArgumentError, PagedKVError
 from pagedkv.planner.api import plan_model
 from pagedkv.planner.backends import BACKENDS, GPU_ALIASES
@@ -75,7 +76,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(default: the --gpu's, 80GiB for h100/a100, 141GiB for h200)")
     memory.add_argument("--kv-cache-memory", metavar="SIZE",
                         help="bytes for the KV cache per GPU (bypasses the weights estimate)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    parser.add_argument("--gpu-memory-utilization",
+                        type=number_arg("--gpu-memory-utilization", minimum=0,
+                                        minimum_exclusive=True, maximum=1),
+                        default=0.9, metavar="FRACTION",
                         help="share of GPU memory the engine may use (default 0.9)")
     parser.add_argument("--activation-reserve", default=_DEFAULT_ACTIVATION_RESERVE,
                         metavar="SIZE", help="memory kept for activations and runtime "

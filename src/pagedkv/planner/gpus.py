@@ -21,7 +21,6 @@ A GPU the table lacks is given as a small JSON file (:func:`load_gpu_spec`)::
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.json_input import parse_json
 
 __all__ = ["DEFAULT_GPU", "GPUS", "GpuSpec", "find_gpu", "gpu_names", "load_gpu_spec",
            "resolve_gpu"]
@@ -164,12 +164,10 @@ def load_gpu_spec(path: str | Path) -> GpuSpec:
     """
     p = Path(path)
     try:
-        data: Any = json.loads(p.read_text(encoding="utf-8"),
-                               parse_constant=_refuse_constant)
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(str(p), f"cannot read the GPU spec ({exc})") from None
-    except ValueError as exc:
-        raise InputFileError(str(p), f"the GPU spec is not valid JSON ({exc})") from None
+    data: Any = parse_json(text, str(p), hint="; the GPU spec must be a JSON object")
     if not isinstance(data, Mapping):
         raise InputFileError(str(p), f"a GPU spec is a JSON object with {', '.join(_REQUIRED)}")
     unknown = sorted(set(data) - set(_FIELDS))
@@ -190,9 +188,6 @@ def load_gpu_spec(path: str | Path) -> GpuSpec:
     except InvalidArgumentError as exc:
         raise InputFileError(str(p), str(exc)) from None
 
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number")
 
 
 def resolve_gpu(text: str | None) -> GpuSpec:

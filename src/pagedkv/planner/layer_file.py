@@ -26,7 +26,6 @@ for ``count`` layers (default 1) named ``layers.<i>`` in file order, or for the 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from pagedkv.core.specs import (
     SlidingWindowSpec,
 )
 from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
+from pagedkv.json_input import parse_json
 from pagedkv.planner.model_spec import ModelSpec
 from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
 
@@ -102,11 +102,7 @@ def load_layer_file(path: str | Path, *, block_size: int = 16) -> LayerFileModel
     if path.suffix.lower() in _YAML_SUFFIXES:
         data = _read_yaml(path)
     else:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputFileError(str(path), f"not valid JSON: {exc.msg}",
-                                 line=exc.lineno) from exc
+        data = parse_json(path.read_text(encoding="utf-8"), str(path))
     return parse_layer_file(data, source=str(path), block_size=block_size)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from pagedkv.checks import check_flag
 from pagedkv.core.components import ManagerComponent
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.request import RequestLike
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
     from pagedkv.core.manager import KVCacheManager
 
 __all__ = ["RetentionControl"]
+
+
+
+def _lease(lease: object) -> PinLease:
+    if not isinstance(lease, PinLease):
+        raise InvalidArgumentError(
+            f"expected a PinLease (what pin() or pin_prefix() returned), got {lease!r:.60}")
+    return lease
 
 
 class RetentionControl(ManagerComponent):
@@ -88,6 +97,12 @@ class RetentionControl(ManagerComponent):
             PinBudgetError: the pin would pass the budget; nothing was pinned.
             InvalidArgumentError: ``ttl_s`` is not positive and finite, or no hashes.
         """
+        if isinstance(block_hashes, (str, bytes)) or not isinstance(block_hashes, Sequence) \
+                or not all(type(h) is bytes for h in block_hashes):
+            raise InvalidArgumentError(
+                f"block_hashes must be a sequence of bytes (Request.block_hashes), got "
+                f"{block_hashes!r:.60}")
+        check_flag("refresh_on_hit", refresh_on_hit)
         keys: list[PinKey] = []
         for g, k in self._strides:
             hashes = block_hashes if k == 1 else block_hashes[k - 1 :: k]
@@ -110,9 +125,13 @@ class RetentionControl(ManagerComponent):
                 block; also as :meth:`pin`.
             PinBudgetError: as :meth:`pin`.
         """
-        hashes = request.block_hashes
+        hashes = getattr(request, "block_hashes", None)
+        if hashes is None or isinstance(request, (str, bytes, list, tuple)):
+            raise InvalidArgumentError(
+                f"expected a request (pagedkv.Request or a RequestLike), got "
+                f"{request!r:.60}; pin a prefix of hashes with pin()")
         if num_tokens is not None:
-            if not isinstance(num_tokens, int) or num_tokens < 0:
+            if type(num_tokens) is not int or num_tokens < 0:
                 raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
             hashes = hashes[: num_tokens // self.pool.pool.hash_block_size]
         return self.pin(hashes, ttl_s=ttl_s, refresh_on_hit=refresh_on_hit)
@@ -120,8 +139,12 @@ class RetentionControl(ManagerComponent):
     def unpin(self, lease: PinLease) -> None:
         """End ``lease`` now; keys no other lease holds become evictable (their free
         blocks join their priority level as if freed now). Ending an ended lease does
-        nothing."""
-        self.pool.unpin(lease)
+        nothing.
+
+        Raises:
+            InvalidArgumentError: ``lease`` is not a :class:`PinLease` (from :meth:`pin`).
+        """
+        self.pool.unpin(_lease(lease))
 
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
         """Make ``lease`` end ``ttl_s`` seconds from now.
@@ -129,7 +152,7 @@ class RetentionControl(ManagerComponent):
         Raises:
             InvalidArgumentError: the lease has ended, or a bad ``ttl_s``.
         """
-        self.pool.renew(lease, ttl_s=ttl_s)
+        self.pool.renew(_lease(lease), ttl_s=ttl_s)
 
     @property
     def num_pinned_blocks(self) -> int:

@@ -33,6 +33,7 @@ the checks (as in the base pool) and the one conversion out of uniform mode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -40,7 +41,7 @@ from pagedkv.core.components import EvictionPolicy
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
 from pagedkv.retention.pins import PinKey, PinLease, PinTable
-from pagedkv.retention.policy import RetentionSettings
+from pagedkv.retention.policy import RetentionSettings, read_clock
 from pagedkv.retention.priority_queue import PriorityFreeQueue
 
 __all__ = ["RetentionPolicy"]
@@ -277,7 +278,7 @@ class RetentionPolicy(EvictionPolicy):
             InvalidArgumentError: a bad ``ttl_s`` or no keys; nothing changed.
         """
         was_uniform = self._pq is None
-        now = self.retention.clock() if self._pq is None else self._pq.tick()
+        now = read_clock(self.retention.clock, -math.inf) if self._pq is None else self._pq.tick()
         lease, new = self.pins.pin(keys, ttl_s=ttl_s, now=now, refresh_on_hit=refresh_on_hit)
         queue = self.specialise()
         if was_uniform:
@@ -299,7 +300,7 @@ class RetentionPolicy(EvictionPolicy):
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
         """Make ``lease`` expire ``ttl_s`` seconds from now (see :meth:`PinTable.renew`)."""
         queue = self._pq
-        now = self.retention.clock() if queue is None else queue.tick()
+        now = read_clock(self.retention.clock, -math.inf) if queue is None else queue.tick()
         self.pins.renew(lease, ttl_s=ttl_s, now=now)
         if queue is not None:
             queue.deadline = min(queue.deadline, lease.expires_at)

@@ -26,6 +26,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pagedkv.checks import check_clock, check_flag, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RequestRetention",
     "RetentionSettings",
     "TokenRangeRetention",
+    "read_clock",
 ]
 
 MIN_PRIORITY = 0
@@ -57,6 +59,26 @@ def _check_duration(what: str, d: object) -> None:
         raise InvalidArgumentError(
             f"{what} must be a positive finite number of seconds or None, got {d!r}"
         )
+
+
+def read_clock(clock: Callable[[], float], not_before: float) -> float:
+    """``clock()``, held at ``not_before`` if it went back (a wall clock stepped back, a
+    simulator's clock reset): time on the retention clock never runs backwards, so no
+    deadline passes twice and no expiry is undone.
+
+    >>> read_clock(lambda: 5.0, 7.0), read_clock(lambda: 9.0, 7.0)
+    (7.0, 9.0)
+
+    Raises:
+        InvalidArgumentError: the clock returned something other than a finite number
+            of seconds (``RetentionConfig.clock`` must, e.g. ``time.monotonic``).
+    """
+    now = clock()
+    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+        raise InvalidArgumentError(
+            f"the retention clock returned {now!r:.60}; RetentionConfig.clock must return "
+            "seconds as a finite number (e.g. time.monotonic)")
+    return now if now >= not_before else not_before
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -308,17 +330,19 @@ class RetentionSettings:
             raise InvalidArgumentError(
                 f"pin_budget_fraction must be in (0, 1], got {f!r}"
             )
+        check_flag("RetentionConfig.preempt_pins", self.preempt_pins)
+        if not isinstance(self.tenant_quota_blocks, Mapping):
+            raise InvalidArgumentError(
+                f"tenant_quota_blocks must be a mapping of tenant (cache salt or None) to "
+                f"blocks, got {self.tenant_quota_blocks!r}")
         quotas = dict(self.tenant_quota_blocks)
         if self.default_tenant_quota_blocks is not None:
             quotas["(default)"] = self.default_tenant_quota_blocks
         for tenant, q in quotas.items():
-            if not isinstance(q, int) or isinstance(q, bool) or q < 0:
-                raise InvalidArgumentError(
-                    f"quota of tenant {tenant!r} must be an int >= 0 blocks, got {q!r}"
-                )
-        if not callable(self.clock):
-            raise InvalidArgumentError(f"clock must be a callable returning seconds, "
-                                       f"got {self.clock!r}")
+            if tenant is not None and tenant != "(default)":
+                check_text("a tenant of tenant_quota_blocks", tenant)
+            check_whole(f"quota of tenant {tenant!r}", q, minimum=0)
+        check_clock("RetentionConfig.clock", self.clock)
 
     @property
     def has_quotas(self) -> bool:

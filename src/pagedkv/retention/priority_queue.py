@@ -29,12 +29,13 @@ from collections.abc import Callable, Iterator
 
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.retention.linked import LinkedLists
-from pagedkv.retention.policy import DEFAULT_PRIORITY, MAX_PRIORITY
+from pagedkv.retention.policy import DEFAULT_PRIORITY, MAX_PRIORITY, read_clock
 
 __all__ = ["PriorityFreeQueue"]
 
 _UNHASHED, _OVER, _PARKED, _PINNED, _LEVEL0 = 0, 1, 2, 3, 4
 _INF = float("inf")
+
 
 
 class PriorityFreeQueue(FreeBlockQueue):
@@ -165,10 +166,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
 
     def tick(self) -> float:
-        """Read the clock; run ``on_deadline`` if it has passed the deadline. Returns now."""
-        now = self._clock()
-        if now < self.now_s:
-            raise AssertionError(f"retention clock went backwards: {self.now_s} -> {now}")
+        """Read the clock (:func:`read_clock`: a reading before the last one counts as the
+        last one); run ``on_deadline`` if it has passed the deadline. Returns now."""
+        now = read_clock(self._clock, self.now_s)
         self.now_s = now
         if now >= self.deadline:
             self.on_deadline(now)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pagedkv.checks import check_flag, check_number, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.sim.bounds import BoundResult
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 __all__ = ["MODES", "SimConfig", "capacity_for", "run", "with_clock"]
 
 MODES = ("engine", "pure-cache")
+#: Most worker processes ``jobs`` may ask for.
+MAX_JOBS = 1024
 #: (done, total) progress callback, and a phase label setter.
 Progress = Callable[[int, int], None]
 
@@ -100,6 +103,7 @@ class SimConfig:
     calibration: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_fields()
         if self.mode not in MODES:
             raise InvalidArgumentError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.semantics not in SEMANTICS:
@@ -111,18 +115,6 @@ class SimConfig:
                 "replays: use it with --mode pure-cache (an engine stores full blocks only)")
         if self.num_blocks is not None and (self.model or self.gpu_memory or self.gpu):
             raise InvalidArgumentError("give either --num-blocks or --model/--gpu/--gpu-memory")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise InvalidArgumentError(
-                f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise InvalidArgumentError(
-                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if not self.memory_scale > 0:
-            raise InvalidArgumentError(f"memory_scale must be > 0, got {self.memory_scale}")
-        if self.jobs is not None and self.jobs < 1:
-            raise InvalidArgumentError(f"--jobs must be >= 1, got {self.jobs}")
-        if self.tp < 1:
-            raise InvalidArgumentError(f"--tp must be >= 1, got {self.tp}")
         if self.retention is not None:
             from pagedkv.sim.retention_support import check_policy
 
@@ -137,6 +129,41 @@ class SimConfig:
                 raise InvalidArgumentError(
                     f"--capacity-sweep: {cap} tokens is less than one block of "
                     f"{self.block_size} tokens")
+
+    def _check_fields(self) -> None:
+        """Each field's type and range on its own (:mod:`pagedkv.checks`)."""
+        for name in ("mode", "semantics", "step_model"):
+            check_text(f"SimConfig.{name}", getattr(self, name))
+        for name in ("model", "gpu_memory", "retention", "gpu", "calibration"):
+            if getattr(self, name) is not None:
+                check_text(f"SimConfig.{name}", getattr(self, name))
+        check_whole("SimConfig.block_size", self.block_size, minimum=1)
+        if self.num_blocks is not None:
+            check_whole("SimConfig.num_blocks", self.num_blocks, minimum=2)
+        check_number("--warmup-fraction", self.warmup_fraction, minimum=0, maximum=1,
+                     maximum_exclusive=True)
+        check_number("--gpu-memory-utilization", self.gpu_memory_utilization, minimum=0,
+                     minimum_exclusive=True, maximum=1)
+        check_number("SimConfig.memory_scale", self.memory_scale, minimum=0,
+                     minimum_exclusive=True, maximum=1e6)
+        if self.jobs is not None:
+            check_whole("--jobs", self.jobs, minimum=1, maximum=MAX_JOBS)
+        check_whole("--tp", self.tp, minimum=1)
+        for name in ("bounds", "check_invariants"):
+            check_flag(f"SimConfig.{name}", getattr(self, name))
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise InvalidArgumentError(
+                f"SimConfig.scheduler must be a SchedulerConfig, got {self.scheduler!r}")
+        if self.host is not None and not isinstance(self.host, HostMemoryConfig):
+            raise InvalidArgumentError(
+                f"SimConfig.host must be a HostMemoryConfig or None, got {self.host!r}")
+        if not isinstance(self.capacity_sweep, tuple):
+            raise InvalidArgumentError(
+                f"SimConfig.capacity_sweep must be a tuple of token counts (None: "
+                f"unlimited), got {self.capacity_sweep!r}")
+        for cap in self.capacity_sweep:
+            if cap is not None:
+                check_whole("--capacity-sweep", cap, minimum=1)
 
 
 def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pagedkv.cli_args import number_arg, seconds_arg, whole_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.api import SimConfig, run, with_clock
@@ -57,6 +58,14 @@ _GEN_PARAMS: dict[str, dict[str, str]] = {
         "interval_s": "interval_s", "think_s": "think_s",
     },
 }
+# Numeric option types: finite, in range (pagedkv.cli_args); a bad value is a usage error.
+_FRACTION = number_arg("--gpu-memory-utilization", minimum=0, minimum_exclusive=True,
+                       maximum=1)
+_STAGGER_S = seconds_arg("--session-stagger-s", allow_zero=True)
+_INTERVAL_S = seconds_arg("--interval-s", allow_zero=True)
+_THINK_S = seconds_arg("--think-s", allow_zero=True)
+_RATE_SCALE = number_arg("--rate-scale", minimum=0, minimum_exclusive=True, maximum=1e6)
+_WARMUP = number_arg("--warmup-fraction", minimum=0, maximum=1, maximum_exclusive=True)
 _ALL_GEN_FLAGS = sorted({d for m in _GEN_PARAMS.values() for d in m})
 
 
@@ -83,9 +92,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="a synthetic workload with an analytic ideal hit rate")
     w.add_argument("--trace-format", choices=["auto", *formats()], default="auto",
                    help="trace format (default: detected from the content, else the name)")
-    w.add_argument("--session-stagger-s", type=float, default=0.0, metavar="S",
+    w.add_argument("--session-stagger-s", type=_STAGGER_S, default=0.0, metavar="S",
                    help="several files: file k starts k*S seconds after the first (default 0)")
-    w.add_argument("--trace-block-size", type=int, default=512, metavar="TOKENS",
+    w.add_argument("--trace-block-size", default=512, metavar="TOKENS",
+                   type=whole_arg("--trace-block-size", minimum=1, maximum=10_000_000),
                    help="tokens per hash_ids entry of a JSONL trace (default 512)")
     w.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     w.add_argument("--skip-bad-lines", action="store_true",
@@ -104,9 +114,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--first-tokens", type=int, metavar="TOKENS", help="agent: task length")
     g.add_argument("--output-tokens", type=int, metavar="TOKENS",
                    help="answer / reply / action length")
-    g.add_argument("--interval-s", type=float, metavar="S",
+    g.add_argument("--interval-s", type=_INTERVAL_S, metavar="S",
                    help="seconds between request (session) starts")
-    g.add_argument("--think-s", type=float, metavar="S",
+    g.add_argument("--think-s", type=_THINK_S, metavar="S",
                    help="multi-turn, agent: seconds from a reply to the next turn")
     c = p.add_argument_group("cache capacity")
     c.add_argument("--block-size", type=int, default=16, metavar="TOKENS",
@@ -119,7 +129,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"(default without --num-blocks: {DEFAULT_MODEL})")
     c.add_argument("--gpu-memory", metavar="SIZE",
                    help=f"GPU memory for --model (default {DEFAULT_GPU_MEMORY}: an '80 GB' H100)")
-    c.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+    c.add_argument("--gpu-memory-utilization", type=_FRACTION, default=0.9, metavar="FRACTION",
                    help="share of GPU memory the engine may use (default 0.9)")
     c.add_argument("--tp", type=int, default=1, metavar="N",
                    help="tensor-parallel size for --model (default 1)")
@@ -135,7 +145,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="tokens computed per step (default 8192)")
     e.add_argument("--max-running", type=int, default=256, metavar="N",
                    help="most requests running at once (default 256)")
-    e.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+    e.add_argument("--rate-scale", type=_RATE_SCALE, default=1.0, metavar="X",
                    help="arrival rate multiplier: 2 = twice as fast (default 1)")
     e.add_argument("--arrivals", choices=["trace", "at-once"], default="trace",
                    help="arrival times from the workload (default) or all at time 0")
@@ -150,7 +160,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also search the KV memory or replicas that meet --ttft-p99")
     a.add_argument("--ttft-p99", default="2s", metavar="DURATION",
                    help="TTFT p99 target for --find-capacity (default 2s)")
-    a.add_argument("--warmup-fraction", type=float, default=0.5, metavar="F",
+    a.add_argument("--warmup-fraction", type=_WARMUP, default=0.5, metavar="F",
                    help="'after warm-up' rates count requests from this fraction on "
                    "(default 0.5)")
     a.add_argument("--no-bounds", action="store_true",
@@ -169,6 +179,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     ev.add_argument("--kv-events-topic", default="", help="topic frame, e.g. kv@pod@model")
     ev.add_argument("--kv-events-form", choices=("map", "array"), default="map",
                     help="map: vLLM >= 0.24; array: vLLM <= 0.23")
+    ev.add_argument("--kv-events-allow-remote", action="store_true",
+                    help="allow endpoints that listen beyond this host (tcp://*:PORT, "
+                    "0.0.0.0): the messages carry prompt token ids, unauthenticated")
     add_retention_arguments(a)
     a.add_argument("--check-invariants", action="store_true",
                    help="debug: walk the manager's state after every step (slow)")
@@ -233,6 +246,7 @@ def _config(args: argparse.Namespace) -> SimConfig:
             replay_endpoint=args.kv_events_replay_endpoint,
             topic=args.kv_events_topic,
             wire_form=args.kv_events_form,
+            allow_remote=args.kv_events_allow_remote,
         )
     sched = SchedulerConfig(
         token_budget=args.token_budget, max_running=args.max_running,

@@ -23,16 +23,49 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pagedkv.checks import check_number, check_whole
+from pagedkv.cli_args import MAX_SECONDS
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.workloads import SimRequest, Workload
 
 __all__ = ["agent_loops", "multi_turn", "system_prompts"]
 
 
-def _check(**values: float) -> None:
+#: Most requests one generator builds, and most tokens in one segment: more is a typo
+#: (the workload is built in memory before the replay starts).
+MAX_GENERATED_REQUESTS = 10_000_000
+MAX_SEGMENT_TOKENS = 10_000_000
+#: Most prompt tokens, summed over the requests, one generator builds (about 4 GB of ids).
+MAX_GENERATED_TOKENS = 500_000_000
+
+
+def _check(prompt_tokens: Callable[[], int], **values: float) -> None:
+    """Counts and lengths are whole numbers >= 1, times finite seconds >= 0 (at most
+    :data:`~pagedkv.cli_args.MAX_SECONDS`); the counts' product is at most
+    :data:`MAX_GENERATED_REQUESTS`."""
+    requests = 1
     for name, v in values.items():
-        if v < 0 or ((name.startswith("num_") or name.endswith("_tokens")) and v < 1):
-            raise InvalidArgumentError(f"{name} must be >= 1 (>= 0 for times), got {v}")
+        if name.endswith("_s"):
+            check_number(name, v, minimum=0, maximum=MAX_SECONDS)
+        elif name.startswith("num_"):
+            requests *= check_whole(name, v, minimum=1, maximum=MAX_GENERATED_REQUESTS)
+        else:
+            check_whole(name, v, minimum=1, maximum=MAX_SEGMENT_TOKENS)
+    if requests > MAX_GENERATED_REQUESTS:
+        raise InvalidArgumentError(
+            f"{requests:,} requests is more than a generator builds "
+            f"({MAX_GENERATED_REQUESTS:,}); lower the counts")
+    total = prompt_tokens()
+    if total > MAX_GENERATED_TOKENS:
+        raise InvalidArgumentError(
+            f"{total:,} prompt tokens in all is more than a generator builds "
+            f"({MAX_GENERATED_TOKENS:,}); lower the counts or lengths")
+
+
+def _chat_tokens(sessions: int, turns: int, first: int, per_turn: int) -> int:
+    """Prompt tokens of ``sessions`` chats of ``turns`` turns: turn t is ``first + t *
+    per_turn`` tokens long."""
+    return sessions * (turns * first + turns * (turns - 1) // 2 * per_turn)
 
 
 def _floor(n: int, b: int) -> int:
@@ -69,7 +102,8 @@ def system_prompts(
 
     e.g. G=4, Q=64, S=1536, U=200, b=16: 4*63*1536 / (4*64*1736) = 0.8710.
     """
-    _check(num_groups=num_groups, num_questions=questions_per_group,
+    _check(lambda: num_groups * questions_per_group * (system_tokens + question_tokens),
+           num_groups=num_groups, num_questions=questions_per_group,
            system_tokens=system_tokens, question_tokens=question_tokens,
            output_tokens=output_tokens, interval_s=interval_s)
     seg = _Segments()
@@ -182,7 +216,9 @@ def multi_turn(
     ``floor(p_{t-1} / b) b`` in pure-cache mode, ``floor((p_{t-1} + A - 1) / b) b`` in
     engine mode (the reply's blocks were cached while decoding).
     """
-    _check(num_sessions=num_conversations, num_turns=num_turns, system_tokens=system_tokens,
+    _check(lambda: _chat_tokens(num_conversations, num_turns, system_tokens + user_tokens,
+                                user_tokens + output_tokens),
+           num_sessions=num_conversations, num_turns=num_turns, system_tokens=system_tokens,
            user_tokens=user_tokens, output_tokens=output_tokens, interval_s=interval_s,
            think_s=think_s)
     return _chats(
@@ -213,7 +249,9 @@ def agent_loops(
     Ideal: as :func:`multi_turn` with ``S`` = the tool prefix, the first message = the
     task, later messages = observations and replies = actions.
     """
-    _check(num_sessions=num_agents, num_turns=num_steps, shared_tokens=tool_prefix_tokens,
+    _check(lambda: _chat_tokens(num_agents, num_steps, tool_prefix_tokens + task_tokens,
+                                observation_tokens + action_tokens),
+           num_sessions=num_agents, num_turns=num_steps, shared_tokens=tool_prefix_tokens,
            task_tokens=task_tokens, observation_tokens=observation_tokens,
            action_tokens=action_tokens, interval_s=interval_s, think_s=think_s)
     return _chats(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from pagedkv.cli_args import number_arg
 from pagedkv.errors import InvalidArgumentError, PagedKVError
 from pagedkv.sim.host_tier import (
     DEFAULT_BANDWIDTH_GBPS,
@@ -29,15 +30,9 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _bandwidth(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"--host-bandwidth-gbps {text!r}: give GB/s per direction above 0, e.g. 25")
-    return value
+#: GB/s per direction, above 0 and at most 10^6 (a petabyte per second).
+_bandwidth = number_arg("--host-bandwidth-gbps", minimum=0, minimum_exclusive=True,
+                        maximum=1e6)
 
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pagedkv.checks import check_flag, check_number, check_whole
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.planner import format_bytes, parse_bytes
 
@@ -87,17 +88,20 @@ class HostMemoryConfig:
     device_only_baseline: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sweep_memory_bytes, tuple):
+            raise InvalidArgumentError(
+                f"HostMemoryConfig.sweep_memory_bytes must be a tuple of sizes, got "
+                f"{self.sweep_memory_bytes!r}")
         for size in (self.memory_bytes, *self.sweep_memory_bytes):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise InvalidArgumentError(
-                    f"--host-memory must be a positive size such as 256GiB, got {size!r}")
+            check_whole("--host-memory", size, minimum=1,
+                        hint="; give a positive size such as 256GiB")
+        check_flag("HostMemoryConfig.device_only_baseline", self.device_only_baseline)
         if self.write_policy not in WRITE_POLICIES:
             raise InvalidArgumentError(
                 f"--host-write-policy must be one of {WRITE_POLICIES}, got "
                 f"{self.write_policy!r}")
-        if not self.bandwidth_gbps > 0:
-            raise InvalidArgumentError(
-                f"--host-bandwidth-gbps must be > 0, got {self.bandwidth_gbps}")
+        check_number("--host-bandwidth-gbps", self.bandwidth_gbps, minimum=0,
+                     minimum_exclusive=True, maximum=1e6)
 
     def num_blocks(self, block_bytes: int) -> int:
         """Host blocks of ``block_bytes`` each that ``memory_bytes`` holds."""

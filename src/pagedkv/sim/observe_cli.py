@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pagedkv.cli_args import seconds_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.sim.observe_engine import MissBreakdown, ReplayObserver
 from pagedkv.sim.observe_support import plot_missed_tokens
@@ -42,7 +43,8 @@ def add_observe_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics of the replay on 127.0.0.1:PORT (0: a free "
                    "port, printed); needs pagedkv[metrics]")
-    g.add_argument("--metrics-linger-s", type=float, default=0.0, metavar="S",
+    g.add_argument("--metrics-linger-s", type=seconds_arg("--metrics-linger-s", allow_zero=True),
+                   default=0.0, metavar="S",
                    help="with --metrics-port: keep serving S seconds after the replay "
                    "(default 0)")
 

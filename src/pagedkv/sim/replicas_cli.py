@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pagedkv.cli_args import whole_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.sim.api import SimConfig, capacity_for
 from pagedkv.sim.progress import ProgressReporter
@@ -33,14 +34,9 @@ __all__ = ["ROUTERS", "add_replica_flags", "check_replica_args", "replica_engine
 ROUTERS = ("round-robin", "least-loaded", "cache-aware", "compare")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
+#: At most this many simulated replicas (each holds a manager and a queue in memory).
+MAX_REPLICAS = 4096
+_REPLICAS = whole_arg("--replicas", minimum=1, maximum=MAX_REPLICAS)
 
 
 def add_replica_flags(p: argparse.ArgumentParser) -> None:
@@ -51,7 +47,7 @@ def add_replica_flags(p: argparse.ArgumentParser) -> None:
         "--num-blocks or the --model plan (a hybrid plan as one full-attention group of "
         "its token slots), with --token-budget, --max-running and the step-time flags. "
         "Requests arrive at their trace times: --rate-scale and --arrivals do not apply.")
-    r.add_argument("--replicas", type=_positive_int, default=None, metavar="N",
+    r.add_argument("--replicas", type=_REPLICAS, default=None, metavar="N",
                    help="simulate N engine replicas behind a router instead of one engine")
     r.add_argument("--router", choices=ROUTERS, default=None,
                    help="routing policy for --replicas, or 'compare' to run all three "
@@ -93,6 +89,8 @@ def replica_engine_config(workload: Workload, config: SimConfig) -> tuple[Engine
         num_blocks = tokens // bs + 1
         note = (f"the hybrid plan ({', '.join(cap.group_names)}) is simulated per replica as "
                 f"one full-attention group of {num_blocks} blocks")
+    # Requests longer than a replica's cache are rejected on arrival and counted, as the
+    # single engine rejects them (pagedkv.cluster.replicas.run_replicas).
     s = config.scheduler
     engine = EngineConfig(num_blocks=num_blocks, block_size=bs,
                           max_model_len=workload_max_len(workload, bs),

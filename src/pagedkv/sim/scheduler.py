@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pagedkv import FullAttentionSpec, InvalidArgumentError, KVCacheManager, Request
+from pagedkv.checks import check_flag, check_number, check_whole
+from pagedkv.cli_args import MAX_SECONDS
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.results import SimResult
 from pagedkv.sim.workloads import SimRequest, Workload, check_block_size, request_block_hashes
@@ -51,8 +53,8 @@ class StepTimeModel:
 
     def __post_init__(self) -> None:
         for name in ("step_overhead_s", "prefill_token_s", "decode_seq_s"):
-            if getattr(self, name) < 0:
-                raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+            check_number(f"StepTimeModel.{name}", getattr(self, name), minimum=0,
+                         maximum=MAX_SECONDS)
         if self.step_overhead_s + self.prefill_token_s + self.decode_seq_s <= 0:
             raise InvalidArgumentError("a step must take some time: all step costs are 0")
 
@@ -79,17 +81,24 @@ class SchedulerConfig:
     kv_events: KVEventsConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.token_budget < 1 or self.max_running < 1:
+        check_whole("SchedulerConfig.token_budget", self.token_budget, minimum=1)
+        check_whole("SchedulerConfig.max_running", self.max_running, minimum=1)
+        check_whole("SchedulerConfig.num_samples", self.num_samples, minimum=1)
+        check_flag("SchedulerConfig.check_invariants_every_step",
+                   self.check_invariants_every_step)
+        if not isinstance(self.step_time, StepTimeModel):
             raise InvalidArgumentError(
-                f"token_budget and max_running must be >= 1, got {self.token_budget} and "
-                f"{self.max_running}"
-            )
+                f"SchedulerConfig.step_time must be a StepTimeModel, got {self.step_time!r}")
+        if self.kv_events is not None and not isinstance(self.kv_events, KVEventsConfig):
+            raise InvalidArgumentError(
+                f"SchedulerConfig.kv_events must be a KVEventsConfig or None, got "
+                f"{self.kv_events!r}")
         if self.arrivals not in ("trace", "at-once"):
             raise InvalidArgumentError(
                 f"arrivals must be 'trace' or 'at-once', got {self.arrivals!r}"
             )
-        if not self.rate_scale > 0:
-            raise InvalidArgumentError(f"rate_scale must be > 0, got {self.rate_scale}")
+        check_number("SchedulerConfig.rate_scale", self.rate_scale, minimum=0,
+                     minimum_exclusive=True, maximum=1e6)
 
 
 class ManagerFactory(Protocol):

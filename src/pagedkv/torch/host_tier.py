@@ -238,8 +238,8 @@ def run_layout_with_host(
     so a wrong copy or a read before a load shows up in the logits).
 
     Raises:
-        ConfigError: a layout the host tier does not support (full attention and MLA
-            only).
+        ConfigError: a layout the host tier does not support (see
+            :mod:`pagedkv.host.manager`).
     """
     plan = layout.plan()
     nan = float("nan")

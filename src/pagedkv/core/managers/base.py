@@ -167,6 +167,19 @@ class SingleTypeManager:
         blocks whose KV the next token never reads. Default: none."""
         return 0
 
+    def hit_span(self, num_hit_tokens: int) -> tuple[int, int]:
+        """The table positions ``[start, end)`` whose cached blocks a hit of
+        ``num_hit_tokens`` tokens needs (earlier ones may be null): after the
+        :meth:`max_hit_nulls` leading nulls, up to the hit's end. Full attention, 12
+        tokens at block 4: (0, 3); window 8: (1, 3); a Mamba state: (2, 3). No state change."""
+        return self.max_hit_nulls(num_hit_tokens), num_hit_tokens // self.block_size
+
+    def load_position(self, request_id: str, start: int) -> int:
+        """Where, in the request's table, the KV of hit positions ``start ..`` arrives when
+        they came as external tokens (a host-tier load): the allocation that adopted them
+        put fresh blocks there. Default: the same positions. No state change."""
+        return start
+
     def hit_problem(
         self, block_hashes: list[bytes], blocks: list[int], num_hit_tokens: int
     ) -> str | None:

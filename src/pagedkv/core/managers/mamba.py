@@ -180,6 +180,12 @@ class MambaAlignManager(SkippingManager):
         """Every token but the last: a state summarises its whole prefix."""
         return max(0, num_computed_tokens - 1)
 
+    def load_position(self, request_id: str, start: int) -> int:
+        """The live block (the table's last): a hit of external tokens leaves nulls up to
+        it, so a state loaded from elsewhere lands in the block the request computes into
+        next (the engine starts from it instead of copying a previous state)."""
+        return len(self.req_to_blocks[request_id]) - 1
+
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """The rightmost cached state within ``max_length`` tokens ending on the hit
         alignment, nulls before it. No state change. O(blocks scanned) lookups."""

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pagedkv.cli_args import MAX_SECONDS, number_arg
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.planner.gpus import DEFAULT_GPU, GPUS, resolve_gpu
 from pagedkv.sim.clock import STEP_MODELS
@@ -24,6 +25,12 @@ from pagedkv.sim.scheduler import StepTimeModel
 __all__ = ["add_clock_flags", "linear_step_time", "run_calibrate", "step_model_of"]
 
 DEFAULT_CALIBRATION_FILE = "pagedkv-calibration.json"
+
+
+# Step costs: finite, >= 0, at most 10^9 (pagedkv.cli_args); a bad value is a usage error.
+_STEP_MS = number_arg("--step-overhead-ms", minimum=0, maximum=MAX_SECONDS)
+_PREFILL_US = number_arg("--prefill-token-us", minimum=0, maximum=MAX_SECONDS)
+_DECODE_US = number_arg("--decode-seq-us", minimum=0, maximum=MAX_SECONDS)
 
 
 def add_clock_flags(e: Any) -> None:
@@ -44,12 +51,12 @@ def add_clock_flags(e: Any) -> None:
     e.add_argument("--save-calibration", default=DEFAULT_CALIBRATION_FILE, metavar="FILE",
                    help=f"where --calibrate writes (default ./{DEFAULT_CALIBRATION_FILE})")
     d = StepTimeModel()
-    e.add_argument("--step-overhead-ms", type=float, default=None, metavar="MS",
+    e.add_argument("--step-overhead-ms", type=_STEP_MS, default=None, metavar="MS",
                    help=f"linear step model: per step (default {d.step_overhead_s * 1e3:g} "
                    "ms; implies --step-model linear)")
-    e.add_argument("--prefill-token-us", type=float, default=None, metavar="US",
+    e.add_argument("--prefill-token-us", type=_PREFILL_US, default=None, metavar="US",
                    help=f"linear: per prefill token (default {d.prefill_token_s * 1e6:g} µs)")
-    e.add_argument("--decode-seq-us", type=float, default=None, metavar="US",
+    e.add_argument("--decode-seq-us", type=_DECODE_US, default=None, metavar="US",
                    help=f"linear: per decoding sequence (default {d.decode_seq_s * 1e6:g} µs)")
 
 

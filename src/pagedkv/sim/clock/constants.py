@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.json_input import parse_json
 
 __all__ = ["CONSTANT_SETS", "FITTED", "ClockConstants", "load_constants", "save_constants"]
 
@@ -106,13 +107,10 @@ def load_constants(text: str | None) -> ClockConstants:
             f"--calibration {text!r}: no such constant set or file; give one of "
             f"{', '.join(CONSTANT_SETS)} or a file written by --calibrate")
     try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"),
-                               parse_constant=_refuse_constant)
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(str(path), f"cannot read the calibration ({exc})") from None
-    except ValueError as exc:
-        raise InputFileError(str(path), f"the calibration is not valid JSON ({exc}); "
-                             "write it again with --calibrate") from None
+    data: Any = parse_json(text, str(path), hint="; write it again with --calibrate")
     if not isinstance(data, Mapping):
         raise InputFileError(str(path), "a calibration is a JSON object of constants")
     for key in data:
@@ -130,9 +128,6 @@ def load_constants(text: str | None) -> ClockConstants:
     except InvalidArgumentError as exc:
         raise InputFileError(str(path), str(exc)) from None
 
-
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number")
 
 
 def save_constants(constants: ClockConstants, path: str | Path,

@@ -23,7 +23,6 @@ Measured(input_tokens=100, output_tokens=3, concurrency=2, ttft_s=0.02, tpot_s=0
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError
+from pagedkv.json_input import parse_json
 
 __all__ = ["Measured", "load_measured"]
 
@@ -56,12 +56,11 @@ def load_measured(path: str | Path) -> list[Measured]:
     """
     p = Path(path)
     try:
-        data: Any = json.loads(p.read_text(encoding="utf-8"), parse_constant=_refuse)
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputFileError(str(p), f"cannot read the measurements ({exc})") from None
-    except ValueError as exc:
-        raise InputFileError(str(p), f"not valid JSON ({exc}); give a `vllm bench serve` "
-                             "--save-result file or a GuideLLM result JSON") from None
+    data: Any = parse_json(text, str(p), hint="; give a `vllm bench serve` --save-result "
+                           "file or a GuideLLM result JSON")
     if isinstance(data, Mapping) and isinstance(data.get("benchmarks"), list):
         out = _guidellm(p, data["benchmarks"])
     elif isinstance(data, Mapping):
@@ -181,6 +180,3 @@ def _guidellm_concurrency(p: Path, bench: Mapping[str, Any], b: int) -> int:
                                                          ".streams", positive=True)))
     return 1
 
-
-def _refuse(name: str) -> float:
-    raise ValueError(f"{name} is not a number")

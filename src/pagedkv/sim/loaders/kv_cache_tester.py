@@ -21,12 +21,12 @@ are at 0 and 1 replays at 0, 2, 3, 5.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError
+from pagedkv.json_input import parse_json
 from pagedkv.sim.loaders.common import Skips, int_field, read_all_text, shift_requests
 from pagedkv.sim.loaders.registry import TraceFormat, register_format
 from pagedkv.sim.workloads import SimRequest, Workload
@@ -50,13 +50,7 @@ def load_kv_cache_tester(
     """
     p = Path(path)
     text = read_all_text(p)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputFileError(
-            str(p), f"not valid JSON ({exc.msg} at line {exc.lineno}); expected one JSON "
-            "document per session", line=exc.lineno,
-        ) from None
+    doc = parse_json(text, str(p), hint="; expected one JSON document per session")
     return parse_session(doc, name=str(p), skip_bad_lines=skip_bad_lines, limit=limit)
 
 

@@ -8,11 +8,11 @@ Blank lines are ignored; requests are sorted by timestamp (stable) and shifted t
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from pagedkv.errors import InputFileError
+from pagedkv.json_input import parse_json
 from pagedkv.sim.loaders.common import Skips, int_field, open_text, shift_requests
 from pagedkv.sim.loaders.registry import TraceFormat, register_format
 from pagedkv.sim.workloads import MOONCAKE_BLOCK_SIZE, SimRequest, Workload
@@ -66,14 +66,11 @@ def load_mooncake_jsonl(
 
 
 def _line(path: str, line: int, text: str, n: int, source_bs: int) -> SimRequest:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        hint = ""
-        if line == 1 and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
-            hint = " (a JSON document spread over lines is not JSON lines: is it a " \
-                   "kv-cache-tester session? try --trace-format kv-cache-tester)"
-        raise InputFileError(path, f"not valid JSON ({exc.msg}){hint}", line=line) from None
+    hint = ""
+    if line == 1 and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
+        hint = " (a JSON document spread over lines is not JSON lines: is it a " \
+               "kv-cache-tester session? try --trace-format kv-cache-tester)"
+    obj = parse_json(text, path, line=line, hint=hint)
     if not isinstance(obj, dict):
         raise InputFileError(path, "a line must be a JSON object", line=line)
     for key in _KEYS:
