@@ -58,7 +58,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_whole("EngineConfig.num_blocks", self.num_blocks, minimum=2)
-        for name in ("block_size", "max_model_len", "token_budget", "max_running"):
+        for name in ("block_size", "max_model_len", "token_budget", "max_running",
+                     "num_usage_samples"):
             check_whole(f"EngineConfig.{name}", getattr(self, name), minimum=1)
         if not isinstance(self.step_time, StepTimeModel):
             raise InvalidArgumentError(
