@@ -137,7 +137,6 @@ class Coordinator:
         self,
         request_id: str,
         hit: BlockTables | None,
-        *,
         num_computed_tokens: int,
         total_computed_tokens: int,
         num_tokens: int,

@@ -234,7 +234,6 @@ class PartialHitCoordinator(HybridCoordinator):
         self,
         request_id: str,
         hit: BlockTables | None,
-        *,
         num_computed_tokens: int,
         total_computed_tokens: int,
         num_tokens: int,
