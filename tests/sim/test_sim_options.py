@@ -160,6 +160,16 @@ def test_calibrate_values_become_a_calibration() -> None:
     ({"find_capacity": True, "mode": "pure-cache"}, "--find-capacity needs --mode engine"),
     ({"capacity_sweep": "lots"}, "--capacity-sweep: 'lots' is not a token count"),
     ({"colour": "red"}, "'colour' is not a simulate option"),
+    ({"block_size": "16"}, "argument --block-size: takes a number, got '16'"),
+    ({"block_size": 16.5}, "argument --block-size: invalid int value: '16.5'"),
+    ({"limit": True}, "argument --limit: takes a number, got True"),
+    ({"rate_scale": float("nan")}, "argument --rate-scale: must be a finite number"),
+    ({"mode": 3}, "argument --mode: takes text, got 3"),
+    ({"mode": "fast"}, "argument --mode: invalid choice: 'fast'"),
+    ({"json": 1}, "argument --json: takes true or false, got 1"),
+    ({"calibrate": "m.json"}, "argument --calibrate: takes a list of texts"),
+    ({"host_memory": [b"1GiB"]}, "argument --host-memory: takes a tuple of byte counts"),
+    ({"block_size": None}, "argument --block-size: takes a number, got None"),
 ])
 def test_rules_refuse_by_name(values: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=message):

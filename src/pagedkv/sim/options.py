@@ -38,8 +38,8 @@ from pagedkv.sim.scheduler import StepTimeModel
 from pagedkv.sim.semantics import SEMANTICS
 
 __all__ = ["DEFAULT_CALIBRATION_FILE", "DESCRIPTION", "GROUPS", "MAX_REPLICAS", "OPTIONS",
-           "ROUTERS", "Option", "add_simulate_options", "defaults", "option",
-           "parse_option_value"]
+           "ROUTERS", "Option", "add_simulate_options", "check_option_value", "defaults",
+           "option", "parse_option_value"]
 
 DESCRIPTION = (
     "Replay a workload through a continuous-batching scheduler (engine mode) or "
@@ -358,6 +358,49 @@ def parse_option_value(name: str, text: str) -> Any:
     if o.nargs == "+":
         return [_convert(o, part.strip()) for part in text.split(",")]
     return _convert(o, text)
+
+
+def check_option_value(name: str, value: Any) -> None:
+    """Refuse a value option ``name`` could not have parsed to (for values given by a
+    program, not typed): a switch must be a bool, a text option text, a numeric option
+    a number (not a bool) the command line would accept as written, ``--calibrate`` a
+    list of texts, ``--host-memory`` a tuple of byte counts; None only where the default
+    is None.
+
+    >>> check_option_value("--block-size", 16.5)
+    Traceback (most recent call last):
+    ...
+    pagedkv.errors.InvalidArgumentError: argument --block-size: invalid int value: '16.5'
+
+    Raises:
+        InvalidArgumentError: naming the option and what it takes.
+    """
+    o = option(name)
+    if value is None and o.default is None:
+        return
+    shaped = {"store_true": (isinstance(value, bool), "true or false"),
+              "list": (_is_seq(value, str), "a list of texts"),
+              "sizes": (_is_seq(value, int), "a tuple of byte counts")}
+    shape = ("store_true" if o.action == "store_true" else "list" if o.nargs == "+"
+             else "sizes" if o.dest == "host_memory" else None)
+    if shape is not None:
+        ok, what = shaped[shape]
+        if not ok:
+            raise InvalidArgumentError(f"argument {o.flag}: takes {what}, got {value!r}")
+        return
+    if o.type is None:
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"argument {o.flag}: takes text, got {value!r}")
+        _convert(o, value)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"argument {o.flag}: takes a number, got {value!r}")
+    _convert(o, str(value))
+
+
+def _is_seq(value: Any, kind: type) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(x, kind) and not isinstance(x, bool) for x in value)
 
 
 def _convert(o: Option, text: str) -> Any:

@@ -30,7 +30,7 @@ from pagedkv.sim.api import SimConfig
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_tier import DEFAULT_BANDWIDTH_GBPS, HostMemoryConfig
 from pagedkv.sim.loaders import load_trace
-from pagedkv.sim.options import defaults
+from pagedkv.sim.options import check_option_value, defaults
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.search import parse_seconds
 from pagedkv.sim.workloads import Workload, bundled_trace_path
@@ -171,6 +171,9 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
     if unknown:
         raise InvalidArgumentError(f"{unknown[0]!r} is not a simulate option; see "
                                    "`pagedkv simulate --help`")
+    for dest, value in values.items():
+        if dest not in ("func", "command"):
+            check_option_value(dest, value)
     v.update(values)
     if v["limit"] is not None and v["limit"] < 1:
         raise InvalidArgumentError(f"--limit must be >= 1, got {v['limit']}")
