@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pagedkv.cluster imports pagedkv.sim: imported when used
 
 __all__ = ["MAX_REPLICAS", "ROUTERS", "replica_engine_config", "run_replicas_cli"]
 
+
 def replica_engine_config(workload: Workload, config: SimConfig) -> tuple[EngineConfig, str | None]:
     """The :class:`~pagedkv.cluster.replica_engine.EngineConfig` ``config`` maps to for
     ``workload`` (module docstring), and a note when the mapping approximates."""
