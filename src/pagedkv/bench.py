@@ -118,20 +118,23 @@ def _percentiles(ns: list[int]) -> dict[str, float]:
     }
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Replay the workload once on a fresh manager; return the report as a dict."""
-    specs, num_blocks = build_workload(cfg)
-    max_len = max(len(s.prompt) + len(s.decode) for s in specs)
-    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=8, head_size=128,
-                             dtype_bytes=2)
-    tracemalloc.start()
-    t0 = time.perf_counter()
-    mgr = KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len,
-                                   hash_algo=cfg.hash_algo, enable_events=cfg.enable_events)
-    build_s = time.perf_counter() - t0
-    pool_bytes = tracemalloc.get_traced_memory()[0]
-    tracemalloc.stop()
+@dataclass
+class _Replay:
+    """What one replay of a workload measured and counted."""
 
+    times: dict[str, list[int]]
+    step_ns: list[int]
+    steps: int
+    hit_tokens: int
+    prompt_tokens: int
+    preempted: int
+    rejected: int
+    wall_s: float
+
+
+def _replay(mgr: KVCacheManager, specs: list[_Spec], cfg: BenchConfig) -> _Replay:
+    """Drive ``mgr`` through the workload ``specs`` (continuous batching of
+    ``cfg.concurrency`` requests), timing every manager call."""
     perf = time.perf_counter_ns
     times: dict[str, list[int]] = {k: [] for k in OPS}
     step_ns: list[int] = []
@@ -187,6 +190,26 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             mgr.take_events()
         step_ns.append(perf() - step0)
     wall_s = time.perf_counter() - wall0
+    return _Replay(times, step_ns, steps, hit_tokens, prompt_tokens, preempted, rejected,
+                   wall_s)
+
+
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Replay the workload once on a fresh manager; return the report as a dict."""
+    specs, num_blocks = build_workload(cfg)
+    max_len = max(len(s.prompt) + len(s.decode) for s in specs)
+    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=8, head_size=128,
+                             dtype_bytes=2)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    mgr = KVCacheManager.from_spec(spec, num_blocks=num_blocks, max_model_len=max_len,
+                                   hash_algo=cfg.hash_algo, enable_events=cfg.enable_events)
+    build_s = time.perf_counter() - t0
+    pool_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+
+    r = _replay(mgr, specs, cfg)
+    times, steps, rejected = r.times, r.steps, r.rejected
     if rejected == len(specs):
         raise ConfigError(
             f"no request fits into {num_blocks:,} blocks of {cfg.block_size} tokens (the "
@@ -208,14 +231,14 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "core_plus_hash_ops_per_s": round(all_n / (all_ns / 1e9), 1),
         "ops": {k: _percentiles(v) for k, v in times.items()},
         "manager_us_per_step": round(all_ns / steps / 1e3, 2),
-        "step": _percentiles(step_ns),
+        "step": _percentiles(r.step_ns),
         "steps": steps,
-        "hit_rate": round(hit_tokens / prompt_tokens, 6) if prompt_tokens else 0.0,
-        "failed_decodes": preempted,
+        "hit_rate": round(r.hit_tokens / r.prompt_tokens, 6) if r.prompt_tokens else 0.0,
+        "failed_decodes": r.preempted,
         "rejected_requests": rejected,
         "pool_build_s": round(build_s, 4),
         "pool_bytes_per_block": round(pool_bytes / num_blocks, 1),
-        "wall_s": round(wall_s, 3),
+        "wall_s": round(r.wall_s, 3),
     }
 
 

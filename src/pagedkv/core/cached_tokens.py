@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pagedkv.core.managers import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
-from pagedkv.core.specs import CrossAttentionSpec
 
 __all__ = ["estimate_cached_tokens"]
 
@@ -35,7 +34,7 @@ def estimate_cached_tokens(
     block_hash = pool.block_hash
     result: int | None = None
     for m in managers:
-        if isinstance(m.spec, CrossAttentionSpec):
+        if not m.cacheable:
             continue
         table = m.req_to_blocks.get(rid)
         n = 0

@@ -16,8 +16,7 @@ from collections.abc import Iterator, Sequence
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.managers.base import SingleTypeManager
-from pagedkv.core.managers.full import FullAttentionManager, PartialHitFullManager
-from pagedkv.core.managers.mamba import MambaAlignManager
+from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.specs import lcm_block_size
 
@@ -64,10 +63,8 @@ class HybridCoordinator(Coordinator):
     def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
         super().__init__(managers, pool)
         self.lcm_block_size = lcm_block_size([m.spec for m in self.managers])
-        self._full = [i for i, m in enumerate(self.managers)
-                      if isinstance(m, FullAttentionManager)]
-        self._others = [i for i, m in enumerate(self.managers)
-                        if not isinstance(m, FullAttentionManager)]
+        self._full = [i for i, m in enumerate(self.managers) if m.prefix_closed_hits]
+        self._others = [i for i, m in enumerate(self.managers) if not m.prefix_closed_hits]
         self._never_hits = any(not m.cacheable for m in self.managers)
         self._drop = [m.drop_last_hit for m in self.managers]
         for m in self.managers:
@@ -137,15 +134,21 @@ class PartialHitCoordinator(HybridCoordinator):
     def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
         super().__init__(managers, pool)
         hbs = pool.hash_block_size
+        #: Per group: its manager when it serves sub-block hits, else None.
+        self._partial_of: list[PartialHitManager | None] = [
+            m if isinstance(m, PartialHitManager) else None for m in self.managers]
         for m in self.managers:
             m.hit_alignment_tokens = hbs
-            if isinstance(m, MambaAlignManager):
-                m.partial_hits = True
-        self._partial_groups = [g for g, m in enumerate(self.managers)
-                                if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
-        #: The managers of ``_partial_groups`` (the groups that queue copies).
-        self._copying = [m for m in self.managers
-                         if isinstance(m, (PartialHitFullManager, MambaAlignManager))]
+        #: The groups serving sub-block hits, with their managers (these queue copies).
+        self._partial = [(g, m) for g, m in enumerate(self._partial_of) if m is not None]
+        self._partial_groups = [g for g, _ in self._partial]
+        self._copying = [m for _, m in self._partial]
+        for m in self._copying:
+            m.enable_partial_hits()
+        #: Per group: its manager when it records a copy block as new (see
+        #: ``PartialHitManager.records_copy_block``), else None.
+        self._copy_recorders = [m if m is not None and m.records_copy_block else None
+                                for m in self._partial_of]
         self._order = self._full + self._others
         self._simple = len(self.managers) == 2 and len(self._full) == 1
         # No rounding: a hit may end anywhere on a hash block boundary.
@@ -183,20 +186,18 @@ class PartialHitCoordinator(HybridCoordinator):
             if key is None or not pool.has_entry(g, key, last):
                 return (f"group {g}: block {last} no longer holds this request's first "
                         f"{num_hit_tokens} tokens (evicted or reused since the lookup)")
-            head = blocks[:-1]
-            if isinstance(m, MambaAlignManager):
-                if any(head):
-                    return f"group {g}: a Mamba hit holds one state, after null blocks"
-            else:
-                why = m.hit_problem(block_hashes, head, len(head) * m.block_size)
-                if why is not None:
-                    return why
+            p = self._partial_of[g]
+            assert p is not None  # g is a partial group
+            why = p.partial_head_problem(block_hashes, blocks[:-1])
+            if why is not None:
+                return why
         return None
 
     def _find(self, g: int, block_hashes: list[bytes], length: int) -> tuple[list[int], int]:
+        p = self._partial_of[g]
+        if p is not None:
+            return p.find_partial_hit(block_hashes, length)
         m = self.managers[g]
-        if isinstance(m, (PartialHitFullManager, MambaAlignManager)):
-            return m.find_partial_hit(block_hashes, length)
         blocks = m.find_longest_cache_hit(block_hashes, length)
         return blocks, len(blocks) * m.block_size
 
@@ -263,10 +264,8 @@ class PartialHitCoordinator(HybridCoordinator):
             num_needed += m.get_num_blocks_to_allocate(
                 request_id, slots[g], table_hit[g], total_computed_tokens)
         if hit is not None:
-            for g in self._partial_groups:
-                m = managers[g]
-                assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
-                num_needed += m.count_partial(table_hit[g], local)
+            for g, p in self._partial:
+                num_needed += p.count_partial(table_hit[g], local)
         pool = self.pool
         if num_needed + headroom_blocks > pool.free_queue.num_free:
             return None
@@ -276,19 +275,18 @@ class PartialHitCoordinator(HybridCoordinator):
         for g, m in enumerate(managers):
             m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
         if hit is not None:
-            for g in self._partial_groups:
-                m = managers[g]
-                assert isinstance(m, (PartialHitFullManager, MambaAlignManager))
-                m.adopt_partial_hit(request_id, table_hit[g], local)
+            for g, p in self._partial:
+                p.adopt_partial_hit(request_id, table_hit[g], local)
         new_blocks = []
         zeroing = self.zeroing
+        recorders = self._copy_recorders
         for g, m in enumerate(managers):
-            copies = len(m.pending_copies) if isinstance(m, PartialHitFullManager) else 0
+            rec = recorders[g]
+            copies = len(rec.pending_copies) if rec is not None else 0
             new = m.allocate_new_blocks(request_id, slots[g])
             if zeroing[g]:
                 self.new_block_ids[g].extend(b for b in new if b)
-            elif copies != (len(m.pending_copies) if isinstance(m, PartialHitFullManager)
-                            else 0):
+            elif rec is not None and copies != len(rec.pending_copies):
                 self.new_block_ids[g].append(new[0])  # vLLM records a copy block always
             new_blocks.append(new)
         return tuple(new_blocks)

@@ -37,11 +37,9 @@ from pagedkv.core.hashing_lookahead import (
     apply_to_managers,
 )
 from pagedkv.core.managers import SingleTypeManager, manager_class_for
-from pagedkv.core.managers.full import FullAttentionManager, PartialHitFullManager
 from pagedkv.core.partial_hits import partial_hits_enabled
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.recorder import EventBuffer, EventRecorder, GroupInfo
-from pagedkv.core.specs import AttentionSpec, MambaSpec
 
 __all__ = ["ManagerParts", "build_parts"]
 
@@ -76,8 +74,7 @@ def build_parts(config: CacheConfig) -> ManagerParts:
     """The parts of a façade for ``config`` (module docstring). O(num_blocks)."""
     specs = list(config.groups)
     hash_bs = config.hash_block_size or min(s.block_size for s in specs)
-    groups = [GroupInfo(s.block_size, s.event_kind, getattr(s, "sliding_window", None))
-              for s in specs]
+    groups = [GroupInfo(s.block_size, s.event_kind, s.event_sliding_window) for s in specs]
     build = ManagerBuild(config, groups, hash_bs, _recorder(config, groups, hash_bs))
     components = tuple(spec.attach(build) for spec in component_specs(config))
     pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
@@ -96,7 +93,7 @@ def build_parts(config: CacheConfig) -> ManagerParts:
     partial = config.enable_caching and partial_hits_enabled(
         specs, classes, hash_bs, drop_last_hit=config.drop_last_hit)
     if partial:
-        classes = [PartialHitFullManager if c is FullAttentionManager else c for c in classes]
+        classes = [c.partial_hit_class or c for c in classes]
     managers: list[SingleTypeManager] = [
         cls(s, pool, g, drop_last_hit=config.drop_last_hit)
         for g, (cls, s) in enumerate(zip(classes, specs, strict=True))
@@ -105,10 +102,10 @@ def build_parts(config: CacheConfig) -> ManagerParts:
         apply_to_managers(managers, lookahead)
     zero = config.zero_new_blocks
     if zero is None:
-        zero = any(isinstance(s, MambaSpec) for s in specs)
+        zero = any(s.zeroes_kv_by_default for s in specs)
     coordinator = make_coordinator(
         managers, pool, enable_caching=config.enable_caching, partial_hits=partial,
-        zeroing=[zero and isinstance(s, AttentionSpec) for s in specs],
+        zeroing=[zero and s.zeroable for s in specs],
         max_model_len=config.max_model_len,
         max_in_flight_tokens=config.max_in_flight_tokens or config.max_model_len)
     return ManagerParts(pool, hasher, managers, coordinator, partial, components)

@@ -24,11 +24,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
 from pagedkv.core.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
+from pagedkv.core.hash_extras import (
+    HashExtras,
+    LoRA,
+    MultiModalItem,
+    event_extra_keys,
+    keys_cbor,
+    lora_keys_cbor,
+)
 from pagedkv.errors import InvalidArgumentError, require
 
 __all__ = [
@@ -45,151 +51,6 @@ HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
 _CHUNK_TOKENS = 1024
 _NULL = b"\xf6"  # the CBOR encoding of None: a block without extra keys
 _NONE_HASH_INPUT = "vllm-none-hash"
-
-
-class LoRA(NamedTuple):
-    """A LoRA adapter: ``name`` and ``path`` key the hash, ``adapter_id`` goes into events
-    (with ``name``). ``path`` is where the adapter's weights come from (vLLM's
-    ``lora_path``): two adapters of one name but different paths never share cached KV."""
-
-    name: str
-    adapter_id: int
-    path: str = ""
-
-
-class MultiModalItem(NamedTuple):
-    """A multimodal input (image, audio…) occupying prompt tokens
-    ``[offset, offset + length)``; ``identifier`` is the hash of its content."""
-
-    identifier: str
-    offset: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HashExtras:
-    """What makes equal tokens mean different things: a LoRA adapter, multimodal items,
-    a cache salt, prompt embeddings (each checked at construction: InvalidArgumentError
-    names the field). Part of every block hash (as *extra keys*, module
-    docstring) and of every stored event. A request without any has ``None`` instead.
-
-    >>> extras = HashExtras(lora=LoRA("sql", 1, "/adapters/sql"), cache_salt="tenant-7")
-    >>> extras.block_keys(0, 4)
-    [['lora', 'sql', '/adapters/sql'], ['cache_salt', 'tenant-7']]
-    >>> extras.block_keys(4, 8)
-    [['lora', 'sql', '/adapters/sql']]
-    >>> HashExtras(cache_salt="").block_keys(0, 4) is None   # an empty salt is no salt
-    True
-    >>> HashExtras(mm_items=[MultiModalItem("img", 6, 4)]).block_keys(4, 8)
-    [['mm', 'img', 2]]
-    >>> HashExtras().is_empty
-    True
-    """
-
-    lora: LoRA | None = None
-    mm_items: tuple[MultiModalItem, ...] = ()
-    cache_salt: str | None = None
-    prompt_embeds: tuple[bytes, ...] | None = None
-
-    def __post_init__(self) -> None:
-        # Sequences given as lists become tuples: the value stays immutable and hashable.
-        # (Each test starts with the exact-type check that the common value passes.)
-        mm = self.mm_items
-        if type(mm) is not tuple:
-            if isinstance(mm, (str, bytes)):
-                _bad("mm_items", mm, "a sequence of MultiModalItem")
-            if not isinstance(mm, tuple):
-                object.__setattr__(self, "mm_items", tuple(mm))
-        embeds = self.prompt_embeds
-        if embeds is not None:
-            if isinstance(embeds, (str, bytes)):
-                _bad("prompt_embeds", embeds, "a sequence of bytes, one per prompt token")
-            if not isinstance(embeds, tuple):
-                object.__setattr__(self, "prompt_embeds", tuple(embeds))
-            for e in self.prompt_embeds or ():
-                if type(e) is not bytes:
-                    _bad("prompt_embeds", e, "bytes (one token's embedding)")
-        lora = self.lora
-        if lora is not None and (
-                not isinstance(lora, LoRA) or type(lora.name) is not str
-                or type(lora.adapter_id) is not int):
-            _bad("lora", lora, 'LoRA(name, adapter_id), e.g. LoRA("sql-adapter", 1)')
-        for item in self.mm_items:
-            if not isinstance(item, MultiModalItem) or type(item.identifier) is not str or (
-                    type(item.offset) is not int or type(item.length) is not int
-                    or item.offset < 0 or item.length <= 0):
-                _bad("mm_items", item, "MultiModalItem(identifier: str, offset >= 0, length > 0)")
-        salt = self.cache_salt
-        if salt is not None and type(salt) is not str:
-            _bad("cache_salt", salt, "a str (or None)")
-
-    @property
-    def is_empty(self) -> bool:
-        """True when nothing is set (such extras change no hash)."""
-        return (self.lora is None and not self.mm_items and not self.cache_salt
-                and self.prompt_embeds is None)
-
-    def block_keys(self, start: int, end: int) -> list[Any] | None:
-        """Extra hash keys of the block of tokens ``[start, end)``; ``None`` when it has
-        none. O(number of multimodal items + embedding bytes of the block)."""
-        keys: list[Any] = []
-        if self.lora is not None:
-            keys.append(["lora", self.lora.name, self.lora.path])
-        for item in self.mm_items:
-            if item.offset < end and item.offset + item.length > start:
-                keys.append(["mm", item.identifier, item.offset - start])
-        if self.cache_salt and start == 0:
-            keys.append(["cache_salt", self.cache_salt])
-        embeds = self.prompt_embeds
-        if embeds is not None and start < len(embeds):
-            digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
-            keys.append(["prompt_embeds", digest])
-        return keys or None
-
-
-def _bad(field: str, value: object, expected: str) -> NoReturn:
-    raise InvalidArgumentError(f"HashExtras.{field}: expected {expected}, got {value!r}")
-
-
-# ---------------------------------------------------------------- hash functions
-
-
-def event_extra_keys(keys: list[Any] | None) -> list[Any] | None:
-    """One block's extra keys as KV-cache events carry them (vLLM's ``to_event_extra_keys``):
-    untagged, a multimodal key as ``[identifier, offset]`` and every other key as its bare
-    value (LoRA name, salt, embeddings digest); ``None`` stays ``None``.
-
-    >>> event_extra_keys([["lora", "sql", "/a"], ["mm", "img", 2], ["cache_salt", "t"]])
-    ['sql', ['img', 2], 't']
-    """
-    if keys is None:
-        return None
-    return [key[1:] if key[0] == "mm" else key[1] for key in keys]
-
-
-@lru_cache(maxsize=256)
-def _lora_keys_cbor(name: str, path: str) -> bytes:
-    """The encoded extra keys of a block whose only key is its LoRA adapter."""
-    return canonical_cbor([["lora", name, path]])
-
-
-_KEYS_CACHE_SIZE = 4096
-_keys_cache: dict[tuple[tuple[Any, ...], ...], bytes] = {}
-
-
-def _keys_cbor(keys: list[Any]) -> bytes:
-    """``canonical_cbor(keys)`` for one block's extra keys whose items are str, int
-    (never bool: HashExtras rejects it) or bytes, cached (a salted first block and a
-    multimodal item's blocks recur across requests). Equal tuples of such items always
-    encode equally. Thread-safe in the memo's sense: a race only loses entries."""
-    key = tuple(map(tuple, keys))
-    encoded = _keys_cache.get(key)
-    if encoded is None:
-        encoded = canonical_cbor(keys)
-        if len(_keys_cache) >= _KEYS_CACHE_SIZE:
-            _keys_cache.clear()
-        _keys_cache[key] = encoded
-    return encoded
 
 
 def _hash_ctor(algo: str) -> Callable[[bytes], Any]:
@@ -218,6 +79,14 @@ class BlockHasher:
     One hasher may be shared by threads (e.g. a front end hashing requests while the
     scheduler runs): a race on the memo can only lose entries, never yield a wrong digest,
     since every entry is keyed by its full input.
+
+    >>> hasher = BlockHasher(4)
+    >>> hashes: list[bytes] = []
+    >>> hasher.extend(hashes, list(range(10)))     # 2 full blocks; tokens 8, 9 wait
+    >>> len(hashes), hashes[1] == hasher.hash_block(hashes[0], [4, 5, 6, 7])
+    (2, True)
+    >>> hasher.extend(hashes, list(range(12))); len(hashes)   # only block 2 is new
+    3
     """
 
     __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "algo", "block_size",
@@ -433,7 +302,7 @@ class BlockHasher:
         Most blocks carry only the LoRA key (or nothing): those *plain* blocks reuse one
         encoding; only blocks a multimodal item overlaps, the salted first block and
         blocks with prompt embeddings go through :meth:`HashExtras.block_keys` (their
-        encoding cached, see :func:`_keys_cbor`).
+        encoding cached, see :func:`~pagedkv.core.hash_extras.keys_cbor`).
 
         Raises:
             IndexError, TypeError: a token id outside the encoding table (from
@@ -449,7 +318,7 @@ class BlockHasher:
         append = hashes.append
         record = keys_out.append if keys_out is not None else None
         lora = extras.lora
-        plain_tail = _NULL if lora is None else _lora_keys_cbor(lora.name, lora.path)
+        plain_tail = _NULL if lora is None else lora_keys_cbor(lora.name, lora.path)
         # Keys of str and int only (a LoRA path of another type is encoded every time).
         cache_keys = lora is None or type(lora.path) is str
         # Token offsets of the blocks that are not plain (every block with embeddings).
@@ -473,7 +342,7 @@ class BlockHasher:
                 if special is None or s in special:
                     keys = extras.block_keys(s, s + bs)
                     tail = (_NULL if keys is None
-                            else _keys_cbor(keys) if cache_keys else canonical_cbor(keys))
+                            else keys_cbor(keys) if cache_keys else canonical_cbor(keys))
                 else:
                     keys = None if lora is None else [["lora", lora.name, lora.path]]
                     tail = plain_tail

@@ -35,17 +35,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from pagedkv.core.cbor import block_payloads, canonical_cbor, cbor_head, token_table, uint16_run
-from pagedkv.core.hashing import (
-    _CHUNK_TOKENS,
-    _NULL,
-    BlockHasher,
-    HashExtras,
-    _keys_cbor,
-    _lora_keys_cbor,
-    event_extra_keys,
-)
+from pagedkv.core.hash_extras import HashExtras, event_extra_keys, keys_cbor, lora_keys_cbor
+from pagedkv.core.hashing import _CHUNK_TOKENS, _NULL, BlockHasher
 from pagedkv.core.managers.base import SingleTypeManager
-from pagedkv.core.recorder import EventBuffer, GroupInfo
+from pagedkv.core.recorder import EventBuffer, GroupInfo, StoredRun
 from pagedkv.core.records import MEDIUM_GPU, BlockStored
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
@@ -129,6 +122,22 @@ class LookaheadBlockHasher(BlockHasher):
                 keys_out.append(keys)
             start = end
 
+    def _special_blocks(self, extras: HashExtras | None) -> set[int] | None:
+        """The first tokens of the blocks whose window ``[s, s + bs + L)`` has keys beyond
+        the LoRA adapter's (a multimodal item overlaps it, or the salted first block);
+        None: every block is keyed one by one (no extras, or prompt embeddings)."""
+        if extras is None or extras.prompt_embeds is not None:
+            return None
+        bs = self.block_size
+        la = self.lookahead_tokens
+        special: set[int] = set()
+        for item in extras.mm_items:
+            first = max(0, item.offset - bs - la + 1)
+            special.update(range(-(-first // bs) * bs, item.offset + item.length, bs))
+        if extras.cache_salt:
+            special.add(0)
+        return special
+
     def _extend_ahead(
         self,
         hashes: list[bytes],
@@ -162,15 +171,8 @@ class LookaheadBlockHasher(BlockHasher):
         # none) share one encoding; the others (window [s, s + bs + L) overlapping a
         # multimodal item, the salted first block, every block with embeddings) are keyed
         # one by one.
-        plain_extra = _NULL if lora is None else _lora_keys_cbor(lora.name, lora.path)
-        special: set[int] | None = None
-        if extras is not None and extras.prompt_embeds is None:
-            special = set()
-            for item in extras.mm_items:
-                first = max(0, item.offset - bs - la + 1)
-                special.update(range(-(-first // bs) * bs, item.offset + item.length, bs))
-            if extras.cache_salt:
-                special.add(0)
+        plain_extra = _NULL if lora is None else lora_keys_cbor(lora.name, lora.path)
+        special = self._special_blocks(extras)
         parent = hashes[-1] if hashes else self.seed
         chunk = max(1, _CHUNK_TOKENS // bs) * bs
         use_memo = self.memo_blocks > 0
@@ -204,7 +206,7 @@ class LookaheadBlockHasher(BlockHasher):
                     if special is None or s in special:
                         keys = extras.block_keys(s, s + bs + la)
                         if keys is not None:
-                            extra = _keys_cbor(keys) if cache_keys else canonical_cbor(keys)
+                            extra = keys_cbor(keys) if cache_keys else canonical_cbor(keys)
                     elif lora is not None:
                         keys = [["lora", lora.name, lora.path]]
                         extra = plain_extra
@@ -254,19 +256,11 @@ class LookaheadEventBuffer(EventBuffer):
             if entry is not None and entry[0] is old:
                 announced[b] = (event, entry[1], entry[2], entry[3])
 
-    def stored(
-        self,
-        request: RequestLike,
-        blocks: Sequence[int],
-        hashes: list[bytes],
-        start: int,
-        end: int,
-        skipped: Sequence[int],
-        group: int,
-    ) -> None:
+    def stored(self, run: StoredRun) -> None:
         """:meth:`EventBuffer.stored`'s record, built once with the lookahead tokens and
         the extra keys over each block and its lookahead (the hasher's recorded keys
         where it recorded them: they are those)."""
+        request, blocks, hashes, start, end, skipped, group = run
         info = self.groups[group]
         bs = info.block_size
         la = self.lookahead_tokens

@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.core.managers.base import SingleTypeManager
-from pagedkv.core.managers.full import FullAttentionManager
-from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.specs import KVCacheSpec
 
 __all__ = ["partial_hits_enabled"]
@@ -42,14 +40,15 @@ def partial_hits_enabled(
     """Whether a hybrid model of ``specs`` (served by ``classes``, caching on) gets
     sub-block hits at ``hash_block_size`` (module docstring). Speculative decoding
     (``drop_last_hit``) keeps block-aligned hits here (a departure from vLLM, which drops
-    one hash block instead)."""
+    one hash block instead). Reads the classes' capabilities only
+    (``drives_partial_hits``, ``partial_hit_class``, ``cacheable``)."""
     if len(specs) < 2 or drop_last_hit:
         return False
-    if not any(cls is MambaAlignManager and s.block_size > hash_block_size
+    if not any(cls.drives_partial_hits and s.block_size > hash_block_size
                for s, cls in zip(specs, classes, strict=True)):
         return False
     return all(
-        not cls.cacheable or cls is FullAttentionManager or cls is MambaAlignManager
+        not cls.cacheable or cls.partial_hit_class is not None
         or s.block_size == hash_block_size
         for s, cls in zip(specs, classes, strict=True)
     )

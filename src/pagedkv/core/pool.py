@@ -8,18 +8,15 @@ State per block id ``b`` (parallel lists, see ``free_queue.py`` for why blocks a
 * ``block_hash[b]`` / ``block_group[b]``: the prefix-index key the block is registered
   under (``None`` when it holds no reusable content).
 
-The prefix index maps ``(hash, group)`` to blocks, as one dict per group from hash to the
-*primary* block id. Two requests may fill identical blocks at once; both stay registered
-(a block table is never rewritten), the later ones in a per-group side table, and a lookup
-returns the earliest still registered.
+The prefix index itself (keys, duplicates, partial-prefix entries; registering, moving and
+evicting) is :class:`~pagedkv.core.prefix_index.PrefixIndex`, the pool's base; the pool adds
+the reference counts, the free queue, and the inlined eviction of the cached blocks it
+hands out.
 
-Partial-prefix entries (hybrid groups whose block is k > 1 hash blocks long) register a
-block under the hash of a shorter prefix that ends inside it, as a *secondary* key; see
-``cache_partial_block``.
-
-Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered,
-evicted or cleared, once per run of blocks; the default recorder does nothing and builds no
-event object, so the pool never tests whether events are on.
+Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
+(one ``StoredRun`` record per run, built only for a recorder that ``hears_stored``),
+evicted or cleared; the default recorder does nothing and builds no event object, so the
+pool never tests whether events are on.
 
 Components (:mod:`pagedkv.core.components`): an optional
 :class:`~pagedkv.core.components.EvictionPolicy` (retention) is called where the order of
@@ -37,8 +34,8 @@ from typing import Any
 
 from pagedkv.core.components import DeviceBlock, EvictionPolicy, PoolListener
 from pagedkv.core.free_queue import FreeBlockQueue
+from pagedkv.core.prefix_index import PrefixIndex
 from pagedkv.core.recorder import EventRecorder, GroupInfo
-from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo"]
@@ -47,7 +44,7 @@ __all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo"]
 NULL_BLOCK = 0
 
 
-class BlockPool:
+class BlockPool(PrefixIndex):
     """Fixed pool of ``num_blocks`` blocks shared by every KV-cache group.
 
     Complexity: every method is O(number of blocks it is given or returns), independent of
@@ -69,60 +66,15 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}"
             )
-        num_groups = max(1, len(groups))
-        self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
-        self.hash_block_size = hash_block_size
-        self.groups: list[GroupInfo] = list(groups) or [GroupInfo(hash_block_size, None, None)]
-        self.ref_cnt: list[int] = [0] * num_blocks
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.block_group: list[int] = [0] * num_blocks
+        super().__init__(num_blocks, enable_caching=enable_caching,
+                         hash_block_size=hash_block_size, groups=groups, recorder=recorder,
+                         policy=policy)
+        self.ref_cnt = [0] * num_blocks
         self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
-        #: Per group: hash -> primary block id.
-        self.index: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
-        # Per group: hash -> later duplicate block ids, in insertion order.
-        self._dups: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
-        # Block id -> secondary (group, hash) keys (partial-prefix entries).
-        self._secondary: dict[int, list[tuple[int, bytes]]] = {}
-        #: Told about every registration, eviction and reset (default: records nothing).
-        self.recorder = recorder if recorder is not None else EventRecorder()
-        #: Cumulative number of cached blocks evicted (reused or dropped from the index).
-        self.num_evicted_blocks = 0
-        # Blocks that lost their hash otherwise (re-registered under another hash; resets).
-        self._num_rehashed = 0
-        #: The eviction order when it is not vLLM's LRU (retention), else None.
-        self.policy = policy
         #: Told of evictions, allocations, hits and resets (module docstring).
         self.listeners: tuple[PoolListener, ...] = tuple(listeners)
         if policy is not None:
             policy.bind(self)
-
-    # ------------------------------------------------------------------ queries
-
-    @property
-    def index_generation(self) -> int:
-        """Changes whenever a block loses or changes its hash; while it stays the same, every
-        block keeps the hash it had. O(1)."""
-        return self.num_evicted_blocks + self._num_rehashed
-
-    def has_entry(self, group: int, key: bytes, block: int) -> bool:
-        """Whether the index maps ``(key, group)`` to ``block`` (as primary, duplicate or
-        partial-prefix entry). O(duplicates of the key)."""
-        if self.index[group].get(key) == block:
-            return True
-        dups = self._dups[group].get(key)
-        return dups is not None and block in dups
-
-    def duplicates_of(self, group: int, key: bytes) -> list[int]:
-        """The later blocks registered under ``(key, group)`` besides the primary, in
-        registration order (read-only). O(1)."""
-        return self._dups[group].get(key, [])
-
-    def num_cached_blocks(self) -> int:
-        """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
-        n = sum(len(d) for d in self.index)
-        n += sum(len(v) for d in self._dups for v in d.values())
-        return n
 
     # ------------------------------------------------------------------ allocation
 
@@ -264,223 +216,6 @@ class BlockPool:
 
     # ------------------------------------------------------------------ prefix index
 
-    def cache_full_blocks(
-        self,
-        request: RequestLike,
-        blocks: Sequence[int],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        group: int,
-        mask: Sequence[bool] | None = None,
-    ) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` of ``request`` in the
-        index under their hashes (null blocks, and positions whose ``mask`` entry is false,
-        skipped) and tell the recorder in one call.
-
-        The group's block size may be k times the hash block size; a block's hash is then
-        the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
-        already carries a shorter (partial) hash is promoted: the partial entries go.
-        O(num_full_blocks - num_cached_blocks).
-        """
-        if num_cached_blocks >= num_full_blocks:
-            return
-        all_hashes = request.block_hashes
-        k = self.groups[group].block_size // self.hash_block_size
-        hashes = all_hashes if k == 1 else all_hashes[k - 1 :: k]
-        index = self.index[group]
-        bh = self.block_hash
-        bg = self.block_group
-        skipped: list[int] = []  # positions not newly registered (null or already there)
-        for i in range(num_cached_blocks, num_full_blocks):
-            b = blocks[i]
-            if not b or (mask is not None and not mask[i - num_cached_blocks]):
-                skipped.append(i)
-                continue
-            h = hashes[i]
-            if bh[b] is not None:
-                if bh[b] == h and bg[b] == group:
-                    skipped.append(i)
-                    continue
-                self._evict(b, count=False)
-            bh[b] = h
-            bg[b] = group
-            primary = index.setdefault(h, b)
-            if primary != b:
-                self._dups[group].setdefault(h, []).append(b)
-        self.recorder.stored(
-            request, blocks, hashes, num_cached_blocks, num_full_blocks, skipped, group
-        )
-        if self.policy is not None:
-            self.policy.registered(request, blocks, num_cached_blocks, num_full_blocks, group,
-                                   mask)
-
-    def cache_partial_block(
-        self, request: RequestLike, block: int, num_tokens: int, group: int
-    ) -> bytes | None:
-        """Also register ``block`` under the hash of the request's first ``num_tokens``
-        tokens, a prefix that ends *inside* the block, so a prompt sharing only part of the
-        block can find it. Only for groups whose block is k > 1 hash blocks long.
-
-        ``num_tokens`` must be a multiple of the hash block size and not of the group's
-        block size; ``block`` is the request's block holding token ``num_tokens - 1`` and
-        must be in use. Worked case (hash block 16, group block 64): ``num_tokens`` 80 ->
-        the key is ``block_hashes[80 // 16 - 1] = block_hashes[4]``, inside block 1 (tokens
-        64..127), so ``block`` is the request's table entry 1.
-
-        A block without a hash gets the key as its primary hash; a block that has one keeps
-        it and gets the key as a secondary entry. Eviction drops every key of the block;
-        ``cache_full_blocks`` promotes it (partial keys removed, full-block hash
-        registered). The recorder hears of the key as one hash block chained to its parent.
-        Registering a key the block already has, the null block, and a pool with caching
-        off change nothing.
-
-        Returns:
-            The registered hash, or None when nothing was registered. O(1).
-
-        Raises:
-            InvalidArgumentError: ``num_tokens`` or ``block`` break the rules above;
-                nothing changed.
-        """
-        if not block or not self.enable_caching:
-            return None
-        hbs = self.hash_block_size
-        group_bs = self.groups[group].block_size
-        num_hashed_tokens = len(request.block_hashes) * hbs
-        if (
-            num_tokens <= 0
-            or num_tokens % hbs
-            or not num_tokens % group_bs
-            or num_tokens > num_hashed_tokens
-        ):
-            raise InvalidArgumentError(
-                f"cache_partial_block: num_tokens={num_tokens} must be a positive multiple of "
-                f"the hash block size {hbs}, not a multiple of group {group}'s block size "
-                f"{group_bs}, and at most the {num_hashed_tokens} hashed tokens"
-            )
-        if not 0 < block < self.num_blocks or self.ref_cnt[block] == 0:
-            raise InvalidArgumentError(
-                f"cache_partial_block: block {block!r} is not an in-use block of this pool; "
-                "register a block the request holds"
-            )
-        i = num_tokens // hbs - 1
-        h = request.block_hashes[i]
-        index = self.index[group]
-        dups = self._dups[group].get(h)
-        if index.get(h) == block or (dups is not None and block in dups):
-            return h
-        old = self.block_hash[block]
-        if old is not None and self._key_tokens(request, block, old, group_bs, i) < num_tokens:
-            # vLLM 0.33: a longer prefix replaces a shorter partial key (its entries go).
-            self._evict(block, count=False)
-            dups = self._dups[group].get(h)
-        if self.block_hash[block] is None:
-            self.block_hash[block] = h
-            self.block_group[block] = group
-            primary = True
-        else:
-            self._secondary.setdefault(block, []).append((group, h))
-            primary = False
-        if index.setdefault(h, block) != block:
-            self._dups[group].setdefault(h, []).append(block)
-        self.recorder.stored_partial(request, block, i, group, primary)
-        if self.policy is not None and primary:
-            self.policy.registered_partial(request, block, h, group)
-        return h
-
-    def _key_tokens(
-        self, request: RequestLike, block: int, key: bytes, group_bs: int, i: int
-    ) -> int:
-        """Tokens covered by ``key``, the primary key of ``block``, which holds hash block
-        ``i`` of ``request`` (so its keys are hashes of ``request``'s own prefixes within
-        that block); a key from outside the block's span counts as the whole block."""
-        hbs = self.hash_block_size
-        k = group_bs // hbs
-        first = i // k * k
-        hashes = request.block_hashes
-        for j in range(first, min(first + k, len(hashes))):
-            if hashes[j] == key:
-                return (j + 1) * hbs
-        return (first + k) * hbs
-
-    def move_block_hashes(self, src: int, dst: int) -> None:
-        """Re-point every index entry of ``src`` to ``dst`` (which has none), as vLLM 0.33's
-        ``move_block_hashes``: the primary key stays primary, entries keep their order
-        among duplicates except that ``dst`` joins the end; no events (the entries stay
-        live). Used when a request keeps writing ``src`` and the cache keeps a copy. O(keys).
-        """
-        h = self.block_hash[src]
-        if h is None:
-            return
-        after = self.policy.moving(src, dst) if self.policy is not None else None
-        assert self.block_hash[dst] is None and dst not in self._secondary
-        keys = [(self.block_group[src], h), *self._secondary.pop(src, ())]
-        for g, key in keys:
-            self._unregister(g, key, src)
-        self.block_hash[src] = None
-        self._num_rehashed += 1
-        g, key = keys[0]
-        self.block_hash[dst] = key
-        self.block_group[dst] = g
-        for n, (g, key) in enumerate(keys):
-            if n:
-                self._secondary.setdefault(dst, []).append((g, key))
-            if self.index[g].setdefault(key, dst) != dst:
-                self._dups[g].setdefault(key, []).append(dst)
-        self.recorder.moved(src, dst)
-        if after is not None:
-            after()
-
-    def _unregister(self, group: int, h: bytes, b: int) -> None:
-        """Drop the entry ``(h, group) -> b``; a duplicate becomes primary if ``b`` was."""
-        index = self.index[group]
-        dups = self._dups[group].get(h)
-        if index.get(h) == b:
-            if dups:
-                index[h] = dups.pop(0)
-            else:
-                del index[h]
-        elif dups and b in dups:
-            dups.remove(b)
-        if dups is not None and not dups:
-            del self._dups[group][h]
-
-    def _evict(self, b: int, *, count: bool = True) -> None:
-        """Drop every index entry of block ``b`` and clear its hash; tell the recorder."""
-        h = self.block_hash[b]
-        assert h is not None
-        g = self.block_group[b]
-        self._unregister(g, h, b)
-        self.block_hash[b] = None
-        self.recorder.removed([h], g)
-        if self._secondary:
-            for g2, h2 in self._secondary.pop(b, ()):
-                self._unregister(g2, h2, b)
-                self.recorder.removed([h2], g2)
-        if count:
-            self.num_evicted_blocks += 1
-        else:
-            self._num_rehashed += 1
-        if self.policy is not None:
-            self.policy.unhashed(b)
-
-    def evict_blocks(self, ids: Iterable[int]) -> None:
-        """Drop the given blocks from the prefix index (they stay allocated if in use).
-
-        Raises:
-            InvalidArgumentError: an id outside ``[0, num_blocks)``; nothing is evicted.
-        """
-        ids = list(ids)
-        for b in ids:
-            if not isinstance(b, int) or not 0 <= b < self.num_blocks:
-                raise InvalidArgumentError(
-                    f"block id {b!r} does not belong to this pool of {self.num_blocks} blocks"
-                )
-        if self.policy is not None:
-            self.policy.before_evict_blocks()
-        for b in ids:
-            if b and self.block_hash[b] is not None:
-                self._evict(b)
-
     def reset_prefix_cache(self) -> bool:
         """Clear the whole index and every block's hash, only if no block is in use.
 
@@ -538,30 +273,9 @@ class BlockPool:
             assert (r == 0) == (b in queued_set), (
                 f"block {b}: ref count {r} but {'in' if b in queued_set else 'not in'} queue"
             )
-        registered: set[tuple[int, bytes, int]] = set()
-        for g, index in enumerate(self.index):
-            for h, b in index.items():
-                registered.add((g, h, b))
-            for h, dups in self._dups[g].items():
-                assert h in index, f"duplicates for a hash with no primary in group {g}"
-                assert dups, "empty duplicate list kept"
-                for b in dups:
-                    assert (g, h, b) not in registered, f"block {b} registered twice"
-                    registered.add((g, h, b))
-        expected: set[tuple[int, bytes, int]] = set()
-        for b in range(1, self.num_blocks):
-            primary = self.block_hash[b]
-            if primary is not None:
-                expected.add((self.block_group[b], primary, b))
-            for g2, h2 in self._secondary.get(b, ()):
-                assert primary is not None, f"block {b} has secondary keys but no primary hash"
-                expected.add((g2, h2, b))
-        assert registered == expected, (
-            f"index and block hashes disagree: {len(registered ^ expected)} entries differ"
-        )
-        if not self.enable_caching:
-            assert not registered, "caching is off but the index holds entries"
+        self._check_index()
         self.recorder.check_invariants(self.block_hash, self.enable_caching)
         if self.policy is not None:
             self.policy.check_invariants()
+
 

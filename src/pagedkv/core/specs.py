@@ -85,6 +85,11 @@ class KVCacheSpec:
 
     kind: ClassVar[str] = "abstract"
     event_kind: ClassVar[str] = "abstract"
+    #: Whether a model with a group of this kind zeroes new blocks by default (vLLM 0.33's
+    #: ``needs_kv_cache_zeroing``: a Mamba group; ``CacheConfig.zero_new_blocks``).
+    zeroes_kv_by_default: ClassVar[bool] = False
+    #: Whether this group's new blocks are recorded for zeroing when zeroing is on.
+    zeroable: ClassVar[bool] = False
     block_size: int
 
     def __post_init__(self) -> None:
@@ -120,6 +125,11 @@ class KVCacheSpec:
         (pool sizing) and the manager (admission)."""
         raise NotImplementedError
 
+    @property
+    def event_sliding_window(self) -> int | None:
+        """The ``sliding_window`` KV-cache events carry for this group (None: none)."""
+        return None
+
     def with_block_size(self: _S, block_size: int) -> _S:
         """The same spec with another block size."""
         return replace(self, block_size=block_size)
@@ -134,6 +144,7 @@ class KVCacheSpec:
 class AttentionSpec(KVCacheSpec):
     """Attention layers that store a K and a V vector per token and KV head."""
 
+    zeroable: ClassVar[bool] = True
     num_kv_heads: int
     head_size: int
     dtype_bytes: int
@@ -167,6 +178,10 @@ class FullAttentionSpec(AttentionSpec):
         AttentionSpec.__post_init__(self)
         _positive("sliding_window", self.sliding_window, allow_none=True)
         _positive("attention_chunk_size", self.attention_chunk_size, allow_none=True)
+
+    @property
+    def event_sliding_window(self) -> int | None:
+        return self.sliding_window
 
     def max_admission_blocks(
         self, max_model_len: int, *, max_num_batched_tokens: int | None = None
@@ -218,6 +233,10 @@ class SlidingWindowSpec(AttentionSpec):
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
         _positive("sliding_window", self.sliding_window)
+
+    @property
+    def event_sliding_window(self) -> int | None:
+        return self.sliding_window
 
     def max_admission_blocks(
         self, max_model_len: int, *, max_num_batched_tokens: int | None = None
@@ -286,6 +305,7 @@ class MambaSpec(KVCacheSpec):
 
     kind: ClassVar[str] = "mamba"
     event_kind: ClassVar[str] = "mamba"
+    zeroes_kv_by_default: ClassVar[bool] = True
     state_bytes: int
     page_size_padded_bytes: int | None = None
     cache_checkpoints: bool = False

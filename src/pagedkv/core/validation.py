@@ -25,7 +25,7 @@ Rules (every violation raises the exception named, state unchanged):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 from pagedkv.core.coordinator import ComputedBlocks, Coordinator
 from pagedkv.core.hashing import BlockHasher, HashExtras
@@ -194,6 +194,34 @@ def check_estimate(request: object) -> None:
     check_request_id(_request_of(request).request_id)
 
 
+def _refuse_headroom(reserved: object, has_scheduled: object, must_fit: object) -> None:
+    """Raise for the first of ``allocate_slots``' headroom arguments that is wrong."""
+    if type(must_fit) is not bool:
+        raise InvalidArgumentError(
+            f"full_sequence_must_fit must be a bool, got {must_fit!r}"
+        )
+    if type(reserved) is not int or reserved < 0:
+        check_count("reserved_blocks", reserved)
+    if type(has_scheduled) is not bool:
+        raise InvalidArgumentError(
+            f"has_scheduled_reqs must be a bool, got {has_scheduled!r}; pass whether other "
+            "requests are scheduled in this step"
+        )
+
+
+def _refuse_live(rid: str, same_object: bool) -> NoReturn:
+    """Raise for a live request id given again: by another object, or with hit blocks."""
+    if not same_object:
+        raise DuplicateRequestError(
+            f"request id {rid!r} belongs to another live request object; ids must be unique "
+            "among live requests (free the other one first)"
+        )
+    raise InvalidArgumentError(
+        f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
+        "be given to its first allocate_slots call"
+    )
+
+
 def check_allocate(
     mgr: ManagerView,
     request: object,
@@ -244,29 +272,13 @@ def check_allocate(
         check_count("num_encoder_tokens", encoder)
     reserved, has_scheduled = headroom[0], headroom[1]
     must_fit = headroom[2] if len(headroom) > 2 else False
-    if type(must_fit) is not bool:
-        raise InvalidArgumentError(
-            f"full_sequence_must_fit must be a bool, got {must_fit!r}"
-        )
-    if type(reserved) is not int or reserved < 0:
-        check_count("reserved_blocks", reserved)
-    if type(has_scheduled) is not bool:
-        raise InvalidArgumentError(
-            f"has_scheduled_reqs must be a bool, got {has_scheduled!r}; pass whether other "
-            "requests are scheduled in this step"
-        )
+    if (type(must_fit) is not bool or type(reserved) is not int or reserved < 0
+            or type(has_scheduled) is not bool):
+        _refuse_headroom(reserved, has_scheduled, must_fit)
     live = mgr.live_requests.get(rid)
-    if live is not None and live is not request:
-        raise DuplicateRequestError(
-            f"request id {rid!r} belongs to another live request object; ids must be unique "
-            "among live requests (free the other one first)"
-        )
     has_hit = hit is not None and bool(num_hit or any(hit.block_ids))
-    if has_hit and live is not None:
-        raise InvalidArgumentError(
-            f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
-            "be given to its first allocate_slots call"
-        )
+    if live is not None and (live is not request or has_hit):
+        _refuse_live(rid, live is request)
     if type(computed) is not int or computed < 0:
         check_count(f"request {rid!r}: num_computed_tokens", computed)
     if num_tokens > mgr.max_model_len:

@@ -13,14 +13,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pagedkv.core.components import DeviceBlock, PoolListener
 from pagedkv.core.hashing import event_extra_keys
-from pagedkv.core.recorder import EventRecorder, ForwardingRecorder, GroupInfo
-
-if TYPE_CHECKING:
-    from pagedkv.core.request import RequestLike
+from pagedkv.core.recorder import EventRecorder, ForwardingRecorder, GroupInfo, StoredRun
 
 __all__ = ["BlockMeta", "DeviceBlock", "EvictionListener", "HostFeedingRecorder"]
 
@@ -66,17 +63,9 @@ class HostFeedingRecorder(ForwardingRecorder):
         #: Device block id -> meta of the content it was last registered with.
         self.meta: dict[int, BlockMeta] = {}
 
-    def stored(
-        self,
-        request: RequestLike,
-        blocks: Sequence[int],
-        hashes: list[bytes],
-        start: int,
-        end: int,
-        skipped: Sequence[int],
-        group: int,
-    ) -> None:
-        self.inner.stored(request, blocks, hashes, start, end, skipped, group)
+    def stored(self, run: StoredRun) -> None:
+        self.inner.stored(run)
+        request, blocks, hashes, start, end, skipped, group = run
         if not (self.keep_meta or self.wants_registrations):
             return
         left_out = set(skipped)

@@ -29,7 +29,6 @@ class HybridExplainer(ExplainerBase):
     def _explain_hybrid(self, request: RequestLike, found: Found | None) -> LookupExplanation:
         n = request.num_tokens
         hashes = request.block_hashes
-        index = self.pool.index
         managers = self.managers
         replayed = None
         if self.partial_hits:
@@ -50,24 +49,9 @@ class HybridExplainer(ExplainerBase):
             assert found is not None
         tables, hit = found
         # 1. the limiting group and its cached prefix run; every full group's run
-        star = 0
-        f_tokens = -1
-        runs_tokens: dict[int, int] = {}
-        num_hashes = len(hashes)
-        for g in self.full_groups:
-            k = self.strides[g]
-            gh = hashes if k == 1 else hashes[k - 1 :: k]
-            bs = managers[g].block_size
-            lim = min(len(gh), n // bs)
-            get = index[g].get
-            i = len(tables[g])
-            while i < lim and get(gh[i]) is not None:
-                i += 1
-            runs_tokens[g] = i * bs
-            if f_tokens < 0 or i * bs < f_tokens:
-                star, f_tokens = g, i * bs
+        star, f_tokens, runs_tokens = self._full_runs(hashes, n, tables)
         star_bs = managers[star].block_size
-        limit = min(num_hashes // self.strides[star], n // star_bs)
+        limit = min(len(hashes) // self.strides[star], n // star_bs)
         p_tokens = limit * star_bs
         if f_tokens < 0:
             return self._explain_no_full(request, tables, hit, replayed, p_tokens, limit)
@@ -125,6 +109,31 @@ class HybridExplainer(ExplainerBase):
         star_status: _Status = (star, limit, tuple(tables[star]),
                                 [(held, f_blocks, None), *own] if f_blocks > held else own)
         return self._finish(request, hit, tables, tuple(segs), (star, star_status))
+
+    def _full_runs(
+        self, hashes: list[bytes], n: int, tables: tuple[list[int], ...]
+    ) -> tuple[int, int, dict[int, int]]:
+        """Every full-attention group's cached prefix run from its hit on, in tokens, and
+        the limiting group (the shortest run; group 0 and -1 tokens when there is no
+        full-attention group): ``(star, its run, runs by group)``. No state change."""
+        index = self.pool.index
+        managers = self.managers
+        star = 0
+        f_tokens = -1
+        runs_tokens: dict[int, int] = {}
+        for g in self.full_groups:
+            k = self.strides[g]
+            gh = hashes if k == 1 else hashes[k - 1 :: k]
+            bs = managers[g].block_size
+            lim = min(len(gh), n // bs)
+            get = index[g].get
+            i = len(tables[g])
+            while i < lim and get(gh[i]) is not None:
+                i += 1
+            runs_tokens[g] = i * bs
+            if f_tokens < 0 or i * bs < f_tokens:
+                star, f_tokens = g, i * bs
+        return star, f_tokens, runs_tokens
 
     def _explain_partial(self, request: RequestLike, found: Found | None) -> LookupExplanation:
         """Sub-block hits (:class:`~pagedkv.core.coordinator.PartialHitCoordinator`): the hit is

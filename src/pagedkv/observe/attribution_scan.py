@@ -14,11 +14,6 @@ from pagedkv.core.coordinator import (
     PartialHitCoordinator,
 )
 from pagedkv.core.managers.base import SingleTypeManager
-from pagedkv.core.managers.chunked_local import ChunkedLocalManager
-from pagedkv.core.managers.cross_attention import CrossAttentionManager
-from pagedkv.core.managers.full import FullAttentionManager
-from pagedkv.core.managers.mamba import MambaAlignManager, MambaCheckpointManager, MambaManager
-from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.core.request import RequestLike
 from pagedkv.observe.ghost import GhostRecorder
 from pagedkv.observe.reasons import (
@@ -51,17 +46,18 @@ _Status = tuple[int, int, tuple[int, ...], list[tuple[int, int, "_Label | None"]
 Found = tuple[tuple[list[int], ...], int]
 
 
+#: A kind's ``hit_shape`` -> why a group of it shortens a hit (others: GROUP_MISS).
+_CAUSE_OF_SHAPE = {
+    "window": ClampCause.WINDOW_RUN_NOT_FOUND,
+    "chunk": ClampCause.CHUNK_RUN_NOT_FOUND,
+    "state": ClampCause.NO_MAMBA_STATE,
+    "never": ClampCause.NOT_CACHEABLE,
+}
+
+
 def clamp_cause_for(manager: SingleTypeManager) -> ClampCause:
-    """Why a group of this manager's kind shortens a hit."""
-    if isinstance(manager, SlidingWindowManager):
-        return ClampCause.WINDOW_RUN_NOT_FOUND
-    if isinstance(manager, ChunkedLocalManager):
-        return ClampCause.CHUNK_RUN_NOT_FOUND
-    if isinstance(manager, (MambaManager, MambaCheckpointManager, MambaAlignManager)):
-        return ClampCause.NO_MAMBA_STATE
-    if isinstance(manager, CrossAttentionManager):
-        return ClampCause.NOT_CACHEABLE
-    return ClampCause.GROUP_MISS
+    """Why a group of this manager's kind shortens a hit (read from its ``hit_shape``)."""
+    return _CAUSE_OF_SHAPE.get(manager.hit_shape, ClampCause.GROUP_MISS)
 
 
 class ExplainerBase:
@@ -78,8 +74,7 @@ class ExplainerBase:
         #: Hits may end inside a block (sub-block hits): the hit is the coordinator's.
         self.partial_hits = isinstance(coord, PartialHitCoordinator)
         self.hash_block_size = manager.pool.hash_block_size
-        self.full_groups = [g for g, m in enumerate(self.managers)
-                            if isinstance(m, FullAttentionManager)]
+        self.full_groups = [g for g, m in enumerate(self.managers) if m.prefix_closed_hits]
         self.causes = [clamp_cause_for(m) for m in self.managers]
         self.kinds = [m.spec.kind for m in self.managers]
         self.any_drop = any(m.drop_last_hit for m in self.managers)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pagedkv.core.hashing import BlockHasher
-from pagedkv.core.recorder import EventRecorder, ForwardingRecorder
+from pagedkv.core.recorder import EventRecorder, ForwardingRecorder, StoredRun
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.observe.reasons import EvictionRecord
 
@@ -114,17 +114,9 @@ class GhostRecorder(ForwardingRecorder):
 
     # ------------------------------------------------------------------ recorder calls
 
-    def stored(
-        self,
-        request: RequestLike,
-        blocks: Sequence[int],
-        hashes: list[bytes],
-        start: int,
-        end: int,
-        skipped: Sequence[int],
-        group: int,
-    ) -> None:
-        self.inner.stored(request, blocks, hashes, start, end, skipped, group)
+    def stored(self, run: StoredRun) -> None:
+        self.inner.stored(run)
+        request, blocks, hashes, start, end, _, group = run
         if request.hash_extras is None:
             return
         pool = self._pool

@@ -150,6 +150,87 @@ def _positive(value: int | None, name: str) -> None:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _check_arguments(
+    no_gpu_memory: bool, no_kv_memory: bool, hybrid: str,
+    positives: tuple[tuple[int | None, str], ...],
+) -> None:
+    """Raise InvalidArgumentError unless exactly one memory is given, ``hybrid`` is a
+    choice and every ``(value, name)`` of ``positives`` is None or a positive int."""
+    if no_gpu_memory == no_kv_memory:
+        raise InvalidArgumentError("give exactly one of gpu_memory_bytes and kv_cache_bytes")
+    if hybrid not in HYBRID_CHOICES:
+        raise InvalidArgumentError(f"hybrid must be one of {', '.join(HYBRID_CHOICES)}, "
+                                   f"got {hybrid!r}")
+    for value, name in positives:
+        _positive(value, name)
+
+
+def _check_block_size(backend: AttentionBackend, block_size: int) -> None:
+    """Raise ConfigError when ``backend``'s kernels cannot run ``block_size``."""
+    if not backend.supports_block_size(block_size):
+        raise ConfigError(f"attention backend {backend.name} cannot run block size "
+                          f"{block_size}; its kernels take "
+                          + (f"multiples of {backend.multiple_of}" if backend.multiple_of
+                             else ", ".join(map(str, backend.exact))))
+
+
+def _kernel_alignment(
+    spec: ModelSpec, family: GpuFamily, base_alignment: int, mamba_mode: str, override: int | None
+) -> tuple[int, int]:
+    """The kernel block alignment (``override``, else ``base_alignment`` grown to the
+    Mamba mixer's checkpoint alignment in align mode) and the Mamba checkpoint blocks."""
+    checkpoint_alignment: int | None = None
+    if spec.mamba_mixer is not None:
+        checkpoint_alignment = (family.gdn_checkpoint_alignment
+                                if spec.mamba_mixer == "gated_delta_net"
+                                else _MIXER_CHECKPOINT_ALIGNMENT.get(spec.mamba_mixer))
+    alignment = override or base_alignment
+    if mamba_mode == "align" and override is None:
+        alignment = math.lcm(alignment, checkpoint_alignment or 1)
+    checkpoint_blocks = 1 if mamba_mode == "align" and checkpoint_alignment is not None \
+        else 0
+    return alignment, checkpoint_blocks
+
+
+def _check_budget(spec: ModelSpec, weights: WeightEstimate, budget: MemoryBudget) -> None:
+    """Raise ConfigError when weights and the activation reserve leave no KV memory."""
+    if budget.kv_cache_bytes <= 0:
+        raise ConfigError(
+            f"{spec.name}: weights ({format_bytes(weights.weight_bytes_per_rank)} per "
+            f"rank) and the activation reserve "
+            f"({format_bytes(budget.activation_reserve_bytes)}) exceed the usable "
+            f"{format_bytes(budget.usable_bytes)} of GPU memory; use more tensor "
+            "parallelism, lower-precision weights, or give the KV-cache memory directly"
+        )
+
+
+def _max_model_len(spec: ModelSpec, source: str, max_model_len: int | None) -> int:
+    """``max_model_len``, or the model's limit when None; refused above the limit."""
+    limit = spec.max_position_embeddings
+    if max_model_len is None:
+        if limit is None:
+            raise ConfigError(f"{source}: no max_position_embeddings; give max_model_len")
+        return limit
+    if limit is not None and max_model_len > limit:
+        raise ConfigError(
+            f"{spec.name}: max_model_len {max_model_len:,} is above the model's limit of "
+            f"{limit:,} tokens (max_position_embeddings in {source}); vLLM refuses it too. "
+            f"Use at most {limit:,}"
+        )
+    return max_model_len
+
+
+def _check_fits(plan: KVCachePlan, kv_bytes: int) -> None:
+    """Raise ConfigError when ``plan`` (a ``num_blocks`` override) exceeds the memory."""
+    if plan.total_bytes > kv_bytes:
+        raise ConfigError(
+            f"--num-blocks {plan.num_blocks:,} needs {format_bytes(plan.total_bytes)} of "
+            f"KV cache but only {format_bytes(kv_bytes)} is available "
+            f"({kv_bytes // (plan.total_bytes // plan.num_blocks):,} blocks); lower "
+            "--num-blocks or give the KV cache more memory"
+        )
+
+
 def plan_model(
     model: str,
     *,
@@ -189,16 +270,10 @@ def plan_model(
         InsufficientMemoryError: one request of ``max_model_len`` does not fit.
         InputFileError, UnsupportedModelError: the model cannot be read.
     """
-    if (gpu_memory_bytes is None) == (kv_cache_bytes is None):
-        raise InvalidArgumentError("give exactly one of gpu_memory_bytes and kv_cache_bytes")
-    if hybrid not in HYBRID_CHOICES:
-        raise InvalidArgumentError(f"hybrid must be one of {', '.join(HYBRID_CHOICES)}, "
-                                   f"got {hybrid!r}")
-    for value, name in ((tp_size, "tp_size"), (max_model_len, "max_model_len"),
-                        (max_num_batched_tokens, "max_num_batched_tokens"),
-                        (block_size, "block_size"), (num_blocks, "num_blocks"),
-                        (kernel_block_alignment, "kernel_block_alignment")):
-        _positive(value, name)
+    _check_arguments(gpu_memory_bytes is None, kv_cache_bytes is None, hybrid, (
+        (tp_size, "tp_size"), (max_model_len, "max_model_len"),
+        (max_num_batched_tokens, "max_num_batched_tokens"), (block_size, "block_size"),
+        (num_blocks, "num_blocks"), (kernel_block_alignment, "kernel_block_alignment")))
     family = gpu_family(gpu)
     spec, source, weights, from_file = _read_model(
         model, tp_size=tp_size, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
@@ -208,25 +283,14 @@ def plan_model(
     backend = pick_backend(family, use_mla=use_mla, kv_dtype=_kv_dtype_of(spec),
                            requested=attention_backend)
     chosen_block = block_size or backend.preferred_block_size(16)
-    if not backend.supports_block_size(chosen_block):
-        raise ConfigError(f"attention backend {backend.name} cannot run block size "
-                          f"{chosen_block}; its kernels take "
-                          + (f"multiples of {backend.multiple_of}" if backend.multiple_of
-                             else ", ".join(map(str, backend.exact))))
+    _check_block_size(backend, chosen_block)
     if not from_file:
         spec = _with_block_size(spec, chosen_block)
     has_state = any(isinstance(s, MambaSpec) for _, s in spec.layer_specs)
     mamba_mode = "align" if prefix_caching and has_state else "none"
-    checkpoint_alignment: int | None = None
-    if spec.mamba_mixer is not None:
-        checkpoint_alignment = (family.gdn_checkpoint_alignment
-                                if spec.mamba_mixer == "gated_delta_net"
-                                else _MIXER_CHECKPOINT_ALIGNMENT.get(spec.mamba_mixer))
-    alignment = kernel_block_alignment or max(backend.alignment, chosen_block)
-    if mamba_mode == "align" and kernel_block_alignment is None:
-        alignment = math.lcm(alignment, checkpoint_alignment or 1)
-    checkpoint_blocks = 1 if mamba_mode == "align" and checkpoint_alignment is not None \
-        else 0
+    alignment, checkpoint_blocks = _kernel_alignment(
+        spec, family, max(backend.alignment, chosen_block), mamba_mode,
+        kernel_block_alignment)
     budget: MemoryBudget | None = None
     if kv_cache_bytes is not None:
         kv_bytes = kv_cache_bytes
@@ -239,25 +303,8 @@ def plan_model(
                                  weight_bytes=weights.weight_bytes_per_rank,
                                  activation_reserve_bytes=activation_reserve_bytes)
         kv_bytes = budget.kv_cache_bytes
-        if kv_bytes <= 0:
-            raise ConfigError(
-                f"{spec.name}: weights ({format_bytes(weights.weight_bytes_per_rank)} per "
-                f"rank) and the activation reserve "
-                f"({format_bytes(budget.activation_reserve_bytes)}) exceed the usable "
-                f"{format_bytes(budget.usable_bytes)} of GPU memory; use more tensor "
-                "parallelism, lower-precision weights, or give the KV-cache memory directly"
-            )
-    limit = spec.max_position_embeddings
-    if max_model_len is None:
-        if limit is None:
-            raise ConfigError(f"{source}: no max_position_embeddings; give max_model_len")
-        max_model_len = limit
-    elif limit is not None and max_model_len > limit:
-        raise ConfigError(
-            f"{spec.name}: max_model_len {max_model_len:,} is above the model's limit of "
-            f"{limit:,} tokens (max_position_embeddings in {source}); vLLM refuses it too. "
-            f"Use at most {limit:,}"
-        )
+        _check_budget(spec, weights, budget)
+    max_model_len = _max_model_len(spec, source, max_model_len)
     mnbt = max_num_batched_tokens or family.default_max_num_batched_tokens
     modes = {"on": [("hybrid on", True)], "off": [("hybrid off", False)],
              "compare": [("hybrid on", True), ("hybrid off", False)]}[hybrid]
@@ -272,13 +319,7 @@ def plan_model(
         for label, on in modes
     )
     for _, plan in plans:
-        if plan.total_bytes > kv_bytes:
-            raise ConfigError(
-                f"--num-blocks {plan.num_blocks:,} needs {format_bytes(plan.total_bytes)} of "
-                f"KV cache but only {format_bytes(kv_bytes)} is available "
-                f"({kv_bytes // (plan.total_bytes // plan.num_blocks):,} blocks); lower "
-                "--num-blocks or give the KV cache more memory"
-            )
+        _check_fits(plan, kv_bytes)
     grown = plans[0][1].block_size or chosen_block
     return ModelPlan(
         model=spec, source=source, gpu=family, backend=backend, block_size=grown,

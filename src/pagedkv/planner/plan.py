@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import NoReturn
 
 from pagedkv.core.specs import ChunkedLocalAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from pagedkv.errors import ConfigError, InsufficientMemoryError, InvalidArgumentError
@@ -156,6 +157,72 @@ def _bytes_text(num_bytes: int) -> str:
     return f"{num_bytes:,} bytes ({num_bytes / _GiB:.2f} GiB)"
 
 
+def _check_sizes(
+    available_bytes: int, max_model_len: int, max_num_batched_tokens: int | None,
+    num_blocks: int | None,
+) -> None:
+    """Raise InvalidArgumentError for a non-positive count or negative bytes."""
+    for label, value in (("max_model_len", max_model_len),
+                         ("max_num_batched_tokens", max_num_batched_tokens),
+                         ("num_blocks", num_blocks)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value <= 0):
+            raise InvalidArgumentError(f"{label} must be a positive int, got {value!r}")
+    if not isinstance(available_bytes, int) or available_bytes < 0:
+        raise InvalidArgumentError(
+            f"available_bytes must be a non-negative int, got {available_bytes!r}"
+        )
+
+
+def _preparation_notes(
+    layer_to_spec: Mapping[str, KVCacheSpec], specs: Mapping[str, KVCacheSpec], hybrid: bool,
+    unification: PageUnification | None,
+) -> list[str]:
+    """The plan's notes on what preparing the specs did (windows promoted or kept, the
+    attention block grown, the state page padded)."""
+    notes: list[str] = []
+    if not hybrid and any(
+        isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec) for s in specs.values()
+    ):
+        notes.append("hybrid allocator off: the model has one attention kind, so its "
+                     "windows are kept")
+    elif not hybrid and any(
+        isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec)
+        for s in layer_to_spec.values()
+    ):
+        notes.append("sliding-window and chunked layers costed as full attention")
+    if unification is not None:
+        if unification.block_size != unification.requested_block_size:
+            notes.append(
+                f"attention block size grown from {unification.requested_block_size} to "
+                f"{unification.block_size} tokens (a multiple of "
+                f"{unification.kernel_block_alignment}) so that its page covers the state"
+            )
+        notes.append(
+            f"state page padded from {unification.state_bytes:,} to "
+            f"{unification.page_size_bytes:,} bytes ({unification.state_padding_pct:.2f} %)"
+        )
+    return notes
+
+
+def _refuse_insufficient(
+    model_name: str | None, max_model_len: int, needed: int, available_bytes: int, fits: int
+) -> NoReturn:
+    """Raise InsufficientMemoryError: one request of ``max_model_len`` needs ``needed``
+    bytes; ``fits`` is the largest length that fits (0: none)."""
+    advice = (f"the largest max_model_len that fits is {fits:,}" if fits
+              else "not even a one-token request fits")
+    who = f"{model_name}: " if model_name else ""
+    raise InsufficientMemoryError(
+        f"{who}one request of max_model_len {max_model_len:,} tokens needs "
+        f"{_bytes_text(needed)} of KV cache, but only {_bytes_text(available_bytes)} "
+        f"is available; {advice}. Lower max_model_len, or give the KV cache more "
+        "memory (higher GPU memory utilization, more tensor parallelism, fp8 KV cache)",
+        needed_bytes=needed, available_bytes=available_bytes,
+        max_model_len_that_fits=fits,
+    )
+
+
 # -- the planner -----------------------------------------------------------------------------
 
 
@@ -203,41 +270,11 @@ def plan_kv_cache(
         InvalidArgumentError: negative ``available_bytes``; non-positive ``max_model_len``,
             ``max_num_batched_tokens`` or ``num_blocks``; an unknown ``mamba_cache_mode``.
     """
-    for label, value in (("max_model_len", max_model_len),
-                         ("max_num_batched_tokens", max_num_batched_tokens),
-                         ("num_blocks", num_blocks)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value <= 0):
-            raise InvalidArgumentError(f"{label} must be a positive int, got {value!r}")
-    if not isinstance(available_bytes, int) or available_bytes < 0:
-        raise InvalidArgumentError(
-            f"available_bytes must be a non-negative int, got {available_bytes!r}"
-        )
+    _check_sizes(available_bytes, max_model_len, max_num_batched_tokens, num_blocks)
     rules = _rules(max_num_batched_tokens, async_scheduling, mamba_cache_mode,
                    mamba_checkpoint_blocks)
     specs, unification = _prepared(layer_to_spec, hybrid, kernel_block_alignment)
-    notes: list[str] = []
-    if not hybrid and any(
-        isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec) for s in specs.values()
-    ):
-        notes.append("hybrid allocator off: the model has one attention kind, so its "
-                     "windows are kept")
-    elif not hybrid and any(
-        isinstance(s, SlidingWindowSpec | ChunkedLocalAttentionSpec)
-        for s in layer_to_spec.values()
-    ):
-        notes.append("sliding-window and chunked layers costed as full attention")
-    if unification is not None:
-        if unification.block_size != unification.requested_block_size:
-            notes.append(
-                f"attention block size grown from {unification.requested_block_size} to "
-                f"{unification.block_size} tokens (a multiple of "
-                f"{unification.kernel_block_alignment}) so that its page covers the state"
-            )
-        notes.append(
-            f"state page padded from {unification.state_bytes:,} to "
-            f"{unification.page_size_bytes:,} bytes ({unification.state_padding_pct:.2f} %)"
-        )
+    notes = _preparation_notes(layer_to_spec, specs, hybrid, unification)
     if not specs:
         return KVCachePlan(
             num_blocks=1, groups=(), tensors=(), available_bytes=available_bytes,
@@ -258,17 +295,7 @@ def plan_kv_cache(
     per_block = layout.page_size_bytes * layout.group_size
     if num_blocks is None and needed > available_bytes:
         fits = _max_len_that_fits(layout, available_bytes, max_model_len, rules)
-        advice = (f"the largest max_model_len that fits is {fits:,}" if fits
-                  else "not even a one-token request fits")
-        who = f"{model_name}: " if model_name else ""
-        raise InsufficientMemoryError(
-            f"{who}one request of max_model_len {max_model_len:,} tokens needs "
-            f"{_bytes_text(needed)} of KV cache, but only {_bytes_text(available_bytes)} "
-            f"is available; {advice}. Lower max_model_len, or give the KV cache more "
-            "memory (higher GPU memory utilization, more tensor parallelism, fp8 KV cache)",
-            needed_bytes=needed, available_bytes=available_bytes,
-            max_model_len_that_fits=fits,
-        )
+        _refuse_insufficient(model_name, max_model_len, needed, available_bytes, fits)
     if num_blocks is None:
         num_blocks = available_bytes // per_block
     else:

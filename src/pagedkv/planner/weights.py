@@ -192,6 +192,53 @@ def _qwen_moe_layer(f: ConfigFields, index: int, hidden: int, shared: bool) -> i
     return _gated_mlp(hidden, f.get_int("intermediate_size"))
 
 
+#: Model types mixing attention with state-space or linear-attention layers.
+_HYBRID_TYPES = ("qwen3_next", "jamba", "nemotron_h")
+
+
+def _hybrid_layers_params(f: ConfigFields, model_type: str, hidden: int, layers: int) -> int:
+    """Parameters of the layers of a ``_HYBRID_TYPES`` model (embeddings apart)."""
+    if model_type == "qwen3_next":
+        interval = f.get_int("full_attention_interval", 4)
+        layer_types = f.str_list("layer_types", length=layers) or [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)]
+        attention = _attention_params(f, head_dim_default=256)
+        delta_net = _delta_net_params(f)
+        return sum(
+            (attention if kind == "full_attention" else delta_net)
+            + _qwen_moe_layer(f, i, hidden, shared=True)
+            for i, kind in enumerate(layer_types))
+    if model_type == "jamba":
+        period = f.get_int("attn_layer_period", 8)
+        offset = f.get_int("attn_layer_offset", 4, minimum=0)
+        e_period = f.get_int("expert_layer_period", 2)
+        e_offset = f.get_int("expert_layer_offset", 1, minimum=0)
+        moe = _moe(hidden, f.get_int("num_experts", 16), f.get_int("intermediate_size"))
+        dense = _gated_mlp(hidden, f.get_int("intermediate_size"))
+        attention, mamba = _attention_params(f), _mamba1_params(f)
+        return sum(
+            (attention if i % period == offset else mamba)
+            + (moe if i % e_period == e_offset else dense)
+            for i in range(layers))
+    if model_type == "nemotron_h":
+        pattern = f.get_str("hybrid_override_pattern")
+        counts = {char: pattern.count(char) for char in "M*-E"}
+        total = 0
+        if counts["*"]:
+            total += counts["*"] * _attention_params(f, "attention_head_dim", 128)
+        if counts["M"]:
+            total += counts["M"] * _mamba2_params(f)
+        if counts["-"]:
+            total += counts["-"] * 2 * hidden * f.get_int("intermediate_size")
+        if counts["E"]:
+            total += counts["E"] * _moe(
+                hidden, f.get_int("n_routed_experts"), f.get_int("moe_intermediate_size"),
+                f.get_int("moe_shared_expert_intermediate_size", 0, minimum=0), gated=False)
+        return total
+    raise AssertionError(f"no parameter formula for {model_type}")  # pragma: no cover
+
+
 def estimate_num_parameters(config: Mapping[str, Any], *, source: str = "config.json") -> int:
     """Parameters of the language model described by ``config`` (all experts counted).
 
@@ -221,17 +268,8 @@ def estimate_num_parameters(config: Mapping[str, Any], *, source: str = "config.
         return total + sum(
             attention + _qwen_moe_layer(f, i, hidden, shared=model_type == "qwen2_moe")
             for i in range(layers))
-    if model_type == "qwen3_next":
-        interval = f.get_int("full_attention_interval", 4)
-        layer_types = f.str_list("layer_types", length=layers) or [
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
-            for i in range(layers)]
-        attention = _attention_params(f, head_dim_default=256)
-        delta_net = _delta_net_params(f)
-        return total + sum(
-            (attention if kind == "full_attention" else delta_net)
-            + _qwen_moe_layer(f, i, hidden, shared=True)
-            for i, kind in enumerate(layer_types))
+    if model_type in _HYBRID_TYPES:
+        return total + _hybrid_layers_params(f, model_type, hidden, layers)
     if model_type == "llama4_text":
         step = f.get_int("interleave_moe_layer_step")
         moe_layers = set(f.raw("moe_layers") or range(step - 1, layers, step))
@@ -253,32 +291,6 @@ def estimate_num_parameters(config: Mapping[str, Any], *, source: str = "config.
         return total + sum(
             attention + (moe if routed and i >= first_dense and i % freq == 0 else dense)
             for i in range(layers))
-    if model_type == "jamba":
-        period = f.get_int("attn_layer_period", 8)
-        offset = f.get_int("attn_layer_offset", 4, minimum=0)
-        e_period = f.get_int("expert_layer_period", 2)
-        e_offset = f.get_int("expert_layer_offset", 1, minimum=0)
-        moe = _moe(hidden, f.get_int("num_experts", 16), f.get_int("intermediate_size"))
-        dense = _gated_mlp(hidden, f.get_int("intermediate_size"))
-        attention, mamba = _attention_params(f), _mamba1_params(f)
-        return total + sum(
-            (attention if i % period == offset else mamba)
-            + (moe if i % e_period == e_offset else dense)
-            for i in range(layers))
-    if model_type == "nemotron_h":
-        pattern = f.get_str("hybrid_override_pattern")
-        counts = {char: pattern.count(char) for char in "M*-E"}
-        if counts["*"]:
-            total += counts["*"] * _attention_params(f, "attention_head_dim", 128)
-        if counts["M"]:
-            total += counts["M"] * _mamba2_params(f)
-        if counts["-"]:
-            total += counts["-"] * 2 * hidden * f.get_int("intermediate_size")
-        if counts["E"]:
-            total += counts["E"] * _moe(
-                hidden, f.get_int("n_routed_experts"), f.get_int("moe_intermediate_size"),
-                f.get_int("moe_shared_expert_intermediate_size", 0, minimum=0), gated=False)
-        return total
     raise AssertionError(f"no parameter formula for {model_type}")  # pragma: no cover
 
 

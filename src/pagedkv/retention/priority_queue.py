@@ -25,20 +25,18 @@ dropped by ``evict_blocks`` moves to the back of the unhashed blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from pagedkv.core.free_queue import FreeBlockQueue
-from pagedkv.retention.linked import LinkedLists
-from pagedkv.retention.policy import DEFAULT_PRIORITY, MAX_PRIORITY, read_clock
+from pagedkv.retention.policy import DEFAULT_PRIORITY
+from pagedkv.retention.queue_lists import _LEVEL0, _OVER, _PARKED, _PINNED, _UNHASHED, LevelLists
+from pagedkv.retention.queue_timers import TimedQuotaLists
 
-__all__ = ["PriorityFreeQueue"]
+__all__ = ["LevelLists", "PriorityFreeQueue", "TimedQuotaLists"]
 
-_UNHASHED, _OVER, _PARKED, _PINNED, _LEVEL0 = 0, 1, 2, 3, 4
 _INF = float("inf")
 
 
-
-class PriorityFreeQueue(FreeBlockQueue):
+class PriorityFreeQueue(TimedQuotaLists):
     """Free block ids of ``[1, num_blocks)`` in retention order (module docstring).
 
     ``num_free`` counts evictable blocks (parked pinned blocks excluded). Reading it, and
@@ -47,13 +45,15 @@ class PriorityFreeQueue(FreeBlockQueue):
     ``deadline``) whenever they could change its result (see :meth:`expiries_move_blocks`;
     an expiry that could not is applied at the next tick, with the same effect, since
     expiries are processed at their own times).
+
+    Layers: :class:`~pagedkv.retention.queue_lists.LevelLists` (the lists),
+    :class:`~pagedkv.retention.queue_timers.TimedQuotaLists` (the clock, durations, tenant
+    quotas), this class (the per-block marks; what goes where, taking and freeing).
     """
 
     __slots__ = (
-        "_clock", "_count", "_mask", "_n", "_num_free", "_quota", "_tcount",
-        "_tenant_lists", "_tkey", "_tmask", "_where", "_xkey", "_xlists", "deadline",
-        "default_priority", "duration_s", "expires_at", "now_s", "num_parked", "on_deadline",
-        "pinned", "plain", "preempt_pins", "priority", "tenant",
+        "default_priority", "duration_s", "num_parked", "pinned", "plain", "preempt_pins",
+        "priority", "tenant",
     )
 
     def __init__(
@@ -65,21 +65,8 @@ class PriorityFreeQueue(FreeBlockQueue):
         preempt_pins: bool = False,
         tenant_quotas: list[int | None] | None = None,
     ) -> None:
-        super().__init__(num_blocks, first_id=1)
+        super().__init__(num_blocks, clock, tenant_quotas)
         n = num_blocks
-        self._n = n
-        # Sentinel pairs after the base's unhashed (head n, tail n + 1): list L has head
-        # n + 2 L. Lists: unhashed, over quota, parked, pinned, then one per level.
-        num_lists = _LEVEL0 + MAX_PRIORITY + 1
-        for lst in range(1, num_lists):
-            h = n + 2 * lst
-            self._next += [h + 1, -1]
-            self._prev += [-1, h]
-        self._count = [0] * num_lists
-        self._count[_UNHASHED] = max(0, n - 1)
-        self._where = [_UNHASHED] * n
-        self._where[0] = -1
-        self._mask = 0  # bit p set iff level p is non-empty
         self.num_parked = 0
         self.default_priority = default_priority
         self.preempt_pins = preempt_pins
@@ -93,22 +80,6 @@ class PriorityFreeQueue(FreeBlockQueue):
         #: True while no block has been pinned, given a duration or a tenant quota (set
         #: False by the pool, for good): freeing then only sorts blocks by priority.
         self.plain = not tenant_quotas
-        self._clock = clock
-        #: The time timers start from: the clock at the last tick (or the time of the
-        #: expiry being processed).
-        self.now_s = 0.0
-        self.deadline = _INF
-        self.on_deadline: Callable[[float], None] = self._expire_durations
-        # Timed lists: one per (level, duration), FIFO = expiry order.
-        self.expires_at = [0.0] * n
-        self._xlists = LinkedLists(n)
-        self._xkey: dict[tuple[int, float], int] = {}
-        # Tenant lists: one per (tenant, level) for tenants with a quota.
-        self._quota: list[int | None] = list(tenant_quotas or [])
-        self._tenant_lists = LinkedLists(n)
-        self._tkey: dict[tuple[int, int], int] = {}
-        self._tmask: list[int] = [0] * len(self._quota)
-        self._tcount: list[int] = [0] * len(self._quota)
 
     @classmethod
     def adopt(
@@ -135,19 +106,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         """
         q = cls(num_blocks, clock=clock, default_priority=default_priority,
                 preempt_pins=preempt_pins)
-        n = q._n
-        q._next[n], q._prev[n + 1] = n + 1, n  # empty the unhashed list
-        q._count[_UNHASHED] = 0
-        q._where = [-1] * n
-        q._num_free = 0
-        level = _LEVEL0 + default_priority
-        for b in order:
-            if hashed[b]:
-                q._link_back(level, b)
-                q._mask |= 1 << default_priority
-            else:
-                q._link_back(_UNHASHED, b)
-        q._num_free = len(order)
+        q._adopt_order(order, hashed, default_priority)
         return q
 
     # ------------------------------------------------------------------ counts
@@ -155,76 +114,7 @@ class PriorityFreeQueue(FreeBlockQueue):
     # ``num_free``: the ``_num_free`` slot itself (bound below the class) while no block
     # is parked; :class:`ParkingFreeQueue` reads the clock first.
 
-    def expiries_move_blocks(self) -> bool:
-        """Whether a due expiry could change the order of the free blocks: only while a
-        free block has a duration (it would move to the default level) or a free block is
-        pinned (a lease ending moves it into its level). Otherwise an expiry only clears
-        the pin marks of blocks in use, and the operations that read those (placing a
-        freed pinned block, a hit refreshing a lease) tick first themselves: operations
-        that depend on the order tick first only when this holds. O(1).
-        """
-        return bool(self._xlists.size or self.num_parked or self._count[_PINNED])
-
-    def tick(self) -> float:
-        """Read the clock (:func:`read_clock`: a reading before the last one counts as the
-        last one); run ``on_deadline`` if it has passed the deadline. Returns now."""
-        now = read_clock(self._clock, self.now_s)
-        self.now_s = now
-        if now >= self.deadline:
-            self.on_deadline(now)
-        return now
-
-    def add_tenant(self, quota: int | None) -> int:
-        """Register a tenant with ``quota`` blocks (None: unlimited); returns its id."""
-        self._quota.append(quota)
-        self._tmask.append(0)
-        self._tcount.append(0)
-        return len(self._quota) - 1
-
-    def level_counts(self) -> dict[int, int]:
-        """Evictable blocks per priority level (non-empty levels only). O(levels)."""
-        return {p: self._count[_LEVEL0 + p] for p in range(MAX_PRIORITY + 1)
-                if self._count[_LEVEL0 + p]}
-
-    # ------------------------------------------------------------------ links (list A)
-
-    def _link_back(self, lst: int, b: int) -> None:
-        tail = self._n + 2 * lst + 1
-        prv = self._prev
-        last = prv[tail]
-        self._next[last] = b
-        prv[b] = last
-        self._next[b] = tail
-        prv[tail] = b
-        self._where[b] = lst
-        self._count[lst] += 1
-
-    def _detach(self, b: int) -> int:
-        """Take queued ``b`` out of every list; returns the list it was in."""
-        nxt, prv = self._next, self._prev
-        p, q = prv[b], nxt[b]
-        nxt[p] = q
-        prv[q] = p
-        lst = self._where[b]
-        self._where[b] = -1
-        c = self._count[lst] - 1
-        self._count[lst] = c
-        if lst >= _LEVEL0 and not c:
-            self._mask &= ~(1 << (lst - _LEVEL0))
-        if self._xlists.where[b] != -1:
-            self._xlists.remove(b)
-        if self._tenant_lists.where[b] != -1:
-            self._untenant(b)
-        return lst
-
-    def _untenant(self, b: int) -> None:
-        tl = self._tenant_lists
-        head = tl.where[b]
-        tl.remove(b)
-        t = self.tenant[b]
-        self._tcount[t] -= 1
-        if not tl.length(head):
-            self._tmask[t] &= ~(1 << self.priority[b])
+    # ------------------------------------------------------------------ placing
 
     def _place(self, b: int) -> None:
         """Queue a hashed block that just became free (or unpinned)."""
@@ -244,38 +134,12 @@ class PriorityFreeQueue(FreeBlockQueue):
         self._num_free += 1
         d = self.duration_s[b]
         if d is not None and p != self.default_priority:
-            key = (p, d)
-            head = self._xkey.get(key)
-            if head is None:
-                head = self._xkey[key] = self._xlists.new_list()
-            expires = self.now_s + d
-            self.expires_at[b] = expires
-            self._xlists.append(head, b)
-            if expires < self.deadline:
-                self.deadline = expires
+            self._start_timer(b, p, d)
         t = self.tenant[b]
         if t >= 0:
             q = self._quota[t]
             if q is not None:
                 self._add_to_tenant(t, p, b, q)
-
-    def _add_to_tenant(self, t: int, p: int, b: int, quota: int) -> None:
-        key = (t, p)
-        head = self._tkey.get(key)
-        if head is None:
-            head = self._tkey[key] = self._tenant_lists.new_list()
-        self._tenant_lists.append(head, b)
-        self._tmask[t] |= 1 << p
-        self._tcount[t] += 1
-        while self._tcount[t] > quota:
-            # Over quota: the tenant's lowest-priority, least recently freed block goes
-            # to the over-quota list (evicted right after unhashed blocks).
-            m = self._tmask[t]
-            low = (m & -m).bit_length() - 1
-            victim = self._tenant_lists.front(self._tkey[(t, low)])
-            assert victim is not None
-            self._detach(victim)
-            self._link_back(_OVER, victim)
 
     # ------------------------------------------------------------------ queue API
 
@@ -308,7 +172,7 @@ class PriorityFreeQueue(FreeBlockQueue):
         if self.plain:  # no timers, pins or quotas: the time does not matter
             if self.deadline != _INF:
                 self.tick()
-            self._append_plain(ids)
+            self._append_by_level(ids, self.priority)
             return
         # Due expiries first if they could move a free block; otherwise they can wait
         # until the first pinned, timed or tenant-tracked block (its timer starts now, and
@@ -364,58 +228,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         self._mask = mask
         self._num_free += placed
 
-    def _append_plain(self, ids: list[int]) -> None:
-        """``append_n`` while no block is special: runs of equal priority are spliced to
-        the back of their level as one chain."""
-        prio, nxt, prv, where, count = (self.priority, self._next, self._prev, self._where,
-                                        self._count)
-        base = self._n
-        mask = self._mask
-        i, m = 0, len(ids)
-        while i < m:
-            p = prio[ids[i]]
-            lst = _LEVEL0 + p
-            tail = base + 2 * lst + 1
-            last = prv[tail]
-            j = i
-            while j < m:
-                b = ids[j]
-                if prio[b] != p:
-                    break
-                nxt[last] = b
-                prv[b] = last
-                where[b] = lst
-                last = b
-                j += 1
-            nxt[last] = tail
-            prv[tail] = last
-            count[lst] += j - i
-            mask |= 1 << p
-            i = j
-        self._mask = mask
-        self._num_free += m
-
     def append(self, b: int) -> None:
         """Queue one freed hashed block. O(1)."""
         self.append_n([b])
-
-    def prepend_n(self, ids: list[int]) -> None:
-        """Put freed unhashed blocks at the very front, keeping their order. O(len)."""
-        if not ids:
-            return
-        nxt, prv, where = self._next, self._prev, self._where
-        head = self._head
-        first = nxt[head]
-        prev_b = head
-        for b in ids:
-            nxt[prev_b] = b
-            prv[b] = prev_b
-            where[b] = _UNHASHED
-            prev_b = b
-        nxt[prev_b] = first
-        prv[first] = prev_b
-        self._count[_UNHASHED] += len(ids)
-        self._num_free += len(ids)
 
     def popleft(self) -> int:
         """Take the first block in eviction order. Precondition: ``num_free >= 1``."""
@@ -499,8 +314,18 @@ class PriorityFreeQueue(FreeBlockQueue):
                 for b in out[-k:]:
                     pinned[b] = False
         self._num_free -= n
+        if listed or self._quota:
+            self._forget_taken(out, listed)
+        # else no tenant registered: every tenant mark is already -1
+        return out
+
+    def _forget_taken(self, out: list[int], listed: int) -> None:
+        """Blocks ``popleft_n`` took forget their tenant and, when timed or tenant lists
+        hold blocks (``listed``), leave those lists and forget priority and duration."""
         tenant = self.tenant
         if listed:  # some taken block may be timed or tenant-listed
+            prio, dur = self.priority, self.duration_s
+            default = self.default_priority
             xw, tw = self._xlists.where, self._tenant_lists.where
             for b in out:
                 if xw[b] != -1:
@@ -510,11 +335,9 @@ class PriorityFreeQueue(FreeBlockQueue):
                 prio[b] = default
                 dur[b] = None
                 tenant[b] = -1
-        elif self._quota:
+        else:
             for b in out:
                 tenant[b] = -1
-        # else no tenant registered: every tenant mark is already -1
-        return out
 
     # ------------------------------------------------------------------ retention moves
 
@@ -548,36 +371,6 @@ class PriorityFreeQueue(FreeBlockQueue):
         self.tenant[b] = -1
         self.pinned[b] = False
 
-    def next_duration_expiry(self) -> tuple[float, int]:
-        """``(time, list)`` of the earliest pending duration expiry, ``(inf, -1)`` if
-        none. O(distinct (priority, duration) pairs)."""
-        best, best_head = _INF, -1
-        xl = self._xlists
-        for head in self._xkey.values():
-            b = xl.front(head)
-            if b is not None and self.expires_at[b] < best:
-                best, best_head = self.expires_at[b], head
-        return best, best_head
-
-    def expire_front(self, head: int) -> None:
-        """The front block of timed list ``head`` reverts to the default priority: it moves
-        to the back of the default level (as TensorRT-LLM does). O(1)."""
-        b = self._xlists.front(head)
-        assert b is not None
-        self.remove(b)
-        self.priority[b] = self.default_priority
-        self.duration_s[b] = None
-        self._place(b)
-
-    def _expire_durations(self, now: float) -> None:
-        """Default deadline handler (no pins): revert every duration due by ``now``."""
-        while True:
-            t, head = self.next_duration_expiry()
-            if t > now:
-                self.deadline = t
-                return
-            self.expire_front(head)
-
     def rebuild_unhashed(self) -> None:
         """Every free block (parked ones too) becomes unhashed, keeping eviction order.
         For ``reset_prefix_cache``. O(free blocks)."""
@@ -592,28 +385,7 @@ class PriorityFreeQueue(FreeBlockQueue):
             self._link_back(_UNHASHED, b)
             self._num_free += 1
 
-    # ------------------------------------------------------------------ inspection
-
-    def _list_items(self, lst: int) -> list[int]:
-        out = []
-        head = self._n + 2 * lst
-        b = self._next[head]
-        while b != head + 1:
-            out.append(b)
-            b = self._next[b]
-        return out
-
-    def __iter__(self) -> Iterator[int]:
-        """Evictable ids in eviction order (parked ones excluded). O(n)."""
-        lists = [_UNHASHED, _OVER]
-        lists += [_LEVEL0 + p for p in range(MAX_PRIORITY + 1)]
-        lists.append(_PINNED)
-        for lst in lists:
-            yield from self._list_items(lst)
-
-    def parked(self) -> list[int]:
-        """Free pinned blocks held out of the eviction order. O(parked)."""
-        return self._list_items(_PARKED)
+    # ------------------------------------------------------------------ checks
 
     def check_invariants(self) -> list[int]:
         """Walk every list; returns all free ids (evictable in order, then parked). O(n)."""
@@ -627,11 +399,9 @@ class PriorityFreeQueue(FreeBlockQueue):
         assert (type(self) is ParkingFreeQueue) == bool(self.num_parked), (
             f"retention queue: class {type(self).__name__} with {self.num_parked} parked")
         assert len(set(every)) == len(every), "retention queue: an id appears twice"
+        self._check_lists()
         for lst in range(len(self._count)):
-            items = self._list_items(lst)
-            assert len(items) == self._count[lst], f"list {lst}: count wrong"
-            for b in items:
-                assert self._where[b] == lst, f"block {b}: where is {self._where[b]}, in {lst}"
+            for b in self._list_items(lst):
                 if lst >= _LEVEL0:
                     assert self.priority[b] == lst - _LEVEL0, f"block {b} in wrong level"
                     assert not self.pinned[b], f"pinned block {b} in a level list"
@@ -641,21 +411,12 @@ class PriorityFreeQueue(FreeBlockQueue):
                     assert not self.pinned[b], f"pinned block {b} in list {lst}"
                 if lst == _UNHASHED:
                     assert self.tenant[b] == -1, f"unhashed block {b} has a tenant"
-            if lst >= _LEVEL0:
-                bit = bool(self._mask >> (lst - _LEVEL0) & 1)
-                assert bit == bool(items), f"level {lst - _LEVEL0}: mask bit {bit}"
         assert not self.preempt_pins or not parked, "parked blocks with preempt_pins"
-        self._xlists.check_invariants()
-        self._tenant_lists.check_invariants()
-        for b in range(1, self._n):
-            if self._xlists.where[b] != -1 or self._tenant_lists.where[b] != -1:
-                assert self._where[b] >= _LEVEL0, f"block {b} timed/tenant-listed off-level"
+        self._check_timers_and_quotas()
         if self.plain:
             assert not any(self.pinned) and not any(t >= 0 for t in self.tenant), (
                 "plain queue with pinned or tenant-tracked blocks")
             assert all(d is None for d in self.duration_s), "plain queue with durations"
-        for t, q in enumerate(self._quota):
-            assert q is None or self._tcount[t] <= q, f"tenant {t} over quota in levels"
         return every
 
 
@@ -664,7 +425,7 @@ class PriorityFreeQueue(FreeBlockQueue):
 # use), so ``num_free`` is the ``_num_free`` slot itself: the capacity check of every
 # allocation reads it as cheaply as the base queue's attribute.
 # (setattr: the base declares ``num_free`` an int attribute, this is its descriptor.)
-setattr(PriorityFreeQueue, "num_free", PriorityFreeQueue.__dict__["_num_free"])  # noqa: B010
+setattr(PriorityFreeQueue, "num_free", LevelLists.__dict__["_num_free"])  # noqa: B010
 
 
 class ParkingFreeQueue(PriorityFreeQueue):

@@ -44,7 +44,8 @@ Admission: the current chunk plus one scheduling step plus one block of misalign
 
 from __future__ import annotations
 
-from pagedkv.core.managers.base import SkippingManager, register_manager
+from pagedkv.core.managers.base import register_manager
+from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.specs import ChunkedLocalAttentionSpec, cdiv
 from pagedkv.errors import InvalidArgumentError
@@ -55,6 +56,8 @@ __all__ = ["ChunkedLocalManager"]
 @register_manager(ChunkedLocalAttentionSpec)
 class ChunkedLocalManager(SkippingManager):
     """Chunked-local groups. No cascade attention (leading blocks are null)."""
+
+    hit_shape = "chunk"
 
     def __init__(
         self,

@@ -36,6 +36,7 @@ class CrossAttentionManager(SingleTypeManager):
 
     positional = False
     cacheable = False
+    hit_shape = "never"
     grows_plainly = False  # sized by the encoder tokens
 
     def __init__(

@@ -29,6 +29,7 @@ is aligned, nothing; a 90-token prompt: boundary 88 -> block 2 gets the hash of 
 from __future__ import annotations
 
 from pagedkv.core.managers.base import SingleTypeManager, register_manager
+from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
 from pagedkv.core.specs import FullAttentionSpec, KVCacheSpec
@@ -42,6 +43,8 @@ class FullAttentionManager(SingleTypeManager):
     lookup per hit block plus one for the miss."""
 
     may_hold_null_blocks = False
+    prefix_closed_hits = True
+    hit_shape = "prefix"
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         hashes = self.group_hashes(block_hashes)
@@ -93,7 +96,7 @@ class FullAttentionManager(SingleTypeManager):
         return n
 
 
-class PartialHitFullManager(FullAttentionManager):
+class PartialHitFullManager(FullAttentionManager, PartialHitManager):
     """Sub-block ("partial") prefix hits for a full-attention group (vLLM 0.33's
     fine-grained lookup, enabled in a hybrid model whose align-mode Mamba block is larger
     than the hash block). The façade uses this class for full-attention groups of such
@@ -114,6 +117,7 @@ class PartialHitFullManager(FullAttentionManager):
 
     # grows_plainly stays True: a copy is queued only by the allocation that adopts a hit,
     # never for a request that already holds its table.
+    records_copy_block = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
@@ -181,3 +185,6 @@ class PartialHitFullManager(FullAttentionManager):
     def free(self, request_id: str) -> None:
         self._partial.pop(request_id, None)
         super().free(request_id)
+
+
+FullAttentionManager.partial_hit_class = PartialHitFullManager

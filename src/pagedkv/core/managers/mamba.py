@@ -65,7 +65,9 @@ prompt, ``m`` = 12):
 
 from __future__ import annotations
 
-from pagedkv.core.managers.base import SingleTypeManager, SkippingManager, register_manager
+from pagedkv.core.managers.base import SingleTypeManager, register_manager
+from pagedkv.core.managers.partial import PartialHitManager
+from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
 from pagedkv.core.specs import KVCacheSpec, MambaSpec, cdiv
@@ -80,6 +82,7 @@ class MambaManager(SingleTypeManager):
     positional = False
     cacheable = False
     grows_plainly = False  # one state block, whatever the length
+    hit_shape = "state"
 
     @classmethod
     def variant_for(
@@ -122,6 +125,7 @@ class MambaCheckpointManager(SkippingManager):
     """State checkpoints at every ``block_size`` boundary (module docstring)."""
 
     positional = False
+    hit_shape = "state"
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens of finished checkpoints: interval 64, 130 computed -> live block 2, so
@@ -151,15 +155,17 @@ class MambaCheckpointManager(SkippingManager):
         return []
 
 
-class MambaAlignManager(SkippingManager):
+class MambaAlignManager(SkippingManager, PartialHitManager):
     """vLLM 0.33's ``mamba_cache_mode="align"`` (module docstring). Per request it keeps the
     position of its last state and how far its leading positions were released; per step,
     the hashes it registered."""
 
     ignores_lookahead = True
     positional = False
+    hit_shape = "state"
     grows_plainly = False  # at most one new block per call, nulls before it
     caps_registration_itself = True  # its prompt's tail state needs the uncapped count
+    drives_partial_hits = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
@@ -175,6 +181,15 @@ class MambaAlignManager(SkippingManager):
         self._partial: dict[str, tuple[int, int]] = {}
         #: (source, copy) pairs queued since the last take, in allocation order.
         self.pending_copies: list[tuple[int, int]] = []
+
+    def enable_partial_hits(self) -> None:
+        self.partial_hits = True
+
+    def partial_head_problem(self, block_hashes: list[bytes], head: list[int]) -> str | None:
+        """A state hit is one state after null blocks."""
+        if any(head):
+            return f"group {self.group}: a Mamba hit holds one state, after null blocks"
+        return None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Every token but the last: a state summarises its whole prefix."""
@@ -400,3 +415,6 @@ class MambaAlignManager(SkippingManager):
         for rid, table in self.req_to_blocks.items():
             real = [b for b in table if b]
             assert len(real) <= 2, f"group {self.group}: {rid} holds {len(real)} states"
+
+
+MambaAlignManager.partial_hit_class = MambaAlignManager

@@ -44,6 +44,7 @@ class SinkFullAttentionManager(FullAttentionManager):
         self.req_to_sink_blocks: dict[str, list[int]] = {}
 
     grows_plainly = False  # the sink blocks on a request's first allocation
+    partial_hit_class = None  # its sink blocks take no sub-block hits (vLLM 0.33)
 
     def sink_block_ids(self, request_id: str) -> list[int]:
         """The request's sink blocks (a copy), empty before its first allocation."""

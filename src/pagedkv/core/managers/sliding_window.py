@@ -42,7 +42,8 @@ of misalignment: ``SlidingWindowSpec.max_admission_blocks``.
 
 from __future__ import annotations
 
-from pagedkv.core.managers.base import SkippingManager, register_manager
+from pagedkv.core.managers.base import register_manager
+from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.specs import SlidingWindowSpec, cdiv
 
@@ -52,6 +53,8 @@ __all__ = ["SlidingWindowManager"]
 @register_manager(SlidingWindowSpec)
 class SlidingWindowManager(SkippingManager):
     """Sliding-window groups. No cascade attention (leading blocks are null)."""
+
+    hit_shape = "window"
 
     def __init__(
         self, spec: SlidingWindowSpec, pool: BlockPool, group: int, *, drop_last_hit: bool = False
