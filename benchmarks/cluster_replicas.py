@@ -3,7 +3,7 @@
 Prints the comparison table per cluster size and writes a PNG. Example (the figures in
 docs/cluster.md)::
 
-    python benchmarks/cluster_replicas.py --trace ../shared/data/traces/conversation_trace.jsonl \\
+    python benchmarks/cluster_replicas.py --trace data/traces/conversation_trace.jsonl.gz \\
         --replicas 4 8 --plot cluster_replicas.png
 """
 
@@ -36,7 +36,7 @@ def main() -> int:
     for n in args.replicas:
         t0 = time.perf_counter()
         report = compare_policies(workload, num_replicas=n, engine=engine,
-                                  progress=lambda p: print(f"  {p}...", file=sys.stderr))
+                                  phase=lambda p: print(f"  {p}...", file=sys.stderr))
         print(render_replica_report(report))
         print(f"(simulated in {time.perf_counter() - t0:.0f} s wall)\n", flush=True)
         reports.append(report)

@@ -13,7 +13,7 @@ write-through). Prints one Markdown table row per replay.
 
 One policy's rows also come from one CLI run (its "Host memory" table)::
 
-    pagedkv simulate --trace ../shared/data/traces/conversation_trace.jsonl \\
+    pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz \\
         --host-memory 256GiB,1TiB --no-bounds --no-plots
 
 Uses only public APIs: ``pagedkv.sim.run`` with ``SimConfig(host=...)``.
@@ -31,7 +31,7 @@ from pagedkv.sim import SimConfig, SimReport, load_trace, run
 from pagedkv.sim.host_tier import WRITE_POLICIES, HostMemoryConfig, parse_host_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRACE = os.path.join(HERE, "..", "..", "shared", "data", "traces", "conversation_trace.jsonl")
+TRACE = os.path.join(HERE, "..", "data", "traces", "conversation_trace.jsonl.gz")
 
 
 def _ms(x: float | None) -> str:

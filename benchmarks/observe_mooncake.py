@@ -4,7 +4,7 @@ observed manager and prints missed prompt tokens by reason; writes a stacked bar
 missed tokens by reason over simulated time.
 
     python benchmarks/observe_mooncake.py \\
-        --trace ../shared/data/traces/conversation_trace.jsonl
+        --trace data/traces/conversation_trace.jsonl.gz
 
 Fresh lookups only (re-lookups after preemption are reported apart). Eviction records
 are stamped with the arrival time of the request being looked up (the simulator's clock
@@ -71,7 +71,7 @@ class RecordingManager(ObservedKVCacheManager):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="../shared/data/traces/conversation_trace.jsonl")
+    ap.add_argument("--trace", default="data/traces/conversation_trace.jsonl.gz")
     ap.add_argument("--limit", type=int, default=None, help="replay the first N requests")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--num-blocks", type=int, default=25_649,

@@ -9,7 +9,7 @@ tenant ``batch``: one-off long documents between them), each at two capacities.
 Capacities are fractions of the blocks an unlimited cache would end up holding.
 
     python benchmarks/retention_sim.py
-    python benchmarks/retention_sim.py --trace ../shared/data/traces/conversation_trace.jsonl \\
+    python benchmarks/retention_sim.py --trace data/traces/conversation_trace.jsonl.gz \\
         --trace-limit 3000 --only conversation_trace system-prompts
 
 Uses only public APIs: ``pagedkv.sim`` (workloads, bounds) and
@@ -34,9 +34,9 @@ from pagedkv.sim.retention_replay import (
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRACES = os.path.join(HERE, "..", "..", "shared", "data", "traces")
-TRACE = os.path.join(TRACES, "conversation_trace.jsonl")
-SYNTHETIC = os.path.join(TRACES, "synthetic_trace.jsonl")
+TRACES = os.path.join(HERE, "..", "data", "traces")
+TRACE = os.path.join(TRACES, "conversation_trace.jsonl.gz")
+SYNTHETIC = os.path.join(TRACES, "synthetic_trace.jsonl.gz")
 
 
 def tenant_mix(num_docs_per_question: int = 1, doc_tokens: int = 3000) -> Workload:

@@ -38,7 +38,7 @@ look up 64 hit blocks; best of ``--rounds-ops``; with retention off beside it.
     python benchmarks/retention_speed.py harness --rounds 3 --before-src /tmp/pk_before/src \\
         -- --repeat 3
     python benchmarks/retention_speed.py harness --rounds 3 -- --trace \\
-        ../shared/data/traces/conversation_trace.jsonl --trace-limit 1000 --concurrency 16
+        data/traces/conversation_trace.jsonl.gz --trace-limit 1000 --concurrency 16
     python benchmarks/retention_speed.py inproc --rounds 3
     python benchmarks/retention_speed.py paired --rounds 3
     python benchmarks/retention_speed.py lockstep --rounds 3

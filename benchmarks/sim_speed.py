@@ -2,7 +2,7 @@
 (same run, alternating, median of N), measured with ``/usr/bin/time -v``.
 
     python benchmarks/sim_speed.py --other-src /path/to/old/checkout/src \\
-        --trace ../shared/data/traces/conversation_trace.jsonl --block-size 16 --runs 3
+        --trace data/traces/conversation_trace.jsonl.gz --block-size 16 --runs 3
 
 Prints, per checkout, wall seconds, CPU seconds (user + system, worker processes
 included) and the largest process's peak RSS, each run and the median. Extra arguments

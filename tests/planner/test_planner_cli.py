@@ -142,8 +142,18 @@ def test_bad_config_file_exits_1(run_plan: RunPlan, tmp_path: Path) -> None:
     assert f"{path}: key 'num_attention_heads': missing" in err
 
 
+def test_no_memory_flag_assumes_the_gpus_memory(run_plan: RunPlan) -> None:
+    # README: `pagedkv plan MODEL` answers; the memory is one GPU's of --gpu, said first.
+    code, out, err = run_plan("Llama-3.1-8B", "--brief")
+    assert (code, err) == (0, "")
+    assert out.startswith("GPU memory: 80GiB, an H100's (no --gpu-memory")
+    assert plan_json(run_plan, "Llama-3.1-8B") == plan_json(run_plan, "Llama-3.1-8B",
+                                                            "--gpu-memory", "80GiB")
+    h200 = plan_json(run_plan, "Llama-3.1-8B", "--gpu", "h200")
+    assert h200["memory"]["gpu_memory_bytes"] == 141 * GiB
+
+
 @pytest.mark.parametrize("argv", [
-    ["Llama-3.1-8B"],  # no memory flag
     ["Llama-3.1-8B", "--gpu-memory", "80GB", "--kv-cache-memory", "10GB"],
     ["Llama-3.1-8B", "--kv-cache-memory", "10GB", "--tp", "two"],
     ["Llama-3.1-8B", "--kv-cache-memory", "10GB", "--no-hybrid", "--compare-hybrid"],

@@ -58,7 +58,7 @@ BAD: list[tuple[str, list[str], int, str]] = [
      "FLASHMLA cannot run block size 16"),
     ("mamba-hybrid-off", ["AI21-Jamba-1.5-Mini", "--kv-cache-memory", "10GiB",
                           "--no-hybrid"], 1, "cannot be promoted to one KV-cache type"),
-    ("missing-memory", ["Llama-3.1-8B"], 2, "one of the arguments"),
+    ("default-memory-too-small", ["Llama-3.1-70B"], 1, "exceed the usable"),
     ("both-memories", ["Llama-3.1-8B", "--gpu-memory", "80GiB", "--kv-cache-memory",
                        "1GiB"], 2, "not allowed with"),
     ("unknown-flag", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--frobnicate"], 2,

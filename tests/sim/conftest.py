@@ -1,5 +1,4 @@
-"""Shared data for the simulator tests: ``../shared`` beside the repository root. A missing
-file fails the test (never skips it): CI must provide the data."""
+"""Fixtures for the simulator tests: the repository's trace files (``trace_data``)."""
 
 from __future__ import annotations
 
@@ -7,18 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-
-
-def shared_file(relative: str) -> Path:
-    """``../shared/<relative>`` (relative to the repository root); fails when missing."""
-    path = SHARED / relative
-    assert path.exists(), f"test data missing: ../shared/{relative} (see data/traces/SOURCE.md)"
-    return path
+from trace_data import data_file
 
 
 @pytest.fixture
-def shared() -> Callable[[str], Path]:
-    """The :func:`shared_file` lookup, as a fixture."""
-    return shared_file
+def data() -> Callable[[str], Path]:
+    """The :func:`trace_data.data_file` lookup, as a fixture."""
+    return data_file

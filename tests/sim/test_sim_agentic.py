@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from trace_data import read_text
 
 from pagedkv import InputFileError
 from pagedkv.sim import EngineSimulator, load_trace, run_pure_cache
@@ -58,7 +59,7 @@ def ideal_from_file(paths: list[Path], stagger_s: float = 0.0) -> float:
                 flat.append((base + it["t"], it["in"], [(f, h) for h in it["hash_ids"]]))
 
     for f, p in enumerate(paths):
-        walk(json.loads(p.read_text())["requests"], f * stagger_s, f)
+        walk(json.loads(read_text(p))["requests"], f * stagger_s, f)
     flat.sort(key=lambda x: x[0])
     seen: set[tuple[tuple[int, int], ...]] = set()
     hit = total = 0
@@ -120,8 +121,8 @@ def test_directory_and_glob_are_concurrent_sessions_with_local_ids(
     assert res.num_finished == 12 and res.hit_rate() > 0
 
 
-def test_real_sessions_replay(shared: Callable[[str], Path]) -> None:
-    one = shared("data/traces/kv-cache-tester/trace_0003.json")
+def test_real_sessions_replay(data: Callable[[str], Path]) -> None:
+    one = data("traces/kv-cache-tester/trace_0003.json.gz")
     wl = load_trace(one)
     assert len(wl.requests) == 409 and "(14 in sub-agents)" in wl.description
     ideal = ideal_from_file([one])

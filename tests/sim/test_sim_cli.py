@@ -115,3 +115,20 @@ def test_huge_num_blocks_is_capped_and_said(capsys: pytest.CaptureFixture[str]) 
     s = json.loads(capsys.readouterr().out)
     note = s["settings"]["capacity"]["note"]
     assert "capped to" in note and s["num_blocks"] < 10**6
+
+
+@pytest.mark.parametrize("semantics", ["reference", "vllm"])
+def test_pure_cache_smaller_than_a_prompt(semantics: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # Regression: prompts of 25 blocks of 512 in a 19-block cache, seen again, made
+    # --semantics reference fail with an AssertionError (an internal error).
+    trace = tmp_path / "long.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": t, "input_length": 12800, "output_length": 1,
+                    "hash_ids": list(range(25))}) + "\n" for t in (0, 1000, 2000)))
+    code = main(["simulate", "--trace", str(trace), "--mode", "pure-cache", "--semantics",
+                 semantics, "--block-size", "512", "--num-blocks", "20", "--no-plots",
+                 "--no-progress", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hit_tokens"] == 2 * 19 * 512, report

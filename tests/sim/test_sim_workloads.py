@@ -102,8 +102,8 @@ def test_mooncake_bad_line_names_file_line_key(
     assert wl.first_skipped_problem is not None and problem in wl.first_skipped_problem
 
 
-def test_azure_csv(tmp_path: Path, shared: Callable[[str], Path]) -> None:
-    wl = load_trace(shared("data/traces/AzureLLMInferenceTrace_conv.csv"), limit=200)
+def test_azure_csv(tmp_path: Path, data: Callable[[str], Path]) -> None:
+    wl = load_trace(data("traces/AzureLLMInferenceTrace_conv.csv.gz"), limit=200)
     assert len(wl.requests) == 200 and wl.requests[0].arrival_s == 0.0
     assert wl.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
     assert (wl.requests[0].num_prompt_tokens, wl.requests[0].num_output_tokens) == (374, 44)

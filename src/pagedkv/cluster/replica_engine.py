@@ -17,6 +17,11 @@ A step, vLLM's v1 scheduler in miniature:
 
 A decode token that neither starts nor fills a block changes nothing in the manager, so
 no call is made for it (same state, a few times faster).
+
+KV usage is sampled as :class:`pagedkv.sim.EngineSimulator` samples it (at the end of the
+first step ending at or after each sampling time, a sampling time ``sample_every_s``
+after the last sample, and once before an idle gap), so one replica reports the single
+engine's mean usage.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ __all__ = ["EngineConfig", "ReplicaEngine", "Tracked"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
     """One replica: ``num_blocks`` blocks of ``block_size`` tokens (one full-attention
-    group), ``token_budget`` tokens per step, ``max_running`` sequences, step times."""
+    group), ``token_budget`` tokens per step, ``max_running`` sequences, step times, and
+    about ``num_usage_samples`` KV-usage samples over the arrivals' span."""
 
     num_blocks: int
     block_size: int = 16
@@ -48,10 +54,12 @@ class EngineConfig:
     token_budget: int = 8192
     max_running: int = 256
     step_time: StepTimeModel = field(default_factory=StepTimeModel)
+    num_usage_samples: int = 400
 
     def __post_init__(self) -> None:
         check_whole("EngineConfig.num_blocks", self.num_blocks, minimum=2)
-        for name in ("block_size", "max_model_len", "token_budget", "max_running"):
+        for name in ("block_size", "max_model_len", "token_budget", "max_running",
+                     "num_usage_samples"):
             check_whole(f"EngineConfig.{name}", getattr(self, name), minimum=1)
         if not isinstance(self.step_time, StepTimeModel):
             raise InvalidArgumentError(
@@ -96,8 +104,24 @@ class ReplicaEngine:
         self.num_preemptions = 0
         self.num_steps = 0
         self.busy_s = 0.0
-        self.usage_sum = 0.0
+        self.usage_samples: list[float] = []
+        self.sample_every_s = 1.0
+        self._next_sample_s = 0.0
         self.prefill_tokens = 0
+
+    def sample_usage(self, now_s: float, *, force: bool = False) -> None:
+        """Record the KV usage at ``now_s`` (a step's end) if a sample is due (or
+        ``force``: the idle state before a gap)."""
+        if now_s < self._next_sample_s and not force:
+            return
+        self._next_sample_s = now_s + self.sample_every_s
+        self.usage_samples.append(self.manager.usage)
+
+    @property
+    def mean_usage(self) -> float:
+        """Mean of the usage samples (0.0 before any)."""
+        samples = self.usage_samples
+        return sum(samples) / len(samples) if samples else 0.0
 
     @property
     def has_work(self) -> bool:
@@ -129,7 +153,11 @@ class ReplicaEngine:
                 k = int(min(quiet, room))
                 if k >= 1:
                     self._fast_forward(k, step_s)
-                    return k * step_s
+                    end_s = now_s
+                    for _ in range(k):  # the step ends one by one, as a single engine's
+                        end_s += step_s
+                        self.sample_usage(end_s)
+                    return end_s - now_s
         cfg = self.config
         mgr = self.manager
         bs = cfg.block_size
@@ -154,17 +182,19 @@ class ReplicaEngine:
                 scheduled.append((t, n))
                 budget -= n
                 i += 1
+        # A running request's step is a decode when it computes its one sampled token;
+        # everything else (prompt chunks, a preempted request's recompute, admissions) is
+        # prefill, token by token: the single engine's accounting.
+        num_decode = sum(1 for t, _ in scheduled
+                         if t.req.num_tokens - t.computed == 1 and t.generated > 0)
         if not preempted:
             self._admit(now_s, budget, scheduled)
-        num_prefill = sum(n for t, n in scheduled if t.computed < t.req.num_prompt_tokens)
-        num_decode = len(scheduled) - sum(
-            1 for t, _ in scheduled if t.computed < t.req.num_prompt_tokens
-        )
+        num_prefill = sum(n for _, n in scheduled) - num_decode
         duration = cfg.step_time.step_time_s(num_prefill, num_decode)
         self._advance(now_s + duration, scheduled)
         self.num_steps += 1
         self.busy_s += duration
-        self.usage_sum += mgr.usage
+        self.sample_usage(now_s + duration)
         self.prefill_tokens += num_prefill
         return duration
 
@@ -195,7 +225,6 @@ class ReplicaEngine:
             t.req.num_computed_tokens = t.computed
         self.num_steps += k
         self.busy_s += k * step_s
-        self.usage_sum += k * self.manager.usage
 
     def _admit(self, now_s: float, budget: int, scheduled: list[tuple[Tracked, int]]) -> None:
         mgr = self.manager

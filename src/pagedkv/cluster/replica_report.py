@@ -31,10 +31,10 @@ def render_replica_report(report: ReplicaReport) -> str:
     e = report.engine
     st = e.step_time
     lines = [
-        f"{report.workload}: {report.num_requests} requests over {report.num_replicas} "
-        f"replicas, each {e.num_blocks} blocks x {e.block_size} tokens "
-        f"({e.num_blocks * e.block_size:,} tokens), budget {e.token_budget} tokens/step, "
-        f"max {e.max_running} running",
+        f"{report.workload}: {report.num_requests:,} requests over "
+        f"{_replicas(report.num_replicas)}, each {e.num_blocks - 1:,} blocks = "
+        f"{(e.num_blocks - 1) * e.block_size:,} tokens of KV cache (block size "
+        f"{e.block_size}), budget {e.token_budget:,} tokens/step, max {e.max_running} running",
         f"step time = {st.step_overhead_s * 1e3:g} ms + {st.prefill_token_s * 1e6:g} us x "
         f"prefill tokens + {st.decode_seq_s * 1e3:g} ms x decoding seqs; cache-aware cost = "
         f"{report.weights.prefill_token:g} x (uncovered + queued prefill tokens) + "
@@ -49,9 +49,17 @@ def render_replica_report(report: ReplicaReport) -> str:
         lines.append(
             f"{r.policy:<14}{r.hit_rate:>8.1%} {_s(r.ttft_p50_s):>9}s{_s(r.ttft_p99_s):>9}s"
             f"{_s(r.queue_p50_s):>9}s{_s(r.queue_p99_s):>9}s{spread:>14}"
-            f"{r.load_imbalance:>10.2f}{usage:>9.0%}{r.num_preemptions:>8}"
+            f"{r.load_imbalance:>10.2f}{usage:>9.1%}{r.num_preemptions:>8,}"
         )
+    rejected = max((r.num_rejected for r in report.results), default=0)
+    if rejected:
+        lines.append(f"rejected (longer than a replica's cache): {rejected:,} requests")
     return "\n".join(lines)
+
+
+def _replicas(n: int) -> str:
+    """``1 replica``, ``3 replicas``."""
+    return f"{n} replica" if n == 1 else f"{n} replicas"
 
 
 def replica_report_json(report: ReplicaReport) -> dict[str, Any]:
@@ -87,7 +95,7 @@ def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> 
                     ys.append(value(found[0]))
             ax.bar(xs, ys, width=width, label=policy)
         ax.set_xticks(range(len(reports)))
-        ax.set_xticklabels([f"{r.num_replicas} replicas" for r in reports])
+        ax.set_xticklabels([_replicas(r.num_replicas) for r in reports])
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend()

@@ -19,6 +19,7 @@ plots live in :mod:`pagedkv.cluster.replica_report`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from pagedkv.cluster.router import POLICIES, CostWeights, ReplicaLoad, Router, m
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.wire import wire_hash
 from pagedkv.sim import Workload, request_block_hashes
+from pagedkv.sim.scheduler import request_blocks_needed
 
 __all__ = ["PolicyResult", "ReplicaReport", "compare_policies", "run_replicas"]
 
@@ -59,6 +61,9 @@ class PolicyResult:
     num_preemptions: int
     makespan_s: float
     wall_s: float
+    num_rejected: int = 0
+    """Requests longer than a whole replica's cache (prompt + output - 1 tokens), refused
+    on arrival as the single engine refuses them (they could never run)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +123,11 @@ def run_replicas(
     uses_index = router.policy.uses_index
     reqs = workload.requests
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_s)
+    last_arrival_s = max((r.arrival_s for r in reqs), default=0.0)
+    capacity = engine.num_blocks - 1
+    num_rejected = 0
+    for e in engines:  # the single engine's sampling period
+        e.sample_every_s = max(last_arrival_s, 1.0) / engine.num_usage_samples
     next_step = [0.0] * num_replicas
     routed = [0] * num_replicas
     last_report = 0
@@ -137,6 +147,9 @@ def run_replicas(
             events = e.take_events()
             if uses_index:
                 ingest.apply(name.pod, events)  # the index as of this moment
+        if request_blocks_needed(r, bs) > capacity:
+            num_rejected += 1  # it could never run: preempted forever otherwise
+            continue
         hashes = request_block_hashes(r, bs, source_block_size=workload.source_block_size,
                                       index=i)
         tokens = r.prompt_token_ids or [0] * r.num_prompt_tokens
@@ -151,18 +164,23 @@ def run_replicas(
                               loads=loads)
         k = names.index(choice.replica)
         target = engines[k]
-        if not target.has_work:
-            next_step[k] = max(next_step[k], now)
+        if not target.has_work and now > next_step[k]:
+            target.sample_usage(next_step[k], force=True)  # the idle state, before the gap
+            next_step[k] = now
         target.submit(Tracked(i, target.manager.new_request(r.request_id, tokens,
                                                             block_hashes=hashes),
                               now, r.num_output_tokens))
         routed[k] += 1
-        if progress is not None and done - last_report >= 500:
+        if progress is not None and done - last_report >= 100:
             last_report = done
             progress(done, len(reqs))
     advance(inf)
+    if progress is not None:
+        progress(len(reqs), len(reqs))
     now = max(next_step)
-    return _result(policy, names, engines, routed, len(reqs), now, time.perf_counter() - wall0)
+    result = _result(policy, names, engines, routed, len(reqs), now,
+                     time.perf_counter() - wall0)
+    return dataclasses.replace(result, num_rejected=num_rejected)
 
 
 def _result(
@@ -193,7 +211,7 @@ def _result(
         queue_p99_s=_percentile(queue, 99),
         requests_per_replica=tuple(routed),
         prefill_tokens_per_replica=prefill,
-        mean_usage_per_replica=tuple(e.usage_sum / max(e.num_steps, 1) for e in engines),
+        mean_usage_per_replica=tuple(e.mean_usage for e in engines),
         load_imbalance=max(prefill) / mean_prefill if mean_prefill else 1.0,
         num_preemptions=sum(e.num_preemptions for e in engines),
         makespan_s=end_s,
@@ -208,17 +226,19 @@ def compare_policies(
     engine: EngineConfig,
     policies: Sequence[str] = POLICIES,
     weights: CostWeights | None = None,
-    progress: Callable[[str], None] | None = None,
+    phase: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> ReplicaReport:
     """:func:`run_replicas` once per policy (default: round-robin, least-loaded,
-    cache-aware), each on fresh replicas."""
+    cache-aware), each on fresh replicas. ``phase(policy)`` is called before each policy,
+    ``progress(done, total)`` (requests routed) during it."""
     weights = weights or CostWeights()
     results = []
     for policy in policies:
-        if progress is not None:
-            progress(policy)
+        if phase is not None:
+            phase(policy)
         results.append(run_replicas(workload, num_replicas=num_replicas, policy=policy,
-                                    engine=engine, weights=weights))
+                                    engine=engine, weights=weights, progress=progress))
     return ReplicaReport(workload=workload.name, num_requests=len(workload.requests),
                          num_replicas=num_replicas, engine=engine, weights=weights,
                          results=tuple(results))

@@ -1,4 +1,5 @@
-"""``pagedkv plan``: a model + GPU memory -> KV-cache plan, as tables or JSON.
+"""``pagedkv plan``: a model + GPU memory -> KV-cache plan, as tables or JSON. Without a
+memory flag the GPU's own memory is assumed (:data:`DEFAULT_GPU_MEMORY`) and said so.
 
 Parse -> :func:`pagedkv.planner.plan_model` -> render (:mod:`pagedkv.planner.render`).
 Wiring (done by ``pagedkv.cli``)::
@@ -34,6 +35,14 @@ __all__ = ["add_parser", "run"]
 
 _DEFAULT_ACTIVATION_RESERVE = "2GiB"
 
+#: The memory of one GPU of each ``--gpu`` name, used when neither ``--gpu-memory`` nor
+#: ``--kv-cache-memory`` is given (nominal sizes: H100 and A100 80 GiB, H200 141 GiB).
+DEFAULT_GPU_MEMORY: dict[str, tuple[str, str]] = {
+    "h100": ("80GiB", "an H100"), "hopper": ("80GiB", "an H100"),
+    "h200": ("141GiB", "an H200"), "a100": ("80GiB", "an 80 GB A100"),
+    "ampere": ("80GiB", "an 80 GB A100"),
+}
+
 #: A bare number below this many bytes given as a GPU / KV memory size is a forgotten unit.
 _SMALLEST_BARE_SIZE = 1 << 20
 
@@ -60,10 +69,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     setattr(parser, "_negative_number_matcher", _NEGATIVE_VALUE)  # noqa: B010
     parser.add_argument("model", metavar="MODEL",
                         help="config.json path or folder, layer-spec file, or bundled name")
-    memory = parser.add_mutually_exclusive_group(required=True)
+    memory = parser.add_mutually_exclusive_group()
     memory.add_argument("--gpu-memory", metavar="SIZE",
                         help="memory of one GPU (80GiB, 80G, 80GB, 81920MiB); KV gets what "
-                        "utilization leaves after estimated weights and activations")
+                        "utilization leaves after estimated weights and activations "
+                        "(default: the --gpu's, 80GiB for h100/a100, 141GiB for h200)")
     memory.add_argument("--kv-cache-memory", metavar="SIZE",
                         help="bytes for the KV cache per GPU (bypasses the weights estimate)")
     parser.add_argument("--gpu-memory-utilization",
@@ -140,11 +150,16 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None,
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
+    gpu_memory, note = args.gpu_memory, ""
+    if gpu_memory is None and args.kv_cache_memory is None:
+        gpu_memory, gpu_name = DEFAULT_GPU_MEMORY[args.gpu.lower()]
+        note = (f"GPU memory: {gpu_memory}, {gpu_name}'s (no --gpu-memory or "
+                "--kv-cache-memory given)\n")
     try:
         report = plan_model(
             args.model,
-            gpu_memory_bytes=None if args.gpu_memory is None
-            else _memory(args.gpu_memory, "--gpu-memory"),
+            gpu_memory_bytes=None if gpu_memory is None
+            else _memory(gpu_memory, "--gpu-memory"),
             kv_cache_bytes=None if args.kv_cache_memory is None
             else _memory(args.kv_cache_memory, "--kv-cache-memory"),
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -170,7 +185,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None,
     if args.json:
         json.dump(as_json(report), out, indent=2)
         out.write("\n")
-    else:
+    else:  # JSON carries the assumed memory in memory.gpu_memory_bytes
+        out.write(note)
         render_tables(report, out, brief=args.brief)
     return 0
 

@@ -7,7 +7,9 @@ thing that varies with capacity is which blocks the manager's eviction (LRU, dee
 block of a chain first) has kept.
 
 A prompt longer than the whole cache stores only its first ``num_blocks - 1`` blocks (it
-could not be held at once); its lookup is still counted in full.
+could not be held at once); its lookup is still counted in full, and seen again it hits
+all of them, under both semantics (as the reference simulator's LRU, which keeps a
+prompt's first ``capacity`` entries).
 
 Worked case, block size 4, 3 usable blocks (``num_blocks=4``): prompt A = blocks
 ``a1 a2 a3`` + 2 tokens (14 tokens), then B = ``a1 a2 b3`` + 1 token (13 tokens).

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedkv.errors import InvalidArgumentError, MissingDependencyError
+from pagedkv.errors import MissingDependencyError
 from pagedkv.sim.api import SimConfig, capacity_for
 from pagedkv.sim.options import MAX_REPLICAS, ROUTERS
-from pagedkv.sim.scheduler import request_blocks_needed, workload_max_len
+from pagedkv.sim.progress import ProgressReporter
+from pagedkv.sim.scheduler import workload_max_len
 from pagedkv.sim.setup import OutputOptions, ReplicaOptions
 from pagedkv.sim.workloads import Workload
 
@@ -44,17 +45,13 @@ def replica_engine_config(workload: Workload, config: SimConfig) -> tuple[Engine
         num_blocks = tokens // bs + 1
         note = (f"the hybrid plan ({', '.join(cap.group_names)}) is simulated per replica as "
                 f"one full-attention group of {num_blocks} blocks")
-    need = max((request_blocks_needed(r, bs) for r in workload.requests), default=0)
-    if need > num_blocks - 1:
-        raise InvalidArgumentError(
-            f"a replica of {num_blocks - 1} usable blocks of {bs} tokens cannot hold the "
-            f"workload's longest request ({need} blocks): it would wait forever; give "
-            "--num-blocks (or --model/--gpu-memory) more capacity, or --limit the workload")
+    # Requests longer than a replica's cache are rejected on arrival and counted, as the
+    # single engine rejects them (pagedkv.cluster.replicas.run_replicas).
     s = config.scheduler
     engine = EngineConfig(num_blocks=num_blocks, block_size=bs,
                           max_model_len=workload_max_len(workload, bs),
                           token_budget=s.token_budget, max_running=s.max_running,
-                          step_time=s.step_time)
+                          step_time=s.step_time, num_usage_samples=s.num_samples)
     return engine, note
 
 
@@ -72,11 +69,16 @@ def run_replicas_cli(workload: Workload, config: SimConfig, replicas: ReplicaOpt
 
     engine, note = replica_engine_config(workload, config)
     policies = POLICIES if replicas.router == "compare" else (replicas.router,)
-    say = None if not output.progress else (
-        lambda policy: print(f"replaying over {replicas.replicas} replicas: {policy}",
-                             file=sys.stderr, flush=True))
-    report = compare_policies(workload, num_replicas=replicas.replicas,
-                              engine=engine, policies=policies, progress=say)
+    n = replicas.replicas
+    progress = ProgressReporter(enabled=output.progress)
+    try:
+        report = compare_policies(
+            workload, num_replicas=n, engine=engine, policies=policies, progress=progress,
+            phase=lambda policy: progress.phase(
+                f"replaying {len(workload.requests):,} requests over {n} "
+                f"{'replica' if n == 1 else 'replicas'} ({policy})"))
+    finally:
+        progress.close()
     plot_path = None if output.plot_dir is None else Path(output.plot_dir) / "replicas.png"
     if output.json:
         out = replica_report_json(report)

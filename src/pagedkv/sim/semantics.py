@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from pagedkv import InvalidArgumentError, KVCacheManager, Request
+from pagedkv import ComputedBlocks, InvalidArgumentError, KVCacheManager, Request
 from pagedkv.sim.workloads import Workload, check_block_size
 
 __all__ = ["SEMANTICS", "ReferenceSemantics", "Semantics", "VllmSemantics", "get_semantics"]
@@ -86,13 +86,8 @@ class VllmSemantics(Semantics):
         max_tokens: int,
     ) -> int:
         hit = mgr.get_computed_blocks(req)
-        num_hit = hit.num_computed_tokens
-        num_new = min(num_tokens, max_tokens) - num_hit
-        if num_new > 0:
-            new = mgr.allocate_slots(req, num_new, new_computed_blocks=hit)
-            assert new is not None, "an empty cache must hold one prompt's blocks"
-            mgr.free(req)
-        return num_hit
+        claim_and_free(mgr, req, hit, min(num_tokens, max_tokens), block_size)
+        return hit.num_computed_tokens
 
 
 class ReferenceSemantics(Semantics):
@@ -131,14 +126,40 @@ class ReferenceSemantics(Semantics):
     ) -> int:
         padded = -(-num_tokens // block_size) * block_size
         hit = mgr.get_computed_blocks(req)
-        num_hit = hit.num_computed_tokens
-        stored = min(padded, max_tokens)
-        # Every block hit: the request still claims them (an LRU touch) by computing its
-        # one extra placeholder token, whose block is never stored.
-        new = mgr.allocate_slots(req, max(1, stored - num_hit), new_computed_blocks=hit)
-        assert new is not None, "an empty cache must hold one prompt's blocks"
-        mgr.free(req)
-        return min(num_hit, num_tokens)
+        claim_and_free(mgr, req, hit, min(padded, max_tokens), block_size)
+        return min(hit.num_computed_tokens, num_tokens)
+
+
+def claim_and_free(
+    mgr: KVCacheManager, req: Request, hit: ComputedBlocks, num_stored_tokens: int,
+    block_size: int,
+) -> None:
+    """Adopt ``hit``, compute ``req`` up to ``num_stored_tokens`` (so its full blocks are
+    stored), then free it (tail first). The hit blocks are claimed either way, an LRU
+    touch: when every block to store hit, one more token is computed (its block is never
+    stored), and when the cache has no block left for that token — the hit fills the
+    whole cache, a prompt at least as long as the cache seen again — the hit's last block
+    is computed again instead: it is then the only free block, so it is taken back and
+    stored under the same hash, and the same blocks end up claimed.
+
+    Worked case, block 4, 3 usable blocks, a 14-token prompt stored as ``a1 a2 a3`` seen
+    again: the hit ``a1 a2 a3`` fills the cache; ``a1 a2`` are adopted and ``a3`` computed
+    again, in the block it was in; all three end up most recently used.
+
+    Raises:
+        InvalidArgumentError: the cache cannot hold even one block of the prompt.
+    """
+    num_hit = hit.num_computed_tokens
+    new = mgr.allocate_slots(req, max(1, num_stored_tokens - num_hit), new_computed_blocks=hit)
+    if new is None and num_hit >= max(block_size, num_stored_tokens):
+        cut = mgr.truncate_computed_blocks(hit, num_hit - block_size)
+        new = mgr.allocate_slots(req, num_hit - cut.num_computed_tokens, new_computed_blocks=cut)
+    if new is None:
+        raise InvalidArgumentError(
+            f"request {req.request_id!r}: a cache of {mgr.config.num_blocks - 1} usable "
+            f"blocks of {block_size} tokens cannot hold its first block; give more blocks"
+        )
+    mgr.free(req)
 
 
 SEMANTICS: dict[str, Semantics] = {s.name: s for s in (VllmSemantics(), ReferenceSemantics())}

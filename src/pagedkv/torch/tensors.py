@@ -179,9 +179,9 @@ class KVCacheTensors:
 
     def block_bytes(self, block_id: int) -> tuple[bytes, ...]:
         """The raw bytes of one block in every tensor (CPU copies), to check that a block
-        (e.g. the null block) was never written. O(page size x tensors)."""
+        (e.g. the null block) was never written. O(page size x tensors); needs no numpy."""
         return tuple(
-            p[block_id].contiguous().view(torch.uint8).cpu().numpy().tobytes() for p in self.pages
+            bytes(p[block_id].contiguous().view(torch.uint8).cpu().tolist()) for p in self.pages
         )
 
     def check_invariants(self) -> None:
