@@ -12,7 +12,10 @@ Pieces, each usable on its own (all built on the public :mod:`pagedkv` API only)
 * :mod:`~pagedkv.sim.bounds` — the infinite-cache ceiling and the offline-optimal (Belady)
   hit rate at a capacity;
 * :mod:`~pagedkv.sim.report` — terminal table, JSON, PNG plots;
-* :mod:`~pagedkv.sim.cli` — the ``simulate`` subcommand.
+* :mod:`~pagedkv.sim.options` — every ``simulate`` option, declared once, and
+  :mod:`~pagedkv.sim.setup` — what their values ask for (a :class:`SimConfig`, the
+  workload, output, observe and replica settings);
+* :mod:`~pagedkv.sim.cli` — the ``simulate`` subcommand (parse, call, render).
 """
 
 from pagedkv.sim.api import SimConfig, capacity_for, run

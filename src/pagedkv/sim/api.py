@@ -46,6 +46,7 @@ from pagedkv.sim.summary import CapacityInfo, SimReport, build_report
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:
+    from pagedkv.sim.host_engine import HostEngineSimulator
     from pagedkv.sim.observe_engine import ReplayObserver
 
 __all__ = ["MODES", "SimConfig", "capacity_for", "run", "with_clock"]
@@ -250,26 +251,7 @@ def run(
                                           with_outputs=engine, semantics=cfg.semantics,
                                           jobs=cfg.jobs)
     say(f"replaying {len(workload.requests)} requests")
-    result: SimResult
-    host_sim = None
-    if engine and cfg.host is not None:
-        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg), observer)
-        result = host_sim.run(progress)
-    elif engine:
-        factory = cap.factory if observer is None else observer.wrap(cap.factory)
-        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
-                              config=_with_checks(cfg), manager_factory=factory)
-        if observer is not None:
-            observer.attach(sim)
-        result = sim.run(progress)
-    else:
-        if observer is not None:
-            raise InvalidArgumentError("missed-token attribution and metrics replay the "
-                                       "engine: use them with --mode engine")
-        result = run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
-                                semantics=cfg.semantics, progress=progress,
-                                check_invariants=cfg.check_invariants,
-                                manager_factory=cap.factory)
+    result, host_sim = _replay(workload, cfg, cap, progress, observer)
     warmup_start = int(len(workload.requests) * cfg.warmup_fraction)
     bounds_warmup_start = warmup_start
     infinite: BoundResult | None = None
@@ -289,24 +271,13 @@ def run(
         sweep = tuple(sweep_rows(workload, block_size=bs, capacities=cfg.capacity_sweep,
                                  warmup_fraction=cfg.warmup_fraction,
                                  semantics=cfg.semantics, jobs=cfg.jobs, progress=progress))
-    settings: dict[str, Any] = {"semantics": cfg.semantics}
-    if engine:
-        s = cfg.scheduler
-        settings.update(token_budget=s.token_budget, max_running=s.max_running,
-                        arrivals=s.arrivals, rate_scale=s.rate_scale,
-                        step_overhead_s=s.step_time.step_overhead_s,
-                        prefill_token_s=s.step_time.prefill_token_s,
-                        decode_seq_s=s.step_time.decode_seq_s,
-                        clock=clock_summary(s.step_time)["clock"])
-        if s.kv_events is not None:
-            settings["kv_events_endpoint"] = s.kv_events.endpoint
     report = build_report(
         result, description=description or workload.description, semantics=cfg.semantics,
         capacity=CapacityInfo(source=cap.source, groups=cap.group_names, note=_note(cap, cfg)),
         warmup_start=warmup_start, bounds_warmup_start=bounds_warmup_start,
         infinite=infinite, belady=belady,
         ideal_hit_rate=workload.ideal_hit_rate(bs, cfg.mode) if not cap.is_hybrid else None,
-        sweep=sweep, settings=settings,
+        sweep=sweep, settings=_settings(cfg),
     )
     if engine:
         report = replace(report, clock=clock_summary(cfg.scheduler.step_time, result))
@@ -324,6 +295,48 @@ def run(
             note="pool sized as one full-attention group" if cap.is_hybrid else None)
         report = replace(report, retention=cmp.to_dict())
     return report
+
+
+def _replay(
+    workload: Workload, cfg: SimConfig, cap: CapacityPlan, progress: Progress | None,
+    observer: ReplayObserver | None,
+) -> tuple[SimResult, HostEngineSimulator | None]:
+    """The replay ``cfg`` asks for (engine, engine with a host tier, or pure-cache) and
+    the host simulator (None without a host tier)."""
+    bs = cap.block_size
+    if cfg.mode == "engine" and cfg.host is not None:
+        host_sim = host_simulator(workload, cap, cfg.host, _with_checks(cfg), observer)
+        return host_sim.run(progress), host_sim
+    if cfg.mode == "engine":
+        factory = cap.factory if observer is None else observer.wrap(cap.factory)
+        sim = EngineSimulator(workload, block_size=bs, num_blocks=cap.num_blocks,
+                              config=_with_checks(cfg), manager_factory=factory)
+        if observer is not None:
+            observer.attach(sim)
+        return sim.run(progress), None
+    if observer is not None:
+        raise InvalidArgumentError("missed-token attribution and metrics replay the "
+                                   "engine: use them with --mode engine")
+    return run_pure_cache(workload, block_size=bs, num_blocks=cap.num_blocks,
+                          semantics=cfg.semantics, progress=progress,
+                          check_invariants=cfg.check_invariants,
+                          manager_factory=cap.factory), None
+
+
+def _settings(cfg: SimConfig) -> dict[str, Any]:
+    """The report's ``settings``: the semantics, and the engine's scheduler and clock."""
+    settings: dict[str, Any] = {"semantics": cfg.semantics}
+    if cfg.mode == "engine":
+        s = cfg.scheduler
+        settings.update(token_budget=s.token_budget, max_running=s.max_running,
+                        arrivals=s.arrivals, rate_scale=s.rate_scale,
+                        step_overhead_s=s.step_time.step_overhead_s,
+                        prefill_token_s=s.step_time.prefill_token_s,
+                        decode_seq_s=s.step_time.decode_seq_s,
+                        clock=clock_summary(s.step_time)["clock"])
+        if s.kv_events is not None:
+            settings["kv_events_endpoint"] = s.kv_events.endpoint
+    return settings
 
 
 def _note(cap: CapacityPlan, cfg: SimConfig) -> str | None:

@@ -1,4 +1,4 @@
-"""``pagedkv simulate --explain-misses`` and ``--metrics-port``: the flags, and what the
+"""``pagedkv simulate --explain-misses`` and ``--metrics-port``: what the
 command prints, plots and serves with them (:mod:`pagedkv.sim.observe_engine` does the
 observing).
 
@@ -13,45 +13,25 @@ observing).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pagedkv.cli_args import seconds_arg
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.sim.observe_engine import MissBreakdown, ReplayObserver
 from pagedkv.sim.observe_support import plot_missed_tokens
+from pagedkv.sim.setup import ObserveOptions
 
-__all__ = ["PLOT_NAME", "SimObserving", "add_observe_flags"]
+__all__ = ["PLOT_NAME", "SimObserving"]
 
 PLOT_NAME = "missed_tokens_by_reason.png"
 
 
-def add_observe_flags(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--explain-misses`` / ``--metrics-*`` flags to ``pagedkv simulate``."""
-    g = parser.add_argument_group("why the cache missed, and Prometheus metrics (engine mode)")
-    g.add_argument("--explain-misses", action="store_true",
-                   help="attribute every missed prompt token to a reason (never seen, "
-                   "evicted, isolated by a salt, partial block, hybrid clamps...): a table, "
-                   "a one-line reading and a plot of missed tokens by reason over time")
-    g.add_argument("--ghost-entries", type=int, default=1_000_000, metavar="N",
-                   help="with --explain-misses: evictions remembered to tell 'evicted' from "
-                   "'never seen' (default 1,000,000, about 270 MB)")
-    g.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus metrics of the replay on 127.0.0.1:PORT (0: a free "
-                   "port, printed); needs pagedkv[metrics]")
-    g.add_argument("--metrics-linger-s", type=seconds_arg("--metrics-linger-s", allow_zero=True),
-                   default=0.0, metavar="S",
-                   help="with --metrics-port: keep serving S seconds after the replay "
-                   "(default 0)")
-
-
 class SimObserving:
     """What ``--explain-misses`` / ``--metrics-port`` add to one ``pagedkv simulate`` run:
-    build with :meth:`from_args` (None without the flags), pass :attr:`observer` to
+    build with :meth:`start` (None without the flags), pass :attr:`observer` to
     :func:`pagedkv.sim.run`, then :meth:`finish`."""
 
     def __init__(self, *, explain: bool, exporter: Any, linger_s: float,
@@ -63,46 +43,18 @@ class SimObserving:
                                        residency_sample_every=100 if exporter else None)
         self._breakdown: MissBreakdown | None = None
 
-    @staticmethod
-    def check_args(args: argparse.Namespace) -> bool:
-        """Check the flags (before anything runs); whether any is given.
-
-        Raises:
-            InvalidArgumentError: not engine mode, with ``--replicas``, a bad port, ghost
-                size or linger time.
-        """
-        port = args.metrics_port
-        if not args.explain_misses and port is None:
-            if args.metrics_linger_s:
-                raise InvalidArgumentError("--metrics-linger-s goes with --metrics-port")
-            return False
-        flag = "--explain-misses" if args.explain_misses else "--metrics-port"
-        if args.mode != "engine":
-            raise InvalidArgumentError(f"{flag} observes the simulated engine: use it with "
-                                       "--mode engine")
-        if getattr(args, "replicas", None) is not None:
-            raise InvalidArgumentError(f"{flag} observes one engine: leave out --replicas")
-        if args.ghost_entries < 0:
-            raise InvalidArgumentError(f"--ghost-entries must be >= 0, got {args.ghost_entries}")
-        if args.metrics_linger_s < 0:
-            raise InvalidArgumentError(
-                f"--metrics-linger-s must be >= 0, got {args.metrics_linger_s}")
-        if port is not None and not 0 <= port <= 65535:
-            raise InvalidArgumentError(f"--metrics-port must be in [0, 65535], got {port}")
-        return True
-
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SimObserving | None:
-        """Check the flags (:meth:`check_args`) and start the metrics server (its address
-        on stderr); None without the flags.
+    def start(cls, options: ObserveOptions | None) -> SimObserving | None:
+        """Start observing as ``options`` ask (None: not asked, returns None): the
+        metrics server (its address on stderr) with ``metrics_port``.
 
         Raises:
-            InvalidArgumentError: as :meth:`check_args`, or the port is taken.
-            MissingDependencyError: ``--metrics-port`` without ``prometheus_client``.
+            InvalidArgumentError: the port is taken.
+            MissingDependencyError: ``metrics_port`` without ``prometheus_client``.
         """
-        if not cls.check_args(args):
+        if options is None:
             return None
-        port = args.metrics_port
+        port = options.metrics_port
         exporter = None
         if port is not None:
             from pagedkv.observe.prometheus import PrometheusExporter
@@ -117,8 +69,8 @@ class SimObserving:
                 ) from None
             print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr,
                   flush=True)
-        return cls(explain=args.explain_misses, exporter=exporter,
-                   linger_s=args.metrics_linger_s, ghost_entries=args.ghost_entries)
+        return cls(explain=options.explain_misses, exporter=exporter,
+                   linger_s=options.metrics_linger_s, ghost_entries=options.ghost_entries)
 
     def breakdown(self) -> MissBreakdown:
         """The replay's miss breakdown (taken once, after the replay)."""

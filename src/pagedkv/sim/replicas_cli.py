@@ -12,67 +12,23 @@ apply; neither does ``--mode pure-cache``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pagedkv.cli_args import whole_arg
-from pagedkv.errors import InvalidArgumentError, MissingDependencyError
+from pagedkv.errors import MissingDependencyError
 from pagedkv.sim.api import SimConfig, capacity_for
+from pagedkv.sim.options import MAX_REPLICAS, ROUTERS
 from pagedkv.sim.progress import ProgressReporter
 from pagedkv.sim.scheduler import workload_max_len
+from pagedkv.sim.setup import OutputOptions, ReplicaOptions
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:  # pagedkv.cluster imports pagedkv.sim: imported when used
     from pagedkv.cluster.replica_engine import EngineConfig
 
-__all__ = ["ROUTERS", "add_replica_flags", "check_replica_args", "replica_engine_config",
-           "run_replicas_cli"]
-
-ROUTERS = ("round-robin", "least-loaded", "cache-aware", "compare")
-
-
-#: At most this many simulated replicas (each holds a manager and a queue in memory).
-MAX_REPLICAS = 4096
-_REPLICAS = whole_arg("--replicas", minimum=1, maximum=MAX_REPLICAS)
-
-
-def add_replica_flags(p: argparse.ArgumentParser) -> None:
-    """Register ``--replicas`` and ``--router`` on the ``simulate`` parser."""
-    r = p.add_argument_group(
-        "multiple replicas (engine mode; pagedkv.cluster)",
-        "Each replica: one full-attention group of --block-size tokens per block, sized by "
-        "--num-blocks or the --model plan (a hybrid plan as one full-attention group of "
-        "its token slots), with --token-budget, --max-running and the step-time flags. "
-        "Requests arrive at their trace times: --rate-scale and --arrivals do not apply.")
-    r.add_argument("--replicas", type=_REPLICAS, default=None, metavar="N",
-                   help="simulate N engine replicas behind a router instead of one engine")
-    r.add_argument("--router", choices=ROUTERS, default=None,
-                   help="routing policy for --replicas, or 'compare' to run all three "
-                   "(default: compare)")
-
-
-def check_replica_args(args: argparse.Namespace) -> None:
-    """Refuse flag combinations ``--replicas`` cannot honour.
-
-    Raises:
-        InvalidArgumentError: naming the flag and the fix.
-    """
-    if args.router is not None and args.replicas is None:
-        raise InvalidArgumentError("--router needs --replicas N")
-    if args.replicas is None:
-        return
-    if args.mode != "engine":
-        raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
-    for flag, bad in (("--rate-scale", args.rate_scale != 1.0),
-                      ("--arrivals at-once", args.arrivals != "trace"),
-                      ("--find-capacity", args.find_capacity),
-                      ("--capacity-sweep", bool(args.capacity_sweep)),
-                      ("--kv-events-endpoint", bool(args.kv_events_endpoint))):
-        if bad:
-            raise InvalidArgumentError(f"{flag} does not apply to --replicas; drop one of them")
+__all__ = ["MAX_REPLICAS", "ROUTERS", "replica_engine_config", "run_replicas_cli"]
 
 
 def replica_engine_config(workload: Workload, config: SimConfig) -> tuple[EngineConfig, str | None]:
@@ -99,8 +55,8 @@ def replica_engine_config(workload: Workload, config: SimConfig) -> tuple[Engine
     return engine, note
 
 
-def run_replicas_cli(workload: Workload, config: SimConfig, args: argparse.Namespace,
-                     *, what: str) -> int:
+def run_replicas_cli(workload: Workload, config: SimConfig, replicas: ReplicaOptions,
+                     output: OutputOptions, *, what: str) -> int:
     """Run ``--replicas``: compare (or run one) routing policy, print the table (or JSON),
     write ``replicas.png`` to the plot directory. Returns the exit code."""
     from pagedkv.cluster.replica_report import (
@@ -112,9 +68,9 @@ def run_replicas_cli(workload: Workload, config: SimConfig, args: argparse.Names
     from pagedkv.cluster.router import POLICIES
 
     engine, note = replica_engine_config(workload, config)
-    policies = POLICIES if args.router in (None, "compare") else (args.router,)
-    n = args.replicas
-    progress = ProgressReporter(enabled=not args.no_progress)
+    policies = POLICIES if replicas.router == "compare" else (replicas.router,)
+    n = replicas.replicas
+    progress = ProgressReporter(enabled=output.progress)
     try:
         report = compare_policies(
             workload, num_replicas=n, engine=engine, policies=policies, progress=progress,
@@ -123,12 +79,12 @@ def run_replicas_cli(workload: Workload, config: SimConfig, args: argparse.Names
                 f"{'replica' if n == 1 else 'replicas'} ({policy})"))
     finally:
         progress.close()
-    plot_path = Path(args.plot_dir) / "replicas.png"
-    if args.json:
+    plot_path = None if output.plot_dir is None else Path(output.plot_dir) / "replicas.png"
+    if output.json:
         out = replica_report_json(report)
         out["workload_description"] = what
         out["note"] = note
-        out["plots"] = [] if args.no_plots else [str(plot_path)]
+        out["plots"] = [] if plot_path is None else [str(plot_path)]
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
@@ -137,11 +93,11 @@ def run_replicas_cli(workload: Workload, config: SimConfig, args: argparse.Names
         if note:
             print(f"note: {note}")
     sys.stdout.flush()
-    if not args.no_plots:
+    if plot_path is not None:
         try:
             written = plot_replica_reports([report], plot_path)
             msg = f"plot written to {written.resolve()}"
         except MissingDependencyError as exc:
             msg = f"plots skipped: {exc}"
-        print(msg, file=sys.stderr if args.json else sys.stdout)
+        print(msg, file=sys.stderr if output.json else sys.stdout)
     return 0

@@ -45,7 +45,7 @@ from pagedkv.sim.retention_replay import (
 )
 from pagedkv.sim.workloads import Workload
 
-__all__ = ["POLICIES", "RetentionComparison", "add_arguments", "check_policy",
+__all__ = ["POLICIES", "RetentionComparison", "check_policy",
            "compare_retention", "render_rows"]
 
 #: ``--retention`` names and the policies they build (fresh state per replay).
@@ -55,15 +55,6 @@ POLICIES: dict[str, Callable[[], SimRetentionPolicy]] = {
     "popularity-priority": PopularityPriority,
     "tenant-quota": TenantQuota,
 }
-
-
-def add_arguments(group: Any) -> None:
-    """Add ``--retention POLICY`` to an argparse parser or argument group."""
-    group.add_argument(
-        "--retention", choices=list(POLICIES), default=None, metavar="POLICY",
-        help="also replay the workload in pure-cache mode under this retention policy and "
-        "under LRU at the same capacity, and report both beside Belady: "
-        + ", ".join(POLICIES) + " (see docs/retention.md)")
 
 
 def check_policy(name: str | None) -> None:

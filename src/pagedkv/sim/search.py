@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.api import SimConfig, capacity_for
@@ -41,6 +42,17 @@ class CapacitySearch:
     num_blocks: int | None
     replicas: int | None
     tried: tuple[tuple[str, float | None], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: every field; ``tried`` as ``{"what", "ttft_p99_s"}`` rows (a
+        replay that met no TTFT, None or infinite, as None)."""
+        return {
+            "ttft_p99_target_s": self.ttft_p99_target_s,
+            "memory_scale": self.memory_scale, "num_blocks": self.num_blocks,
+            "replicas": self.replicas,
+            "tried": [{"what": w, "ttft_p99_s": None if t is None or t == float("inf")
+                       else t} for w, t in self.tried],
+        }
 
     def summary(self) -> str:
         target = f"TTFT p99 <= {self.ttft_p99_target_s:g} s"
