@@ -87,8 +87,8 @@ class BlockPool(PrefixIndex):
         """
         if n > self.free_queue.num_free:
             raise AssertionError(f"get_new_blocks({n}) with {self.free_queue.num_free} free")
-        if self.listeners:
-            return self._get_new_blocks_told(n)
+        listeners = self.listeners
+        victims = self._cached_at_front(n) if listeners else None
         ids = self.free_queue.popleft_n(n)
         ref = self.ref_cnt
         bh = self.block_hash
@@ -99,31 +99,26 @@ class BlockPool(PrefixIndex):
                 self._take_cached(ids, k)
                 break
             ref[b] = 1
+        if listeners:
+            self._tell_taken(ids, victims)
         return ids
 
-    def _get_new_blocks_told(self, n: int) -> list[int]:
-        """:meth:`get_new_blocks` telling the listeners: the cached blocks it evicts (read
-        from the front of the free queue first, O(n)) and the blocks it hands out."""
+    def _cached_at_front(self, n: int) -> list[DeviceBlock]:
+        """The cached blocks among the first ``n`` of the free queue (about to be
+        evicted), as ``(id, hash, group)``. O(n); only with listeners."""
         bh = self.block_hash
         bg = self.block_group
-        victims = [(b, h, bg[b]) for b in islice(self.free_queue, n)
-                   if (h := bh[b]) is not None]
-        ids = self.free_queue.popleft_n(n)
-        ref = self.ref_cnt
-        for k, b in enumerate(ids):
-            if bh[b] is not None:
-                self._take_cached(ids, k)
-                break
-            ref[b] = 1
-        gone: list[DeviceBlock] = []
-        if victims:
-            index = self.index
-            gone = [v for v in victims if v[1] not in index[v[2]]]
+        return [(b, h, bg[b]) for b in islice(self.free_queue, n) if (h := bh[b]) is not None]
+
+    def _tell_taken(self, ids: list[int], victims: list[DeviceBlock] | None) -> None:
+        """Tell the listeners which of ``victims`` left the index (keys a duplicate still
+        holds left out) and which blocks were handed out."""
+        index = self.index
+        gone = [v for v in victims or () if v[1] not in index[v[2]]]
         for listener in self.listeners:
             if gone:
                 listener.evicted(gone)
             listener.allocated(ids)
-        return ids
 
     def _take_cached(self, ids: list[int], first: int) -> None:
         """:meth:`get_new_blocks` from ``ids[first]`` (a cached block) on: evict the cached

@@ -67,7 +67,7 @@ class RetentionControl(ManagerComponent):
 
     def __init__(self, policy: RetentionPolicy) -> None:
         super().__init__("retention")
-        self.pool = policy
+        self.policy = policy
         self.managers: list[SingleTypeManager] = []
         self._nulls: list[bool] = []
         self._strides: list[tuple[int, int]] = []
@@ -107,7 +107,7 @@ class RetentionControl(ManagerComponent):
         for g, k in self._strides:
             hashes = block_hashes if k == 1 else block_hashes[k - 1 :: k]
             keys.extend((g, h) for h in hashes)
-        return self.pool.pin(keys, ttl_s=ttl_s, refresh_on_hit=refresh_on_hit)
+        return self.policy.pin(keys, ttl_s=ttl_s, refresh_on_hit=refresh_on_hit)
 
     def pin_prefix(
         self,
@@ -133,7 +133,7 @@ class RetentionControl(ManagerComponent):
         if num_tokens is not None:
             if type(num_tokens) is not int or num_tokens < 0:
                 raise InvalidArgumentError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-            hashes = hashes[: num_tokens // self.pool.pool.hash_block_size]
+            hashes = hashes[: num_tokens // self.policy.pool.hash_block_size]
         return self.pin(hashes, ttl_s=ttl_s, refresh_on_hit=refresh_on_hit)
 
     def unpin(self, lease: PinLease) -> None:
@@ -144,7 +144,7 @@ class RetentionControl(ManagerComponent):
         Raises:
             InvalidArgumentError: ``lease`` is not a :class:`PinLease` (from :meth:`pin`).
         """
-        self.pool.unpin(_lease(lease))
+        self.policy.unpin(_lease(lease))
 
     def renew(self, lease: PinLease, *, ttl_s: float) -> None:
         """Make ``lease`` end ``ttl_s`` seconds from now.
@@ -152,22 +152,22 @@ class RetentionControl(ManagerComponent):
         Raises:
             InvalidArgumentError: the lease has ended, or a bad ``ttl_s``.
         """
-        self.pool.renew(_lease(lease), ttl_s=ttl_s)
+        self.policy.renew(_lease(lease), ttl_s=ttl_s)
 
     @property
     def num_pinned_blocks(self) -> int:
         """Distinct pinned keys (counted against the budget)."""
-        return len(self.pool.pins.keys)
+        return len(self.policy.pins.keys)
 
     @property
     def pin_budget_blocks(self) -> int:
         """The most keys that may be pinned at once."""
-        return self.pool.pins.budget_keys
+        return self.policy.pins.budget_keys
 
     @property
     def num_parked_blocks(self) -> int:
         """Free blocks held out of eviction by pins (not counted as free)."""
-        return self.pool.num_parked
+        return self.policy.num_parked
 
     # ------------------------------------------------------------------ requests
 
@@ -203,7 +203,7 @@ class RetentionControl(ManagerComponent):
         num_prompt = getattr(request, "num_prompt_tokens", None)
         if num_prompt is None:
             num_prompt = request.num_tokens
-        queue = self.pool.specialise()  # the first request with retention ends uniform mode
+        queue = self.policy.specialise()  # the first request with retention ends uniform mode
         if retention.has_durations:
             queue.plain = False
         prio, dur = queue.priority, queue.duration_s

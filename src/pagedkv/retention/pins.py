@@ -2,7 +2,7 @@
 
 A pin is a statement about *content*: the keys ``(group, block hash)`` of a prefix. While a
 key is pinned, a block registered under it is not evicted (see
-:class:`~pagedkv.retention.pool.RetentionPool`); a key pinned before its block is computed
+:class:`~pagedkv.retention.eviction.RetentionPolicy`); a key pinned before its block is computed
 is honoured once it is. Every pin is a :class:`PinLease` with a finite time to live
 (SGLang's unbounded TTL pins were reverted for starving the pool); the lease ends at its
 expiry, on :meth:`PinTable.release`, or is pushed back on a hit when ``refresh_on_hit``.

@@ -97,7 +97,7 @@ class PriorityFreeQueue(TimedQuotaLists):
         default level, each keeping its relative order. The eviction order is unchanged
         except that blocks that lost their hash in place (``evict_blocks``) now go
         before every hashed block. O(num_blocks), once: how a retention pool leaves its
-        uniform mode (see :class:`~pagedkv.retention.pool.RetentionPool`).
+        uniform mode (see :class:`~pagedkv.retention.eviction.RetentionPolicy`).
 
         >>> q = PriorityFreeQueue.adopt([3, 1, 2], [False, True, False, False], 4,
         ...                             clock=lambda: 0.0)
