@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pagedkv import __version__
+from pagedkv.core import native
 from pagedkv.errors import PagedKVError
 
 __all__ = ["OneLineParser", "main"]
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Paged KV-cache manager with automatic prefix caching: plan capacity, "
         "replay workloads, measure speed.",
     )
-    parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"pagedkv {__version__} ({native.CORE} core)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMAND_MODULES:
         try:

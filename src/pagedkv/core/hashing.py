@@ -26,6 +26,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pagedkv.core import native
 from pagedkv.core.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
 from pagedkv.core.hash_extras import (
     HashExtras,
@@ -89,8 +90,8 @@ class BlockHasher:
     3
     """
 
-    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "algo", "block_size",
-                 "memo_blocks", "seed")
+    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "_native", "algo",
+                 "block_size", "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -119,6 +120,8 @@ class BlockHasher:
         # bytes head (a digest's length), and the token array's head.
         self._head = b"\x83" + cbor_head(2, len(self.seed))
         self._array_head = cbor_head(4, block_size)
+        # The compiled core's block loop (sha256_cbor only), None on the pure core.
+        self._native = native.active() if algo == "sha256_cbor" else None
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -152,6 +155,10 @@ class BlockHasher:
         stop = len(token_ids) // bs * bs
         if start >= stop:
             return
+        if (extras is None and self._native is not None and type(token_ids) is list
+                and self._native.hash_plain(self, hashes, token_ids, start, stop, bs,
+                                            self.memo_blocks)):
+            return  # the compiled core did what the plain paths below do
         if extras is None and stop - start <= _CHUNK_TOKENS and (
                 not hashes or len(hashes[-1]) == len(self.seed)):
             # The common call (a prompt or a decode step's new block, no extras): one

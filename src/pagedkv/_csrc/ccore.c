@@ -1,0 +1,289 @@
+/* pagedkv.core._ccore: the compiled core's per-block loops.
+ *
+ * hash_plain: BlockHasher's chained SHA-256 over canonical CBOR for blocks without extra
+ * keys, byte for byte what the pure path computes (pagedkv/core/hashing.py) and with the
+ * same hash memo: the same keys (the whole hash input), the same generations, rotated at
+ * the same points, looked up the same way. Tokens outside what the pure fast path takes
+ * (an id that is not an int in 0 .. 2**17 - 1) make it return False having changed
+ * nothing: the caller then runs the pure path, which encodes them or raises. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#include "sha256.h"
+
+#define DIGEST_BYTES 32
+#define CHUNK_TOKENS 1024
+#define TABLE_LIMIT (1L << 17) /* token ids the pure fast path's table holds */
+
+static PyObject *str_memo, *str_memo_old, *str_seed;
+
+/* Canonical CBOR head of major type `major` with argument `value` into out; its length. */
+static size_t cbor_head(uint8_t *out, unsigned major, uint64_t value) {
+    uint8_t mt = (uint8_t)(major << 5);
+    if (value < 24) {
+        out[0] = mt | (uint8_t)value;
+        return 1;
+    }
+    int n = value < 0x100 ? 1 : value < 0x10000 ? 2 : value < 0x100000000ULL ? 4 : 8;
+    out[0] = mt | (uint8_t)(n == 1 ? 24 : n == 2 ? 25 : n == 4 ? 26 : 27);
+    for (int i = 0; i < n; i++) out[1 + i] = (uint8_t)(value >> (8 * (n - 1 - i)));
+    return 1 + (size_t)n;
+}
+
+/* One block's hash input: [parent, tokens, None] as canonical CBOR. */
+static size_t encode_block(uint8_t *out, const uint8_t *parent, const uint32_t *tokens,
+                           Py_ssize_t bs) {
+    uint8_t *p = out;
+    *p++ = 0x83;
+    *p++ = 0x58;
+    *p++ = DIGEST_BYTES;
+    memcpy(p, parent, DIGEST_BYTES);
+    p += DIGEST_BYTES;
+    p += cbor_head(p, 4, (uint64_t)bs);
+    for (Py_ssize_t i = 0; i < bs; i++) {
+        uint32_t v = tokens[i];
+        if (v < 24) {
+            *p++ = (uint8_t)v;
+        } else if (v < 0x100) {
+            *p++ = 0x18;
+            *p++ = (uint8_t)v;
+        } else if (v < 0x10000) {
+            *p++ = 0x19;
+            *p++ = (uint8_t)(v >> 8);
+            *p++ = (uint8_t)v;
+        } else {
+            *p++ = 0x1a;
+            *p++ = (uint8_t)(v >> 24);
+            *p++ = (uint8_t)(v >> 16);
+            *p++ = (uint8_t)(v >> 8);
+            *p++ = (uint8_t)v;
+        }
+    }
+    *p++ = 0xf6;
+    return (size_t)(p - out);
+}
+
+/* Token ids [start, stop) of `tokens` (a list) as uint32 into out; 0 when one is not an
+ * int in 0 .. TABLE_LIMIT - 1. */
+static int read_tokens(PyObject *tokens, Py_ssize_t start, Py_ssize_t stop, uint32_t *out) {
+    for (Py_ssize_t i = start; i < stop; i++) {
+        PyObject *item = PyList_GET_ITEM(tokens, i);
+        if (!PyLong_Check(item)) return 0;
+        int overflow = 0;
+        long v = PyLong_AsLongAndOverflow(item, &overflow);
+        if (overflow || v < 0 || v >= TABLE_LIMIT) return 0;
+        out[i - start] = (uint32_t)v;
+    }
+    return 1;
+}
+
+/* The newer memo generation for `num_new` more entries, rotated as BlockHasher._memo_for
+ * does; *old gets the older one. New references, or NULL with an exception set. */
+static PyObject *memo_for(PyObject *hasher, Py_ssize_t num_new, Py_ssize_t memo_blocks,
+                          PyObject **old) {
+    PyObject *memo = PyObject_GetAttr(hasher, str_memo);
+    if (memo == NULL) return NULL;
+    if (!PyDict_CheckExact(memo)) {
+        PyErr_SetString(PyExc_TypeError, "BlockHasher._memo must be a dict");
+        Py_DECREF(memo);
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(memo) + num_new > memo_blocks) {
+        PyObject *fresh = PyDict_New();
+        if (fresh == NULL || PyObject_SetAttr(hasher, str_memo_old, memo) < 0 ||
+            PyObject_SetAttr(hasher, str_memo, fresh) < 0) {
+            Py_XDECREF(fresh);
+            Py_DECREF(memo);
+            return NULL;
+        }
+        Py_DECREF(memo);
+        memo = fresh;
+    }
+    *old = PyObject_GetAttr(hasher, str_memo_old);
+    if (*old == NULL || !PyDict_CheckExact(*old)) {
+        if (*old != NULL) PyErr_SetString(PyExc_TypeError, "BlockHasher._memo_old must be a dict");
+        Py_XDECREF(*old);
+        Py_DECREF(memo);
+        return NULL;
+    }
+    return memo;
+}
+
+/* Append one digest (a new bytes object) and make it the parent. 0, or -1 on error. */
+static int push_digest(PyObject *hashes, const uint8_t *data, size_t len, uint8_t *parent,
+                       PyObject *memo, PyObject *key) {
+
+    pk_sha256(data, len, parent);
+    PyObject *digest = PyBytes_FromStringAndSize((const char *)parent, DIGEST_BYTES);
+    if (digest == NULL) return -1;
+    int rc = PyList_Append(hashes, digest);
+    if (rc == 0 && memo != NULL) rc = PyDict_SetItem(memo, key, digest);
+    Py_DECREF(digest);
+    return rc;
+}
+
+/* One chunk's blocks with the memo: lookups until the first miss (every later block
+ * misses too: its parent is new), then digests. 0, or -1 on error. */
+static int hash_chunk_memo(PyObject *hashes, const uint32_t *tokens, Py_ssize_t num_blocks,
+                           Py_ssize_t bs, uint8_t *parent, uint8_t *buf, PyObject *memo,
+                           PyObject *old) {
+    int looking = 1;
+    for (Py_ssize_t k = 0; k < num_blocks; k++) {
+        size_t len = encode_block(buf, parent, tokens + k * bs, bs);
+        PyObject *key = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
+        if (key == NULL) return -1;
+        if (looking) {
+            PyObject *hit = PyDict_GetItemWithError(memo, key);
+            if (hit == NULL && !PyErr_Occurred()) {
+                hit = PyDict_GetItemWithError(old, key);
+                if (hit != NULL && PyDict_SetItem(memo, key, hit) < 0) hit = NULL;
+            }
+            if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                return -1;
+            }
+            if (hit != NULL && PyBytes_Check(hit) && PyBytes_GET_SIZE(hit) == DIGEST_BYTES) {
+                memcpy(parent, PyBytes_AS_STRING(hit), DIGEST_BYTES);
+                int rc = PyList_Append(hashes, hit);
+                Py_DECREF(key);
+                if (rc < 0) return -1;
+                continue;
+            }
+            looking = 0;
+        }
+        int rc = push_digest(hashes, buf, len, parent, memo, key);
+        Py_DECREF(key);
+        if (rc < 0) return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(hash_plain_doc,
+"hash_plain(hasher, hashes, tokens, start, stop) -> bool\n\n"
+"Append to `hashes` the SHA-256 CBOR chained hashes of the blocks of `tokens` (a list)\n"
+"in [start, stop) (multiples of hasher.block_size) without extra keys, through the\n"
+"hasher's memo as BlockHasher._extend_plain does. False, with nothing changed, when\n"
+"a token is not an int in 0 .. 2**17 - 1 or the parent is not a 32-byte digest.");
+
+static PyObject *hash_plain(PyObject *self, PyObject *args) {
+    PyObject *hasher, *hashes, *tokens;
+    Py_ssize_t start, stop, bs, memo_blocks;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OO!O!nnnn:hash_plain", &hasher, &PyList_Type, &hashes,
+                          &PyList_Type, &tokens, &start, &stop, &bs, &memo_blocks)) {
+        return NULL;
+    }
+    if (bs <= 0 || start < 0 || stop > PyList_GET_SIZE(tokens) || start > stop ||
+        (stop - start) % bs != 0 || memo_blocks < 0) {
+        PyErr_SetString(PyExc_ValueError, "hash_plain: bad block range");
+        return NULL;
+    }
+    uint8_t parent[DIGEST_BYTES];
+    Py_ssize_t num_hashes = PyList_GET_SIZE(hashes);
+    PyObject *last = num_hashes ? PyList_GET_ITEM(hashes, num_hashes - 1)
+                                : PyObject_GetAttr(hasher, str_seed);
+    if (last == NULL) return NULL;
+    int parent_ok = PyBytes_Check(last) && PyBytes_GET_SIZE(last) == DIGEST_BYTES;
+    if (parent_ok) memcpy(parent, PyBytes_AS_STRING(last), DIGEST_BYTES);
+    if (!num_hashes) Py_DECREF(last);
+    if (!parent_ok) Py_RETURN_FALSE;
+    Py_ssize_t n = stop - start;
+    uint32_t *ids = PyMem_Malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+    uint8_t *buf = PyMem_Malloc((size_t)bs * 5 + 64);
+    if (ids == NULL || buf == NULL) {
+        PyMem_Free(ids);
+        PyMem_Free(buf);
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL;
+    if (!read_tokens(tokens, start, stop, ids)) {
+        result = Py_False;
+        goto done;
+    }
+    Py_ssize_t chunk = (CHUNK_TOKENS / bs > 1 ? CHUNK_TOKENS / bs : 1) * bs;
+    for (Py_ssize_t c = 0; c < n; c += chunk) {
+        Py_ssize_t num_blocks = (n - c < chunk ? n - c : chunk) / bs;
+        if (memo_blocks == 0) {
+            for (Py_ssize_t k = 0; k < num_blocks; k++) {
+                size_t len = encode_block(buf, parent, ids + c + k * bs, bs);
+                if (push_digest(hashes, buf, len, parent, NULL, NULL) < 0) goto done;
+            }
+            continue;
+        }
+        PyObject *old = NULL;
+        PyObject *memo = memo_for(hasher, num_blocks, memo_blocks, &old);
+        if (memo == NULL) goto done;
+        int rc = hash_chunk_memo(hashes, ids + c, num_blocks, bs, parent, buf, memo, old);
+        Py_DECREF(memo);
+        Py_DECREF(old);
+        if (rc < 0) goto done;
+    }
+    result = Py_True;
+done:
+    PyMem_Free(ids);
+    PyMem_Free(buf);
+    Py_XINCREF(result);
+    return result;
+}
+
+PyDoc_STRVAR(sha256_doc,
+"sha256(data: bytes) -> bytes\n\nThe SHA-256 digest of `data` (the compiled core's own).");
+
+static PyObject *sha256(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint8_t out[DIGEST_BYTES];
+    pk_sha256((const uint8_t *)view.buf, (size_t)view.len, out);
+    PyBuffer_Release(&view);
+    return PyBytes_FromStringAndSize((const char *)out, DIGEST_BYTES);
+}
+
+PyDoc_STRVAR(sha256_mode_doc,
+"sha256_mode(portable: bool | None = None) -> str\n\n"
+"'shani' or 'portable': the compression function in use; `portable` True forces the\n"
+"portable one, False the detected one (tests compare the two).");
+
+static PyObject *sha256_mode(PyObject *self, PyObject *args) {
+    PyObject *portable = Py_None;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|O:sha256_mode", &portable)) return NULL;
+    if (portable != Py_None) {
+        int flag = PyObject_IsTrue(portable);
+        if (flag < 0) return NULL;
+        pk_sha256_force_portable(flag);
+    }
+    return PyUnicode_FromString(pk_sha256_accelerated() ? "shani" : "portable");
+}
+
+#include "ccore_pool.h"
+
+static PyMethodDef methods[] = {
+    {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
+    {"sha256", sha256, METH_O, sha256_doc},
+    {"sha256_mode", sha256_mode, METH_VARARGS, sha256_mode_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "pagedkv.core._ccore",
+    "pagedkv's compiled core: the per-block loops (see pagedkv.core.native).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ccore(void) {
+    pk_sha256_init();
+    str_memo = PyUnicode_InternFromString("_memo");
+    str_memo_old = PyUnicode_InternFromString("_memo_old");
+    str_seed = PyUnicode_InternFromString("seed");
+    if (str_memo == NULL || str_memo_old == NULL || str_seed == NULL) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (ccore_pool_add(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
