@@ -21,11 +21,12 @@ Standard library only, so the same file runs under pagedkv's interpreter
    (every newly allocated block id). Equal digests on one workload mean block-id-exact
    behaviour.
 
-Presets (``PRESETS``, the README's three workloads): ``shared-prompt`` (the defaults: 2,000
+Presets (``PRESETS``): ``shared-prompt`` (the defaults: 2,000
 requests sharing one 1,024-token system prompt, 10,000 blocks of 16 tokens, 32 running),
-``heavy-eviction`` (1,500 blocks, 8 system prompts, 80 % of requests sharing one) and
+``heavy-eviction`` (1,500 blocks, 8 system prompts, 80 % of requests sharing one),
 ``mooncake`` (the first 1,000 usable requests of the bundled Mooncake conversation trace,
-16 running).
+16 running) and ``new-requests`` (every prompt new and unshared, 256-2,048 tokens: a hash
+per block, the path new requests take).
 
 Worked example::
 
@@ -76,6 +77,9 @@ PRESETS: dict[str, list[str]] = {
         "--num-blocks", "1500", "--num-system-prompts", "8", "--shared-fraction", "0.8",
     ],
     "mooncake": ["--trace", DEFAULT_TRACE, "--trace-limit", "1000", "--concurrency", "16"],
+    "new-requests": [
+        "--shared-fraction", "0", "--suffix-len-min", "256", "--suffix-len-max", "2048",
+    ],
 }
 CORE_OPS = ("lookup", "allocate_prefill", "allocate_decode", "free")
 HASH_OPS = ("hash_prompt", "append_token")

@@ -8,12 +8,16 @@ the best-of-N cost of: allocate a 64-block prompt (evicting cached blocks), free
 64-block lookup that hits; then the 1M/10k ratios.
 
     python benchmarks/scaling.py
+    python benchmarks/scaling.py --json      # one JSON line {"10000": {...}, "1000000": {...}}
+    PAGEDKV_PURE=1 python benchmarks/scaling.py    # the pure-Python core
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import random
+import sys
 import time
 import tracemalloc
 
@@ -79,6 +83,9 @@ def measure(num_blocks: int, rounds: int = 200) -> dict[str, float]:
 def main() -> None:
     small = measure(10_000)
     large = measure(1_000_000)
+    if "--json" in sys.argv[1:]:
+        print(json.dumps({"10000": small, "1000000": large}))
+        return
     print(f"{'':<20} {'10,000 blocks':>14} {'1,000,000 blocks':>17} {'ratio':>7}")
     for key, unit in (
         ("build_s", "s"),

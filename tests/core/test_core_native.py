@@ -1,0 +1,224 @@
+"""The compiled core against the pure-Python reference, in one process.
+
+``pagedkv.core.native.forced_pure()`` builds pure objects beside compiled ones, so every
+test here drives both: the C SHA-256 against hashlib (both compression functions), the C
+block-hash loop against the pure one (digests and the hash memo's contents), a Hypothesis
+state machine running a compiled-core manager and a pure-core manager side by side
+(every return value and ``debug_state()`` compared after each step), and every public
+call's documented error raised the same way by both (``test_core_native_errors.py``).
+
+Without the compiled core (not built, or ``PAGEDKV_PURE=1``) they skip: there is nothing
+to compare. ``PAGEDKV_REQUIRE_COMPILED=1`` (CI's first pass) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedkv import FullAttentionSpec, KVCacheManager, Request
+from pagedkv.core import native
+from pagedkv.core.hashing import BlockHasher
+
+ccore = native.module()
+pytestmark = pytest.mark.skipif(ccore is None or native.active() is None,
+                                reason=f"no compiled core: {native.IMPORT_ERROR}")
+
+
+def test_compiled_core_is_built_when_required() -> None:
+    if os.environ.get("PAGEDKV_REQUIRE_COMPILED") == "1":
+        assert native.CORE == "compiled", native.IMPORT_ERROR
+
+
+@pytest.fixture(params=["shani", "portable"])
+def sha_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each SHA-256 compression function in turn (SHA-NI only where the CPU has it)."""
+    assert ccore is not None
+    detected = ccore.sha256_mode(False)
+    if request.param == "shani" and detected != "shani":
+        pytest.skip("this CPU has no SHA extensions")
+    ccore.sha256_mode(request.param == "portable")
+    yield request.param
+    ccore.sha256_mode(False)
+
+
+def test_sha256_equals_hashlib_at_every_padding_length(sha_mode: str) -> None:
+    assert ccore is not None
+    rng = random.Random(7)
+    for n in [*range(0, 260), 1000, 4095, 4096, 65537]:
+        data = rng.randbytes(n)
+        assert ccore.sha256(data) == hashlib.sha256(data).digest(), (sha_mode, n)
+    # FIPS 180-4 examples (NIST CSRC): "abc" and the 448-bit two-block message.
+    assert ccore.sha256(b"abc").hex() == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+    assert ccore.sha256(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq").hex() == (
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1")
+
+
+def hasher_pair(block_size: int, memo_blocks: int) -> tuple[BlockHasher, BlockHasher]:
+    compiled = BlockHasher(block_size, memo_blocks=memo_blocks)
+    with native.forced_pure():
+        pure = BlockHasher(block_size, memo_blocks=memo_blocks)
+    assert compiled._native is not None and pure._native is None
+    return compiled, pure
+
+
+token_ids = st.one_of(
+    st.integers(0, 300),                      # 1- and 2-byte CBOR heads
+    st.integers(0, (1 << 17) - 1),            # up to the 4-byte head
+    st.integers(1 << 17, (1 << 64) - 1),      # past the fast table: the pure path takes it
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 2, 3, 16, 48, 1000, 1100]),
+    memo_blocks=st.sampled_from([0, 1, 3, 64, 16384]),
+    prompts=st.lists(st.tuples(st.lists(token_ids, max_size=60), st.integers(1, 40)),
+                     min_size=1, max_size=6),
+    prefix_len=st.integers(0, 2500),
+)
+def test_block_hashes_and_memo_equal(block_size: int, memo_blocks: int,
+                                     prompts: list[tuple[list[int], int]],
+                                     prefix_len: int) -> None:
+    compiled, pure = hasher_pair(block_size, memo_blocks)
+    rng = random.Random(prefix_len)
+    shared = [rng.randrange(32000) for _ in range(prefix_len)]  # long: several chunks
+    for tail, step in prompts:
+        tokens = shared + tail
+        a: list[bytes] = []
+        b: list[bytes] = []
+        for end in [*range(0, len(tokens), step * block_size), len(tokens)]:
+            compiled.extend(a, tokens[:end])
+            pure.extend(b, tokens[:end])
+            assert a == b
+        assert compiled._memo == pure._memo and compiled._memo_old == pure._memo_old
+
+
+def test_bad_parent_and_non_list_tokens_take_the_pure_path() -> None:
+    compiled, pure = hasher_pair(4, 64)
+    for parent in (b"short", b"x" * 33):
+        a, b = [parent], [parent]
+        compiled.extend(a, list(range(20)))
+        pure.extend(b, list(range(20)))
+        assert a == b
+    a, b = [], []
+    compiled.extend(a, tuple(range(20)))
+    pure.extend(b, range(20))
+    assert a == b and len(a) == 5
+
+
+SPEC = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=4, dtype_bytes=2)
+PREFIXES = [[1000 + i for i in range(12)], [(1 << 17) + i for i in range(8)], [5] * 9, []]
+
+
+def manager_pair(**fields: Any) -> tuple[KVCacheManager, KVCacheManager]:
+    fields = {"num_blocks": 14, "max_model_len": 64, **fields}
+    compiled = KVCacheManager.from_spec(SPEC, **fields)
+    with native.forced_pure():
+        pure = KVCacheManager.from_spec(SPEC, **fields)
+    assert compiled.hasher._native is not None and pure.hasher._native is None
+    return compiled, pure
+
+
+def hit_view(hit: Any) -> tuple[Any, int]:
+    return hit.block_ids, hit.num_computed_tokens
+
+
+class CompiledVsPure(RuleBasedStateMachine):
+    """Every call made on both managers; every answer and the whole state compared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mgrs = manager_pair(hash_memo_blocks=6)
+        self.waiting: list[tuple[Request, Request]] = []
+        self.running: list[tuple[Request, Request]] = []
+        self.counter = 0
+
+    def both(self, call: Any) -> Any:
+        """``call(manager, index)`` on both; the answers (or errors) must be equal."""
+        out = []
+        for i, mgr in enumerate(self.mgrs):
+            try:
+                out.append(("ok", call(mgr, i)))
+            except Exception as exc:  # compared, not swallowed
+                out.append(("error", (type(exc), str(exc))))
+        assert out[0] == out[1]
+        return out[0][1]
+
+    @rule(prefix=st.sampled_from(range(len(PREFIXES))),
+          suffix=st.lists(st.integers(0, 300), min_size=1, max_size=13))
+    def new_request(self, prefix: int, suffix: list[int]) -> None:
+        self.counter += 1
+        rid = f"r{self.counter}"
+        reqs = [m.new_request(rid, PREFIXES[prefix] + suffix) for m in self.mgrs]
+        assert reqs[0].block_hashes == reqs[1].block_hashes
+        self.waiting.append((reqs[0], reqs[1]))
+
+    @precondition(lambda self: self.waiting)
+    @rule(i=st.integers(0, 100))
+    def admit(self, i: int) -> None:
+        pair = self.waiting[i % len(self.waiting)]
+        hits = [m.get_computed_blocks(pair[k]) for k, m in enumerate(self.mgrs)]
+        assert hit_view(hits[0]) == hit_view(hits[1])
+        n_new = pair[0].num_tokens - hits[0].num_computed_tokens
+        new = self.both(lambda m, k: m.allocate_slots(pair[k], n_new,
+                                                      new_computed_blocks=hits[k]))
+        if new is not None:
+            for req in pair:
+                req.num_computed_tokens = req.num_tokens
+            self.waiting.remove(pair)
+            self.running.append(pair)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), tokens=st.lists(st.integers(0, 1 << 18), min_size=1,
+                                                 max_size=6))
+    def decode(self, i: int, tokens: list[int]) -> None:
+        pair = self.running[i % len(self.running)]
+        if pair[0].num_tokens + len(tokens) > 64:
+            return
+        for req in pair:
+            req.append_output_tokens(tokens)
+        assert pair[0].block_hashes == pair[1].block_hashes
+        self.both(lambda m, k: m.allocate_slots(pair[k], len(tokens)))
+        for req in pair:
+            req.num_computed_tokens = req.num_tokens
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def finish(self, i: int) -> None:
+        pair = self.running.pop(i % len(self.running))
+        self.both(lambda m, k: m.free(pair[k]))
+
+    @rule(ids=st.lists(st.integers(0, 15), max_size=3))
+    def evict(self, ids: list[int]) -> None:
+        self.both(lambda m, k: m.evict_blocks(ids))
+
+    @rule()
+    def reset(self) -> None:
+        self.both(lambda m, k: m.reset_prefix_cache())
+
+    @rule()
+    def queries(self) -> None:
+        self.both(lambda m, k: (m.num_free_blocks, m.usage, m.num_evicted_blocks,
+                                m.make_prefix_cache_stats(), m.take_new_block_ids()))
+
+    @invariant()
+    def same_state(self) -> None:
+        assert self.mgrs[0].debug_state() == self.mgrs[1].debug_state()
+        for mgr in self.mgrs:
+            mgr.check_invariants()
+
+
+TestCompiledVsPure = CompiledVsPure.TestCase
+TestCompiledVsPure.settings = settings(max_examples=60, stateful_step_count=40,
+                                       deadline=None,
+                                       suppress_health_check=[HealthCheck.too_slow])
