@@ -8,6 +8,7 @@
  * nothing: the caller then runs the pure path, which encodes them or raises. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <string.h>
 

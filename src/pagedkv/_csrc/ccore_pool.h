@@ -1,2 +1,447 @@
-/* Placeholder: the pool's C pieces (added below when they pay). */
-static int ccore_pool_add(PyObject *m) { (void)m; return 0; }
+/* The pool's per-block loops: FreeQueue (pagedkv.core.free_queue.FreeBlockQueue's
+ * doubly linked list in two C int arrays, same methods, same order) and the ref-count
+ * loops of BlockPool.free_blocks and BlockPool.touch over the pool's Python lists.
+ * Included once, by ccore.c. */
+#include <stdint.h>
+
+typedef struct {
+    PyObject_HEAD
+    int32_t *next;
+    int32_t *prev;
+    Py_ssize_t head; /* sentinel slots past the last block: head, tail */
+    Py_ssize_t tail;
+    Py_ssize_t num_free;
+} FreeQueue;
+
+static PyTypeObject FreeQueueType;
+
+/* Block id `obj` as an index into the queue's blocks [0, head); -1 with IndexError set. */
+static Py_ssize_t fq_id(FreeQueue *q, PyObject *obj) {
+    Py_ssize_t b = PyLong_Check(obj) ? PyLong_AsSsize_t(obj) : -1;
+    if (b < 0 || b >= q->head) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_IndexError, "block id %R outside the pool", obj);
+        return -1;
+    }
+    return b;
+}
+
+static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"num_blocks", "first_id", NULL};
+    Py_ssize_t n, first = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|$n:FreeQueue", kwlist, &n, &first)) return -1;
+    if (n < 0 || n > INT32_MAX - 2 || first < 0) {
+        PyErr_SetString(PyExc_ValueError, "FreeQueue: num_blocks out of range");
+        return -1;
+    }
+    PyMem_Free(q->next);
+    PyMem_Free(q->prev);
+    q->next = PyMem_Malloc(sizeof(int32_t) * (size_t)(n + 2));
+    q->prev = PyMem_Malloc(sizeof(int32_t) * (size_t)(n + 2));
+    if (q->next == NULL || q->prev == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n + 2; i++) {
+        q->next[i] = (int32_t)(i + 1);
+        q->prev[i] = (int32_t)(i - 1);
+    }
+    q->head = n;
+    q->tail = n + 1;
+    if (first < n) {
+        q->next[n] = (int32_t)first;
+        q->prev[first] = (int32_t)n;
+        q->next[n - 1] = (int32_t)(n + 1);
+        q->prev[n + 1] = (int32_t)(n - 1);
+        q->num_free = n - first;
+    } else {
+        q->next[n] = (int32_t)(n + 1);
+        q->prev[n + 1] = (int32_t)n;
+        q->num_free = 0;
+    }
+    return 0;
+}
+
+static void fq_dealloc(FreeQueue *q) {
+    PyMem_Free(q->next);
+    PyMem_Free(q->prev);
+    Py_TYPE(q)->tp_free((PyObject *)q);
+}
+
+static void fq_unlink(FreeQueue *q, Py_ssize_t b) {
+    int32_t p = q->prev[b], nx = q->next[b];
+    q->next[p] = nx;
+    q->prev[nx] = p;
+    q->num_free--;
+}
+
+static void fq_push_back(FreeQueue *q, Py_ssize_t b) {
+    int32_t last = q->prev[q->tail];
+    q->next[last] = (int32_t)b;
+    q->prev[b] = last;
+    q->next[b] = (int32_t)q->tail;
+    q->prev[q->tail] = (int32_t)b;
+    q->num_free++;
+}
+
+static PyObject *fq_popleft(FreeQueue *q, PyObject *unused) {
+    (void)unused;
+    if (q->num_free <= 0) return PyErr_Format(PyExc_IndexError, "popleft from an empty queue");
+    Py_ssize_t b = q->next[q->head];
+    fq_unlink(q, b);
+    return PyLong_FromSsize_t(b);
+}
+
+static PyObject *fq_popleft_n(FreeQueue *q, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > q->num_free) {
+        return PyErr_Format(PyExc_IndexError, "popleft_n(%zd) with %zd free", n, q->num_free);
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    int32_t b = q->next[q->head];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id = PyLong_FromLong(b);
+        if (id == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, id);
+        b = q->next[b];
+    }
+    q->next[q->head] = b;
+    q->prev[b] = (int32_t)q->head;
+    q->num_free -= n;
+    return out;
+}
+
+static PyObject *fq_remove(FreeQueue *q, PyObject *arg) {
+    Py_ssize_t b = fq_id(q, arg);
+    if (b < 0) return NULL;
+    fq_unlink(q, b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fq_append(FreeQueue *q, PyObject *arg) {
+    Py_ssize_t b = fq_id(q, arg);
+    if (b < 0) return NULL;
+    fq_push_back(q, b);
+    Py_RETURN_NONE;
+}
+
+/* The ids of `seq` (a list or tuple) checked into buf (PyMem, caller frees); -1 on error. */
+static Py_ssize_t fq_ids(FreeQueue *q, PyObject *seq, int32_t **buf) {
+    PyObject *fast = PySequence_Fast(seq, "expected a sequence of block ids");
+    if (fast == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    *buf = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (*buf == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t b = fq_id(q, items[i]);
+        if (b < 0) {
+            Py_DECREF(fast);
+            PyMem_Free(*buf);
+            *buf = NULL;
+            return -1;
+        }
+        (*buf)[i] = (int32_t)b;
+    }
+    Py_DECREF(fast);
+    return n;
+}
+
+/* Link ids[0 .. n) in order between `before` and `after`. */
+static void fq_splice(FreeQueue *q, const int32_t *ids, Py_ssize_t n, int32_t before,
+                      int32_t after) {
+    int32_t last = before;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        q->next[last] = ids[i];
+        q->prev[ids[i]] = last;
+        last = ids[i];
+    }
+    q->next[last] = after;
+    q->prev[after] = last;
+    q->num_free += n;
+}
+
+static PyObject *fq_append_n(FreeQueue *q, PyObject *arg) {
+    int32_t *ids;
+    Py_ssize_t n = fq_ids(q, arg, &ids);
+    if (n < 0) return NULL;
+    if (n) fq_splice(q, ids, n, q->prev[q->tail], (int32_t)q->tail);
+    PyMem_Free(ids);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fq_prepend_n(FreeQueue *q, PyObject *arg) {
+    int32_t *ids;
+    Py_ssize_t n = fq_ids(q, arg, &ids);
+    if (n < 0) return NULL;
+    if (n) fq_splice(q, ids, n, (int32_t)q->head, q->next[q->head]);
+    PyMem_Free(ids);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fq_to_list(FreeQueue *q, PyObject *unused) {
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    Py_ssize_t guard = q->head + 2;
+    for (int32_t b = q->next[q->head]; b != q->tail && guard-- > 0; b = q->next[b]) {
+        PyObject *id = PyLong_FromLong(b);
+        if (id == NULL || PyList_Append(out, id) < 0) {
+            Py_XDECREF(id);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(id);
+    }
+    return out;
+}
+
+/* Lazy iteration front to back, as FreeBlockQueue's generator (the queue must not
+ * change meanwhile). */
+typedef struct {
+    PyObject_HEAD
+    FreeQueue *queue;
+    int32_t at;
+} FreeQueueIter;
+
+static PyTypeObject FreeQueueIterType;
+
+static PyObject *fq_iter(FreeQueue *q) {
+    FreeQueueIter *it = PyObject_New(FreeQueueIter, &FreeQueueIterType);
+    if (it == NULL) return NULL;
+    Py_INCREF(q);
+    it->queue = q;
+    it->at = q->next[q->head];
+    return (PyObject *)it;
+}
+
+static PyObject *fqi_next(FreeQueueIter *it) {
+    FreeQueue *q = it->queue;
+    if (it->at < 0 || it->at >= q->head) return NULL;  /* the tail: done */
+    int32_t b = it->at;
+    it->at = q->next[b];
+    return PyLong_FromLong(b);
+}
+
+static void fqi_dealloc(FreeQueueIter *it) {
+    Py_DECREF(it->queue);
+    PyObject_Free(it);
+}
+
+/* FreeBlockQueue.check_invariants: walk both ways; AssertionError naming the fault. */
+static PyObject *fq_check_invariants(FreeQueue *q, PyObject *unused) {
+    (void)unused;
+    Py_ssize_t count = 0;
+    int32_t p = (int32_t)q->head;
+    char *seen = PyMem_Calloc((size_t)q->head + 1, 1);
+    if (seen == NULL) return PyErr_NoMemory();
+    const char *fault = NULL;
+    for (int32_t b = q->next[q->head]; b != q->tail; p = b, b = q->next[b]) {
+        if (b < 0 || b >= q->head) fault = "free queue holds an invalid id";
+        else if (q->prev[b] != p) fault = "free queue: prev link broken";
+        else if (seen[b]) fault = "free queue: an id appears twice";
+        if (fault != NULL) break;
+        seen[b] = 1;
+        count++;
+    }
+    PyMem_Free(seen);
+    if (fault == NULL && q->prev[q->tail] != p) fault = "free queue: tail link broken";
+    if (fault == NULL && count != q->num_free) fault = "free queue: num_free is wrong";
+    if (fault != NULL) {
+        PyErr_SetString(PyExc_AssertionError, fault);
+        return NULL;
+    }
+    return fq_to_list(q, NULL);
+}
+
+/* Pickling and copy.copy/deepcopy: FreeQueue._restore(num_blocks, next, prev, num_free). */
+static PyObject *fq_reduce(FreeQueue *q, PyObject *unused) {
+    (void)unused;
+    Py_ssize_t size = (Py_ssize_t)sizeof(int32_t) * (q->head + 2);
+    PyObject *restore = PyObject_GetAttrString((PyObject *)Py_TYPE(q), "_restore");
+    if (restore == NULL) return NULL;
+    return Py_BuildValue("N(ny#y#n)", restore, q->head, (const char *)q->next, size,
+                         (const char *)q->prev, size, q->num_free);
+}
+
+static PyObject *fq_restore(PyObject *cls, PyObject *args) {
+    Py_ssize_t n, num_free, len_next, len_prev;
+    const char *nxt, *prv;
+    if (!PyArg_ParseTuple(args, "ny#y#n:_restore", &n, &nxt, &len_next, &prv, &len_prev,
+                          &num_free)) return NULL;
+    if (n < 0 || len_next != (Py_ssize_t)sizeof(int32_t) * (n + 2) || len_prev != len_next) {
+        PyErr_SetString(PyExc_ValueError, "FreeQueue._restore: arrays of the wrong size");
+        return NULL;
+    }
+    PyObject *obj = PyObject_CallFunction(cls, "n", n);
+    if (obj == NULL) return NULL;
+    FreeQueue *q = (FreeQueue *)obj;
+    memcpy(q->next, nxt, (size_t)len_next);
+    memcpy(q->prev, prv, (size_t)len_prev);
+    q->num_free = num_free;
+    return obj;
+}
+
+static PyMethodDef fq_methods[] = {
+    {"__reduce__", (PyCFunction)fq_reduce, METH_NOARGS, "Pickle/copy support."},
+    {"_restore", (PyCFunction)fq_restore, METH_VARARGS | METH_CLASS, "Rebuild a pickled queue."},
+    {"popleft", (PyCFunction)fq_popleft, METH_NOARGS, "Remove and return the front id."},
+    {"popleft_n", (PyCFunction)fq_popleft_n, METH_O, "Remove and return the n front ids."},
+    {"remove", (PyCFunction)fq_remove, METH_O, "Unlink a queued id."},
+    {"append", (PyCFunction)fq_append, METH_O, "Put an id at the back."},
+    {"append_n", (PyCFunction)fq_append_n, METH_O, "Put ids at the back, in order."},
+    {"prepend_n", (PyCFunction)fq_prepend_n, METH_O, "Put ids at the front, in order."},
+    {"to_list", (PyCFunction)fq_to_list, METH_NOARGS, "Ids front to back."},
+    {"check_invariants", (PyCFunction)fq_check_invariants, METH_NOARGS,
+     "Walk the list; AssertionError on a fault; the ids front to back."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef fq_members[] = {
+    {"num_free", T_PYSSIZET, offsetof(FreeQueue, num_free), READONLY, "Number of queued ids."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+/* ref[b] as a C integer; -1 (with TypeError) when it is not an int. */
+static long ref_of(PyObject *ref, Py_ssize_t b) {
+    PyObject *r = PyList_GET_ITEM(ref, b);
+    if (!PyLong_CheckExact(r)) {
+        PyErr_SetString(PyExc_TypeError, "ref_cnt holds a non-int");
+        return -1;
+    }
+    return PyLong_AsLong(r);
+}
+
+static int set_ref(PyObject *ref, Py_ssize_t b, long value) {
+    PyObject *v = PyLong_FromLong(value);
+    if (v == NULL) return -1;
+    PyObject *old = PyList_GET_ITEM(ref, b);
+    PyList_SET_ITEM(ref, b, v);
+    Py_DECREF(old);
+    return 0;
+}
+
+PyDoc_STRVAR(pool_free_doc,
+"pool_free(queue, ref_cnt, block_hash, ordered) -> None\n\n"
+"BlockPool.free_blocks on a FreeQueue: ref count -1 for each id of `ordered` (0 = the\n"
+"null block, skipped); those reaching 0 are queued, unhashed at the front, hashed at the\n"
+"back, each in `ordered` order. Every id is checked before anything changes.");
+
+static PyObject *pool_free(PyObject *self, PyObject *args) {
+    FreeQueue *q;
+    PyObject *ref, *bh, *ordered;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O:pool_free", &FreeQueueType, &q, &PyList_Type, &ref,
+                          &PyList_Type, &bh, &ordered)) return NULL;
+    if (PyList_GET_SIZE(ref) < q->head || PyList_GET_SIZE(bh) < q->head) {
+        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
+        return NULL;
+    }
+    int32_t *ids;
+    Py_ssize_t n = fq_ids(q, ordered, &ids);
+    if (n < 0) return NULL;
+    int32_t *front = PyMem_Malloc(sizeof(int32_t) * (size_t)(2 * n + 1));
+    if (front == NULL) {
+        PyMem_Free(ids);
+        return PyErr_NoMemory();
+    }
+    int32_t *back = front + n;
+    Py_ssize_t num_front = 0, num_back = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* check first: a bad ref count changes nothing */
+        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b = ids[i];
+        if (!b) continue;
+        long r = ref_of(ref, b) - 1;
+        if (set_ref(ref, b, r) < 0) goto fail;
+        if (r == 0) {
+            if (PyList_GET_ITEM(bh, b) == Py_None) front[num_front++] = b;
+            else back[num_back++] = b;
+        }
+    }
+    if (num_front) fq_splice(q, front, num_front, (int32_t)q->head, q->next[q->head]);
+    if (num_back) fq_splice(q, back, num_back, q->prev[q->tail], (int32_t)q->tail);
+    PyMem_Free(ids);
+    PyMem_Free(front);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(ids);
+    PyMem_Free(front);
+    return NULL;
+}
+
+PyDoc_STRVAR(pool_touch_doc,
+"pool_touch(queue, ref_cnt, ids) -> None\n\n"
+"BlockPool.touch on a FreeQueue: ref count +1 for each id of `ids` (0 skipped); a block\n"
+"at 0 leaves the queue first. Every id is checked before anything changes.");
+
+static PyObject *pool_touch(PyObject *self, PyObject *args) {
+    FreeQueue *q;
+    PyObject *ref, *seq;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O:pool_touch", &FreeQueueType, &q, &PyList_Type, &ref,
+                          &seq)) return NULL;
+    if (PyList_GET_SIZE(ref) < q->head) {
+        PyErr_SetString(PyExc_ValueError, "pool_touch: ref_cnt shorter than the pool");
+        return NULL;
+    }
+    int32_t *ids;
+    Py_ssize_t n = fq_ids(q, seq, &ids);
+    if (n < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b = ids[i];
+        if (!b) continue;
+        long r = ref_of(ref, b);
+        if (r == 0) fq_unlink(q, b);
+        if (set_ref(ref, b, r + 1) < 0) goto fail;
+    }
+    PyMem_Free(ids);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(ids);
+    return NULL;
+}
+
+static PyMethodDef pool_methods[] = {
+    {"pool_free", pool_free, METH_VARARGS, pool_free_doc},
+    {"pool_touch", pool_touch, METH_VARARGS, pool_touch_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int ccore_pool_add(PyObject *m) {
+    FreeQueueType.tp_name = "pagedkv.core._ccore.FreeQueue";
+    FreeQueueType.tp_doc = "FreeBlockQueue's doubly linked list in C int arrays (same API).";
+    FreeQueueType.tp_basicsize = sizeof(FreeQueue);
+    FreeQueueType.tp_flags = Py_TPFLAGS_DEFAULT;
+    FreeQueueType.tp_new = PyType_GenericNew;
+    FreeQueueType.tp_init = (initproc)fq_init;
+    FreeQueueType.tp_dealloc = (destructor)fq_dealloc;
+    FreeQueueType.tp_iter = (getiterfunc)fq_iter;
+    FreeQueueType.tp_methods = fq_methods;
+    FreeQueueType.tp_members = fq_members;
+    FreeQueueIterType.tp_name = "pagedkv.core._ccore.FreeQueueIterator";
+    FreeQueueIterType.tp_basicsize = sizeof(FreeQueueIter);
+    FreeQueueIterType.tp_flags = Py_TPFLAGS_DEFAULT;
+    FreeQueueIterType.tp_iter = PyObject_SelfIter;
+    FreeQueueIterType.tp_iternext = (iternextfunc)fqi_next;
+    FreeQueueIterType.tp_dealloc = (destructor)fqi_dealloc;
+    if (PyType_Ready(&FreeQueueIterType) < 0 || PyType_Ready(&FreeQueueType) < 0) return -1;
+    Py_INCREF(&FreeQueueType);
+    if (PyModule_AddObject(m, "FreeQueue", (PyObject *)&FreeQueueType) < 0) {
+        Py_DECREF(&FreeQueueType);
+        return -1;
+    }
+    return PyModule_AddFunctions(m, pool_methods);
+}

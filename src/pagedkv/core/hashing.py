@@ -121,7 +121,8 @@ class BlockHasher:
         self._head = b"\x83" + cbor_head(2, len(self.seed))
         self._array_head = cbor_head(4, block_size)
         # The compiled core's block loop (sha256_cbor only), None on the pure core.
-        self._native = native.active() if algo == "sha256_cbor" else None
+        ccore = native.active()
+        self._native = ccore.hash_plain if ccore is not None and algo == "sha256_cbor" else None
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -156,8 +157,7 @@ class BlockHasher:
         if start >= stop:
             return
         if (extras is None and self._native is not None and type(token_ids) is list
-                and self._native.hash_plain(self, hashes, token_ids, start, stop, bs,
-                                            self.memo_blocks)):
+                and self._native(self, hashes, token_ids, start, stop, bs, self.memo_blocks)):
             return  # the compiled core did what the plain paths below do
         if extras is None and stop - start <= _CHUNK_TOKENS and (
                 not hashes or len(hashes[-1]) == len(self.seed)):

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
+from pagedkv.core import native
 from pagedkv.core.components import DeviceBlock, EvictionPolicy, PoolListener
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.prefix_index import PrefixIndex
@@ -70,7 +71,18 @@ class BlockPool(PrefixIndex):
                          hash_block_size=hash_block_size, groups=groups, recorder=recorder,
                          policy=policy)
         self.ref_cnt = [0] * num_blocks
-        self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
+        # The compiled core's queue (C int arrays, the same methods) and the loops of
+        # free_blocks and touch over it; a retention policy may swap in its own queue,
+        # which then takes the Python loops.
+        ccore = native.active()
+        self._cqueue: type | None = None
+        if ccore is None:
+            self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
+        else:
+            self._cqueue = ccore.FreeQueue
+            self._cfree = ccore.pool_free
+            self._ctouch = ccore.pool_touch
+            self.free_queue = cast(FreeBlockQueue, ccore.FreeQueue(num_blocks, first_id=1))
         #: Told of evictions, allocations, hits and resets (module docstring).
         self.listeners: tuple[PoolListener, ...] = tuple(listeners)
         if policy is not None:
@@ -166,6 +178,9 @@ class BlockPool(PrefixIndex):
         if self.policy is not None or self.listeners:
             self._touch_told(ids if type(ids) is list else list(ids))
             return
+        if type(self.free_queue) is self._cqueue:
+            self._ctouch(self.free_queue, self.ref_cnt, ids)
+            return
         ref = self.ref_cnt
         remove = self.free_queue.remove
         for b in ids:
@@ -191,6 +206,9 @@ class BlockPool(PrefixIndex):
     def free_blocks(self, ordered: Iterable[int]) -> None:
         """Ref count -1 for each of ``ordered`` (first = evicted first); blocks reaching 0
         are queued: those without a hash at the front, those with one at the back. O(n)."""
+        if type(self.free_queue) is self._cqueue:
+            self._cfree(self.free_queue, self.ref_cnt, self.block_hash, ordered)
+            return
         ref = self.ref_cnt
         bh = self.block_hash
         hashed: list[int] = []
