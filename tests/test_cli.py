@@ -5,6 +5,7 @@ subcommand's tests; these are the shared wrapper and ``pagedkv bench``."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,17 @@ def test_undecodable_input_is_one_line(capsys: pytest.CaptureFixture[str],
     assert cli.main(["bench"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not UTF-8 text" in err[0]
+
+
+@pytest.mark.parametrize("pure", ["1", "0"])
+def test_version_names_the_core_in_use(pure: str) -> None:
+    """``pagedkv --version`` says which core runs: PAGEDKV_PURE=1 forces the pure one."""
+    from pagedkv.core import native
+
+    env = {**os.environ, "PAGEDKV_PURE": pure}
+    proc = subprocess.run([sys.executable, "-m", "pagedkv", "--version"], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, proc.stderr
+    built = native.module() is not None
+    expected = "compiled" if pure == "0" and built else "pure"
+    assert proc.stdout.strip().endswith(f"({expected} core)"), proc.stdout
