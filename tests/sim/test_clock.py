@@ -255,7 +255,28 @@ MISSES = {
     "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.202,
     "Mistral-7B RTX 4090 c=4 mean TTFT": -0.257,
     "Mistral-7B RTX 4090 c=16 mean TTFT": -0.673,
+    "Qwen3-8B H100 ShareGPT c=4 mean TTFT": -0.874,
+    "Llama-3.1-70B FP8 TP4 H100 median TPOT": -0.323,
+    "Qwen3-235B-A22B FP8 TP4 H100 3K in x500: output tok/s": 0.989,
+    "Qwen3-235B-A22B FP8 TP4 H100 3K in x500: mean TPOT": -0.408,
+    "Qwen3-235B-A22B FP8 TP4 H100 32K in x100: output tok/s": 1.303,
+    "Qwen3-235B-A22B FP8 TP4 H100 32K in x100: mean TPOT": -0.504,
 }
+
+
+def test_measured_tpot_counts_tokens_not_chunks(tmp_path: Path) -> None:
+    """A server that streams 10 tokens a chunk (multi-step scheduling) reports one gap
+    per chunk: TPOT is the gaps' sum over output_len - 1, not their mean; and a run at
+    request rate "inf" without max_concurrency had every request in flight at once."""
+    f = tmp_path / "chunked.json"
+    f.write_text(json.dumps({"request_rate": "inf", "input_lens": [10, 20, 30],
+                             "output_lens": [41, 0, 6], "ttfts": [0.1, 0.0, 0.1],
+                             "itls": [[0.1, 0.1, 0.1, 0.1], [], [0.1]]}))
+    m, short = load_measured(f)
+    assert m.tpot_s == pytest.approx(0.4 / 40)
+    assert m.concurrency == 2  # the failed request (ttft 0) never ran
+    assert short.tpot_s is None  # one chunk: its tokens' split is unknown
+    assert m.ttft_s == 0.0  # the first chunk's time, not the first token's: not used
 
 
 def test_a100_ratio_in_the_issue_range() -> None:

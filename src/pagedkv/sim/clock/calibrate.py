@@ -177,10 +177,10 @@ def fit_constants(data: Sequence[Measured], shape: ModelShape, gpu: GpuSpec,
             jtj[a][a] += ridge
         jtr = [-sum(cols[a][k] * r[k] for k in range(len(r))) * scale[a] for a in range(_N)]
         step = _solve(jtj, jtr)
-        new = _clamp([theta[a] + step[a] * scale[a] for a in range(_N)])
-        r_new = _residuals(keyed, shape, gpu, _constants(base, new, name))
-        if sum(x * x for x in r_new) > sum(x * x for x in r):
-            break  # no better: keep the last
+        found = _line_search(keyed, shape, gpu, base, name, theta, step, scale, r)
+        if found is None:
+            break  # no step along the direction does better: keep the last
+        new, r_new = found
         moved = max(abs(new[a] - theta[a]) / scale[a] for a in range(_N))
         theta, r = new, r_new
         if moved < 1e-9:
@@ -189,6 +189,24 @@ def fit_constants(data: Sequence[Measured], shape: ModelShape, gpu: GpuSpec,
     return Fit(constants=fitted, error_before=before,
                error_after=mean_abs_error(data, shape, gpu, fitted), num_requests=len(data),
                iterations=it)
+
+
+def _line_search(keyed: dict[tuple[int, int, int], list[Measured]], shape: ModelShape,
+                 gpu: GpuSpec, base: ClockConstants, name: str, theta: list[float],
+                 step: list[float], scale: list[float], r: list[float],
+                 ) -> tuple[list[float], list[float]] | None:
+    """The full Gauss-Newton step, or the first of its halvings (up to 2^-30) that lowers
+    the sum of squared residuals: the step times are piecewise linear (each max() picks
+    a term), so a full step can cross a kink and overshoot. None when none lowers it."""
+    sse = sum(x * x for x in r)
+    factor = 1.0
+    for _ in range(31):
+        new = _clamp([theta[a] + factor * step[a] * scale[a] for a in range(_N)])
+        r_new = _residuals(keyed, shape, gpu, _constants(base, new, name))
+        if sum(x * x for x in r_new) < sse:
+            return new, r_new
+        factor /= 2
+    return None
 
 
 def synthetic_measurements(shape: ModelShape, gpu: GpuSpec, constants: ClockConstants, *,
