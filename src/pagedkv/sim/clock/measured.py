@@ -22,8 +22,9 @@ What is read:
 >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
 ...     json.dump({"max_concurrency": 2, "input_lens": [100], "output_lens": [3],
 ...                "ttfts": [0.02], "itls": [[0.01, 0.012]]}, f)
->>> load_measured(f.name)[0]
-Measured(input_tokens=100, output_tokens=3, concurrency=2, ttft_s=0.02, tpot_s=0.011)
+>>> m = load_measured(f.name)[0]
+>>> m.input_tokens, m.output_tokens, m.concurrency, m.ttft_s, m.tpot_s
+(100, 3, 2, 0.02, 0.011)
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ __all__ = ["Measured", "load_measured"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measured:
     """One measured request: its lengths, the run's concurrency, TTFT (0: not measured)
-    and mean TPOT (inter-token latency; None with one output token)."""
+    and mean TPOT (inter-token latency; None with one output token). ``count`` > 1: it
+    stands for that many identical requests whose mean TTFT and TPOT these are (a result
+    file with aggregates only)."""
 
     input_tokens: int
     output_tokens: int
     concurrency: int
     ttft_s: float
     tpot_s: float | None
+    count: int = 1
 
 
 #: A chunked stream's TPOT is trusted from this many gaps on: the split of a short
@@ -150,7 +154,7 @@ def _vllm_aggregate(p: Path, data: Mapping[str, Any], concurrency: int) -> Measu
     tpot = _num(p, _need(p, data, "mean_tpot_ms", hint), "mean_tpot_ms") / 1e3
     return Measured(input_tokens=max(1, round(n_in / completed)),
                     output_tokens=max(1, round(n_out / completed)), concurrency=concurrency,
-                    ttft_s=ttft, tpot_s=tpot)
+                    ttft_s=ttft, tpot_s=tpot, count=int(completed))
 
 
 def _guidellm(p: Path, benchmarks: list[Any]) -> list[Measured]:
