@@ -204,7 +204,7 @@ def test_calibrate_closes_a_ttft_gap_with_the_request_latency() -> None:
     """An aggregate-only result whose TTFT the steps cannot explain (an API server's
     path): the fit puts the gap in the request latency, not in the GPU constants."""
     setup = ReplaySetup(model="Qwen3-8B", gpu=find_gpu("H100"))
-    data = [Measured(input_tokens=233, output_tokens=221, concurrency=4, count=100,
+    data = [Measured(input_tokens=233, output_tokens=221, concurrency=4, count=12,
                      ttft_s=0.064, tpot_s=0.00738)]
     fit = fit_constants(data, setup)
     assert fit.error_before > 0.4 and fit.error_after < 0.05
