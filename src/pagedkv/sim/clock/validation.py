@@ -153,7 +153,7 @@ POINTS: tuple[Point, ...] = (
                   output_tokens=252, lengths=_LAMBDA_MIXTRAL, concurrency=None,
                   num_requests=9),
           metric="tpot_ms", measured=9.90, tolerance=0.20),
-    *(Point(name=f"Qwen3-235B-A22B FP8 TP4 H100 {n_in // 1000}K in x{n}: {what}",
+    *(Point(name=f"Qwen3-235B-A22B FP8 TP4 H100 {round(n_in / 1000)}K in x{n}: {what}",
             source=_GPUSTACK.format("qwen3-235b-a22b/h100.md"), run=_qwen235(n_in, n_out, n),
             metric=metric, measured=v, tolerance=0.20)
       for n_in, n_out, n, what, metric, v in (
