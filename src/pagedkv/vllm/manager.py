@@ -1,0 +1,277 @@
+"""vLLM 0.33's ``KVCacheManager`` surface over pagedkv's façade
+(:class:`VLLMKVCacheManager`): the members vLLM's scheduler, KV connectors and engine
+core use, each a call to a public façade method. Built by
+:class:`~pagedkv.vllm.scheduler.PagedKVScheduler`; a user never builds one.
+
+Translation, call by call (vLLM name -> pagedkv):
+
+* ``get_computed_blocks(req, max)`` -> ``lookup_prefix(view, max, record_stats=False)``
+  (vLLM counts a lookup when the request is admitted: ``record_prefix_cache_stats`` ->
+  ``record_lookup``);
+* ``allocate_slots(...)`` -> ``allocate_slots(..., num_in_flight_tokens=
+  req.num_in_flight_tokens, lenient_counts=True)`` (windows freed on processed tokens;
+  draft tokens and output placeholders past the request's tokens);
+* ``free`` / ``pop_blocks_for_free`` / ``block_pool.free_blocks`` -> ``free`` /
+  ``pop_blocks_for_free`` / ``release_blocks``;
+* ``take_events`` -> the façade's records as vLLM events, each stored batch stamped with
+  the session of the request that stored it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import RequestStatus
+
+from pagedkv.core.manager import KVCacheManager
+from pagedkv.vllm.blocks import BlockPoolView, BlockTable, CoordinatorView, PagedKVBlocks
+from pagedkv.vllm.events import EventConverter
+from pagedkv.vllm.extras import retention_of
+from pagedkv.vllm.layout import cache_config_for
+from pagedkv.vllm.requests import RequestView
+
+__all__ = ["VLLMKVCacheManager"]
+
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+class VLLMKVCacheManager:
+    """vLLM's ``KVCacheManager`` members over a pagedkv :class:`~pagedkv.KVCacheManager`
+    (``self.pagedkv``: retention, miss attribution, metrics are reached there).
+
+    Raises (at construction):
+        UnsupportedLayoutError: a layout or option pagedkv does not run exactly.
+    """
+
+    def __init__(self, kv_cache_config: Any, max_model_len: int, *,
+                 enable_caching: bool = True, log_stats: bool = False,
+                 enable_kv_cache_events: bool = False, watermark: float = 0.0,
+                 cache_fields: dict[str, Any] | None = None) -> None:
+        fields = dict(cache_fields or {})
+        fields.setdefault("enable_caching", enable_caching)
+        fields.setdefault("enable_events", enable_kv_cache_events)
+        config = cache_config_for(kv_cache_config, max_model_len=max_model_len, **fields)
+        #: The pagedkv façade underneath (retention, observe, host tier, metrics).
+        self.pagedkv = KVCacheManager(config)
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.mamba_shared_prefix_checkpoint = False
+        self.use_eagle = bool(fields.get("drop_last_hit", False))
+        self._table = BlockTable(self.pagedkv)
+        self.block_pool = BlockPoolView(self.pagedkv, self._table)
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self.coordinator = CoordinatorView(self.pagedkv, self._table, specs, self.block_pool)
+        self.empty_kv_cache_blocks = PagedKVBlocks(tuple(() for _ in specs))
+        self._views: dict[str, RequestView] = {}
+        self._events = EventConverter(kv_cache_config)
+        self._pending_events: list[Any] = []
+
+    # ------------------------------------------------------------------ requests
+
+    def _view(self, request: Any) -> RequestView:
+        """The request's view: the live one while it holds blocks, else a new one."""
+        view = self._views.get(request.request_id)
+        if view is None or view.request is not request:
+            view = RequestView(request, retention_of(request))
+        return view
+
+    def _drain_events(self, request: Any) -> None:
+        if self.enable_kv_cache_events:
+            records = self.pagedkv.take_events()
+            if records:
+                session = getattr(request, "session_id", None) if request is not None else None
+                self._pending_events += self._events.convert(records, session)
+
+    # ------------------------------------------------------------------ statistics
+
+    @property
+    def usage(self) -> float:
+        return self.pagedkv.usage
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        self.pagedkv.make_prefix_cache_stats()
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Any) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Any, num_hits: int) -> None:
+        if not self.prefix_cache_lookup_enabled(request):
+            return
+        self.pagedkv.record_lookup(self._view(request), min(num_hits, request.num_tokens))
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                           preempted=request.num_preemptions > 0)
+
+    # ------------------------------------------------------------------ lookup
+
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None
+                            ) -> tuple[PagedKVBlocks, int, int]:
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        view = self._view(request)
+        limit = request.num_tokens - 1 if max_cache_hit_length is None else min(
+            max_cache_hit_length, request.num_tokens)
+        hit = self.pagedkv.lookup_prefix(view, max(limit, 0), record_stats=False)
+        if not hit.num_computed_tokens and not any(hit.block_ids):
+            return self.empty_kv_cache_blocks, 0, 0
+        return self._table.blocks(hit.block_ids, hit), hit.num_computed_tokens, 0
+
+    def get_computed_blocks_for_connector(self, request: Any,
+                                          max_cache_hit_length: int | None = None
+                                          ) -> tuple[PagedKVBlocks, int, int, bool]:
+        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+
+    def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
+        hit = getattr(blocks, "hit", None)
+        if hit is None:
+            return blocks
+        cut = self.pagedkv.truncate_computed_blocks(hit, num_computed_tokens)
+        if not any(cut.block_ids):
+            return self.empty_kv_cache_blocks
+        return self._table.blocks(cut.block_ids, cut)
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_slots(self, request: Any, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0, new_computed_blocks: Any = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> PagedKVBlocks | None:
+        if not (num_new_tokens or num_external_computed_tokens or num_new_computed_tokens):
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "computed tokens to adopt")
+        hit = getattr(new_computed_blocks, "hit", None)
+        if new_computed_blocks is not None and hit is None and any(new_computed_blocks.blocks):
+            raise ValueError("new_computed_blocks must come from this manager's "
+                             "get_computed_blocks")
+        view = self._view(request)
+        mgr = self.pagedkv
+        live = mgr.has_request(view.request_id)
+        reserved = reserved_blocks
+        if live and has_scheduled_reqs and request.status in _ADMITTING:
+            reserved += self.watermark_blocks  # vLLM: by status, pagedkv: by first call
+        in_flight = min(int(getattr(request, "num_in_flight_tokens", 0) or 0),
+                        view.num_computed_tokens)
+        new = mgr.allocate_slots(
+            view, num_new_tokens, new_computed_blocks=hit,
+            num_new_computed_tokens=num_new_computed_tokens if hit is not None else None,
+            num_lookahead_tokens=num_lookahead_tokens,
+            num_external_computed_tokens=num_external_computed_tokens,
+            num_encoder_tokens=num_encoder_tokens, delay_caching=delay_cache_blocks,
+            reserved_blocks=reserved, has_scheduled_reqs=has_scheduled_reqs,
+            full_sequence_must_fit=full_sequence_must_fit,
+            num_in_flight_tokens=in_flight, lenient_counts=True)
+        self._drain_events(request)
+        if new is None:
+            return None
+        if not live:
+            self._views[view.request_id] = view
+        if not any(new):
+            return self.empty_kv_cache_blocks
+        return self._table.blocks(new)
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        if not self.enable_caching or not self.pagedkv.has_request(request.request_id):
+            return
+        view = self._view(request)
+        self.pagedkv.cache_blocks(view, min(num_computed_tokens, request.num_tokens))
+        self._drain_events(request)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        if self.pagedkv.has_request(request_id):
+            self.pagedkv.remove_skipped_blocks(request_id, max(0, processed_computed_tokens))
+
+    def new_step_starts(self) -> None:
+        self.pagedkv.new_step_starts()
+
+    # ------------------------------------------------------------------ freeing
+
+    def free(self, request: Any) -> None:
+        view = self._views.pop(request.request_id, None)
+        self.pagedkv.free(view if view is not None else request.request_id)
+
+    def pop_blocks_for_free(self, request: Any) -> list[Any]:
+        view = self._views.pop(request.request_id, None)
+        ids = self.pagedkv.pop_blocks_for_free(
+            view if view is not None else request.request_id)
+        return self._table.of(ids)
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        self.pagedkv.evict_blocks(list(block_ids))
+        self._drain_events(None)
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.pagedkv.reset_prefix_cache():
+            return False
+        self._drain_events(None)
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # ------------------------------------------------------------------ queries
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups
+
+    def take_events(self) -> list[Any]:
+        self._drain_events(None)
+        events, self._pending_events = self._pending_events, []
+        return events
+
+    def get_blocks(self, request_id: str) -> PagedKVBlocks:
+        if not self.pagedkv.has_request(request_id):
+            return self.empty_kv_cache_blocks
+        tables = self.pagedkv.get_block_ids(request_id)
+        return self._table.blocks(tables) if any(tables) else self.empty_kv_cache_blocks
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        if not self.pagedkv.has_request(request_id):
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return self.pagedkv.get_block_ids(request_id)
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int
+                                          ) -> tuple[list[int], ...]:
+        if not self.pagedkv.has_request(request_id):
+            return tuple([] for _ in range(self.num_kv_cache_groups))
+        return self.pagedkv.get_block_ids_for_computed_tokens(request_id, num_computed_tokens)
+
+    def estimate_cached_tokens(self, request: Any) -> int:
+        return self.pagedkv.estimate_cached_tokens(self._view(request))
+
+    def create_kv_cache_blocks(self, blocks: Any) -> Any:
+        return PagedKVBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self) -> list[int]:
+        return self.pagedkv.take_new_block_ids()
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        self.pagedkv.record_blocks_for_zeroing(request_id, start_token)
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[Any]]:
+        copies = self.pagedkv.take_block_copies()
+        return ([KVCacheBlockCopy(c.src_block_id, c.dst_block_id) for c in copies.copies],
+                self._table.of(copies.retained))
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return []
