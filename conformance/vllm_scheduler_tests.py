@@ -181,7 +181,7 @@ def table(stock: dict[str, tuple[str, str]], paged: dict[str, tuple[str, str]],
         failed = [c for c in s_pass if paged.get(c, ("missing",))[0] not in ("passed", "refused")]
         only = [c for c in p_pass if c not in s_pass]
         counts = [len(ids), len(s_pass), len(p_pass), len(failed), len(refused), len(only)]
-        totals = [a + b for a, b in zip(totals, counts)]
+        totals = [a + b for a, b in zip(totals, counts, strict=True)]
         rows.append(f"| {f} | " + " | ".join(map(str, counts)) + " |")
         ok = ok and not failed
         details += [f"FAILED  {c}: {paged.get(c, ('missing', ''))[1]}" for c in failed]

@@ -10,7 +10,8 @@ The layers, bottom to top (``docs/architecture.md`` draws them):
             itself, the public surface, which re-exports the core
 2 features  ``pagedkv.events``, ``pagedkv.planner``, ``pagedkv.retention``,
             ``pagedkv.host``, ``pagedkv.observe``
-3 apps      ``pagedkv.sim``, ``pagedkv.cluster``, ``pagedkv.torch``, ``pagedkv.vllm``, ``pagedkv.bench``
+3 apps      ``pagedkv.sim``, ``pagedkv.cluster``, ``pagedkv.torch``, ``pagedkv.vllm``,
+            ``pagedkv.bench``
 4 shell     ``pagedkv.cli``, ``pagedkv.__main__``
 ==========  ===============================================================
 

@@ -404,7 +404,8 @@ class KVCacheManager:
             hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
             num_hit = new_computed_blocks.num_computed_tokens
             if num_new_computed_tokens is not None and num_new_computed_tokens < num_hit:
-                hit = self.coordinator.truncate(hit, num_new_computed_tokens)  # lenient
+                hit = self.coordinator.truncate(  # lenient: the hit cut to the count
+                    new_computed_blocks.block_ids, num_new_computed_tokens)
                 num_hit = num_new_computed_tokens
             local_computed = num_computed + num_hit
         else:

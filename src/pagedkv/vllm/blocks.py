@@ -51,7 +51,7 @@ class BlockView:
 
 
 @dataclass
-class PagedKVBlocks(KVCacheBlocks):
+class PagedKVBlocks(KVCacheBlocks):  # type: ignore[misc]
     """vLLM's ``KVCacheBlocks`` carrying the pagedkv hit it stands for (``hit``), so that
     ``allocate_slots`` adopts exactly what the lookup found."""
 

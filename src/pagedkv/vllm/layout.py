@@ -28,7 +28,6 @@ from typing import Any
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.specs import (
     ChunkedLocalAttentionSpec,
-    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,

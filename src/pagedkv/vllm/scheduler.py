@@ -103,7 +103,7 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
     return mgr
 
 
-class PagedKVScheduler(Scheduler):
+class PagedKVScheduler(Scheduler):  # type: ignore[misc]
     """vLLM 0.33's ``Scheduler`` with pagedkv as its KV-cache manager (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -111,7 +111,7 @@ class PagedKVScheduler(Scheduler):
         install_pagedkv(self)
 
 
-class PagedKVAsyncScheduler(AsyncScheduler):
+class PagedKVAsyncScheduler(AsyncScheduler):  # type: ignore[misc]
     """vLLM 0.33's ``AsyncScheduler`` with pagedkv as its KV-cache manager."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
