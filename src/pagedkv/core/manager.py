@@ -339,7 +339,8 @@ class KVCacheManager:
         ``docs/vllm.md``): new tokens may run past the request's tokens
         (draft tokens, output placeholders: slots, never registered), a request holding
         no blocks may already count computed tokens, and ``num_new_computed_tokens`` may
-        be shorter than the hit (the hit is cut to it).
+        be shorter than the hit (the hit is cut to it), and blocks are registered only as
+        far as the request has block hashes (an engine may hash lazily).
 
         Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
         chunked local: never read again), check capacity for every group at once, claim
@@ -434,8 +435,11 @@ class KVCacheManager:
                 self.live_requests[rid] = request
             if not delay_caching:
                 end = total_computed + num_new_tokens
-                coordinator.cache_blocks(
-                    request, end if end <= num_request_tokens else num_request_tokens)
+                if end > num_request_tokens:  # lenient counts: tokens not appended yet
+                    end = num_request_tokens
+                if lenient_counts:  # and never past the hashes the request has
+                    end = min(end, len(request.block_hashes) * self.pool.hash_block_size)
+                coordinator.cache_blocks(request, end)
         return new_blocks
 
     def _allocate_with_components(self, request: RequestLike, num_new_tokens: int,
@@ -618,6 +622,16 @@ class KVCacheManager:
         """
         self.require_live(request_id)
         return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
+
+    def get_num_cached_blocks(self, request_id: str) -> list[int]:
+        """Per group, how many leading blocks of the request's table are registered (or
+        were adopted from a hit): the point its next registration starts from.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return [m.num_cached_blocks.get(request_id, 0) for m in self.managers]
 
     def get_num_common_prefix_blocks(self, request_id: str,
                                      num_running_requests: int) -> list[int]:

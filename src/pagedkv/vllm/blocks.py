@@ -80,6 +80,7 @@ class BlockPoolView:
         self._mgr = mgr
         self._table = table
         self.num_gpu_blocks = mgr.pool.num_blocks
+        self.hash_block_size = mgr.pool.hash_block_size
         self.blocks = table.views
         self.null_block = table.views[0]
         self.free_block_queue = self
@@ -133,11 +134,33 @@ class _TablesView(Mapping[str, list[BlockView]]):
         return isinstance(request_id, str) and self._mgr.has_request(request_id)
 
 
-class GroupView:
-    """vLLM's per-group manager as read from outside: its spec, block size, group id and
-    block tables."""
+class _CachedCountsView(Mapping[str, int]):
+    """One group's registered-block counts by request id (``num_cached_block``)."""
 
-    def __init__(self, mgr: KVCacheManager, table: BlockTable, group: int, spec: Any) -> None:
+    def __init__(self, mgr: KVCacheManager, group: int) -> None:
+        self._mgr = mgr
+        self._group = group
+
+    def __getitem__(self, request_id: str) -> int:
+        if not self._mgr.has_request(request_id):
+            raise KeyError(request_id)
+        return self._mgr.get_num_cached_blocks(request_id)[self._group]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._mgr.live_requests))
+
+    def __len__(self) -> int:
+        return len(self._mgr.live_requests)
+
+
+class GroupView:
+    """vLLM's per-group manager as read from outside: its spec, block size, group id,
+    block tables, registered-block counts and the pool."""
+
+    def __init__(self, mgr: KVCacheManager, table: BlockTable, group: int, spec: Any,
+                 pool: BlockPoolView) -> None:
+        self.block_pool = pool
+        self.num_cached_block = _CachedCountsView(mgr, group)
         self.kv_cache_spec = spec
         self.block_size = int(spec.block_size)
         self.kv_cache_group_id = group
@@ -147,13 +170,45 @@ class GroupView:
         self._null_block = table.views[0]
 
 
+_VLLM_MANAGERS = {
+    "FullAttentionSpec": "FullAttentionManager",
+    "MLAAttentionSpec": "FullAttentionManager",
+    "SinkFullAttentionSpec": "SinkFullAttentionManager",
+    "SlidingWindowSpec": "SlidingWindowManager",
+    "ChunkedLocalAttentionSpec": "ChunkedLocalAttentionManager",
+    "MambaSpec": "MambaManager",
+    "CrossAttentionSpec": "CrossAttentionManager",
+}
+_view_classes: dict[str, type[GroupView]] = {}
+
+
+def group_view_class(spec: Any) -> type[GroupView]:
+    """A :class:`GroupView` class that is also an instance of vLLM's manager class for
+    ``spec``'s kind (code that asks ``isinstance(m, CrossAttentionManager)`` gets the
+    answer vLLM's own manager gives). vLLM's constructor never runs: every member read
+    from outside is the view's."""
+    name = _VLLM_MANAGERS.get(type(spec).__name__)
+    if name is None:
+        return GroupView
+    cls = _view_classes.get(name)
+    if cls is None:
+        from vllm.v1.core import single_type_kv_cache_manager as stm
+
+        base = getattr(stm, name)
+        cls = type(f"PagedKV{name}View", (GroupView, base),
+                   {"__abstractmethods__": frozenset(), "__module__": __name__})
+        _view_classes[name] = cls
+    return cls
+
+
 class CoordinatorView:
     """vLLM's coordinator members read from outside the manager."""
 
     def __init__(self, mgr: KVCacheManager, table: BlockTable, specs: Sequence[Any],
                  pool: BlockPoolView) -> None:
         self._mgr = mgr
-        self.single_type_managers = [GroupView(mgr, table, g, s) for g, s in enumerate(specs)]
+        self.single_type_managers = [group_view_class(s)(mgr, table, g, s, pool)
+                                    for g, s in enumerate(specs)]
         self.block_pool = pool
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()

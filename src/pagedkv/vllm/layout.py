@@ -12,7 +12,7 @@ MLAAttentionSpec                            MLAAttentionSpec
 SlidingWindowSpec                           SlidingWindowSpec
 ChunkedLocalAttentionSpec                   ChunkedLocalAttentionSpec
 SinkFullAttentionSpec                       SinkFullAttentionSpec
-CrossAttentionSpec                          CrossAttentionSpec
+CrossAttentionSpec                          CrossAttentionSpec (sized by the encoder)
 MambaSpec, ``mamba_cache_mode="align"``     MambaSpec
 ==========================================  =========================================
 
@@ -28,6 +28,7 @@ from typing import Any
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.specs import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -86,7 +87,8 @@ def _mamba(spec: Any, group: int, enable_caching: bool) -> KVCacheSpec:
     return MambaSpec(block_size=int(spec.block_size), state_bytes=int(spec.page_size_bytes))
 
 
-def pagedkv_spec(spec: Any, group: int, enable_caching: bool) -> KVCacheSpec:
+def pagedkv_spec(spec: Any, group: int, enable_caching: bool,
+                 max_encoder_len: int = 0) -> KVCacheSpec:
     """The pagedkv spec for vLLM group ``group``'s spec.
 
     Raises:
@@ -123,14 +125,16 @@ def pagedkv_spec(spec: Any, group: int, enable_caching: bool) -> KVCacheSpec:
         return ChunkedLocalAttentionSpec(**_attention_fields(spec),
                                          attention_chunk_size=int(spec.attention_chunk_size))
     if type(spec) is kci.CrossAttentionSpec:
-        raise refuse(f"group {group}: cross attention under vLLM's scheduler "
-                     "(encoder-decoder scheduling is not wired)")
+        return CrossAttentionSpec(**_attention_fields(spec),
+                                  max_encoder_len=max(1, max_encoder_len))
     raise refuse(f"group {group}: {name} (an attention kind pagedkv does not know)")
 
 
-def cache_config_for(kv_cache_config: Any, *, max_model_len: int, **fields: Any) -> CacheConfig:
+def cache_config_for(kv_cache_config: Any, *, max_model_len: int, max_encoder_len: int = 0,
+                     **fields: Any) -> CacheConfig:
     """The pagedkv :class:`CacheConfig` for a vLLM ``KVCacheConfig``; ``fields`` are
-    further CacheConfig fields (``enable_caching`` among them).
+    further CacheConfig fields (``enable_caching`` among them); ``max_encoder_len``: the
+    longest encoder input (vLLM's ``max_num_encoder_input_tokens``), for cross attention.
 
     Raises:
         UnsupportedLayoutError: a group pagedkv refuses.
@@ -138,7 +142,7 @@ def cache_config_for(kv_cache_config: Any, *, max_model_len: int, **fields: Any)
     enable_caching = bool(fields.get("enable_caching", True))
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         raise refuse("HiSparse host blocks (not implemented)")
-    groups = tuple(pagedkv_spec(g.kv_cache_spec, i, enable_caching)
+    groups = tuple(pagedkv_spec(g.kv_cache_spec, i, enable_caching, max_encoder_len)
                    for i, g in enumerate(kv_cache_config.kv_cache_groups))
     if not groups:
         raise refuse("a layout without KV-cache groups (an attention-free model)")

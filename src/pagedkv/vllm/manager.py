@@ -48,11 +48,12 @@ class VLLMKVCacheManager:
     def __init__(self, kv_cache_config: Any, max_model_len: int, *,
                  enable_caching: bool = True, log_stats: bool = False,
                  enable_kv_cache_events: bool = False, watermark: float = 0.0,
-                 cache_fields: dict[str, Any] | None = None) -> None:
+                 max_encoder_len: int = 0, cache_fields: dict[str, Any] | None = None) -> None:
         fields = dict(cache_fields or {})
         fields.setdefault("enable_caching", enable_caching)
         fields.setdefault("enable_events", enable_kv_cache_events)
-        config = cache_config_for(kv_cache_config, max_model_len=max_model_len, **fields)
+        config = cache_config_for(kv_cache_config, max_model_len=max_model_len,
+                                  max_encoder_len=max_encoder_len, **fields)
         #: The pagedkv façade underneath (retention, observe, host tier, metrics).
         self.pagedkv = KVCacheManager(config)
         self.kv_cache_config = kv_cache_config
@@ -65,6 +66,7 @@ class VLLMKVCacheManager:
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.mamba_shared_prefix_checkpoint = False
         self.use_eagle = bool(fields.get("drop_last_hit", False))
+        self._hash_block_size = self.pagedkv.pool.hash_block_size
         self._table = BlockTable(self.pagedkv)
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -190,7 +192,8 @@ class VLLMKVCacheManager:
         if not self.enable_caching or not self.pagedkv.has_request(request.request_id):
             return
         view = self._view(request)
-        self.pagedkv.cache_blocks(view, min(num_computed_tokens, request.num_tokens))
+        hashed = len(request.block_hashes) * self._hash_block_size
+        self.pagedkv.cache_blocks(view, min(num_computed_tokens, request.num_tokens, hashed))
         self._drain_events(request)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,

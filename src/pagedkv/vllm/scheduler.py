@@ -86,7 +86,9 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
         s.kv_cache_config, s.max_model_len,
         enable_caching=bool(s.cache_config.enable_prefix_caching), log_stats=s.log_stats,
         enable_kv_cache_events=s.enable_kv_cache_events,
-        watermark=s.scheduler_config.watermark, cache_fields=fields)
+        watermark=s.scheduler_config.watermark,
+        max_encoder_len=int(s.scheduler_config.max_num_encoder_input_tokens or 0),
+        cache_fields=fields)
     s.kv_cache_manager = mgr
     if s.connector is not None:
         s.connector.bind_kv_cache_manager(mgr)
