@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM 0.33 is not installed (pip install 'pagedkv[vllm]')")
 
-from vllm_sched_support import build_scheduler, make_requests, run  # noqa: E402
+from vllm_sched_support import build_scheduler, make_requests, run
 
 
 def _classes(async_scheduling: bool) -> tuple[type, type]:

@@ -383,9 +383,13 @@ class KVCacheManager:
                 or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
-                or num_computed + num_new_tokens > num_request_tokens
+                or (num_computed + num_new_tokens > num_request_tokens
+                    and lenient_counts is not True)
                 or num_request_tokens > self.max_model_len
-                or num_in_flight_tokens or lenient_counts
+                or (num_in_flight_tokens and (
+                    type(num_in_flight_tokens) is not int or num_in_flight_tokens < 0
+                    or num_in_flight_tokens > num_computed))
+                or (lenient_counts is not True and lenient_counts is not False)
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,

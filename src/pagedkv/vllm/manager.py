@@ -74,6 +74,10 @@ class VLLMKVCacheManager:
         self.empty_kv_cache_blocks = PagedKVBlocks(tuple(() for _ in specs))
         self._views: dict[str, RequestView] = {}
         self._events = EventConverter(kv_cache_config)
+        #: pagedkv's Prometheus exporter (``additional_config["pagedkv"]["metrics_port"]``).
+        self.exporter: Any = None
+        #: The port the exporter serves on (None without one).
+        self.metrics_port: int | None = None
         self._pending_events: list[Any] = []
 
     # ------------------------------------------------------------------ requests
@@ -99,7 +103,12 @@ class VLLMKVCacheManager:
         return self.pagedkv.usage
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        self.pagedkv.make_prefix_cache_stats()
+        """vLLM's interval statistics; pagedkv's own interval goes to the Prometheus
+        exporter when one is attached (``exporter``), else it is dropped."""
+        if self.exporter is not None:
+            self.exporter.record(self.pagedkv)
+        else:
+            self.pagedkv.make_prefix_cache_stats()
         if not self.log_stats:
             return None
         stats = self.prefix_cache_stats

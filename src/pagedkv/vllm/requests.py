@@ -43,17 +43,14 @@ class RequestView:
     ``retention``: the pagedkv retention asked for in the request's
     ``sampling_params.extra_args["pagedkv"]`` (see :mod:`pagedkv.vllm.extras`)."""
 
-    __slots__ = ("_extras", "_extras_done", "request", "retention")
+    __slots__ = ("_extras", "_extras_done", "request", "request_id", "retention")
 
     def __init__(self, request: Any, retention: Any = None) -> None:
         self.request = request
+        self.request_id: str = request.request_id
         self.retention = retention
         self._extras: HashExtras | None = None
         self._extras_done = False
-
-    @property
-    def request_id(self) -> str:
-        return str(self.request.request_id)
 
     @property
     def all_token_ids(self) -> Any:
@@ -76,16 +73,16 @@ class RequestView:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.request.num_tokens)
+        return self.request.num_tokens  # type: ignore[no-any-return]
 
     @property
     def num_prompt_tokens(self) -> int:
-        return int(self.request.num_prompt_tokens)
+        return self.request.num_prompt_tokens  # type: ignore[no-any-return]
 
     @property
     def num_computed_tokens(self) -> int:
-        return int(self.request.num_computed_tokens)
+        return self.request.num_computed_tokens  # type: ignore[no-any-return]
 
     @property
     def num_preemptions(self) -> int:
-        return int(self.request.num_preemptions)
+        return self.request.num_preemptions  # type: ignore[no-any-return]

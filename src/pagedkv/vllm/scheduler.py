@@ -9,9 +9,10 @@ does not run exactly are refused here, in one line naming the option and the fal
 
 pagedkv's own features come from ``additional_config={"pagedkv": {...}}``:
 ``"retention": {RetentionConfig fields}`` (priorities, durations, pins; a request asks
-through ``extra_args``, :mod:`pagedkv.vllm.extras`) and ``"observe": {ObserveConfig
-fields}`` (miss attribution, residency, the Prometheus metrics of
-:mod:`pagedkv.observe`). They are reached as ``scheduler.kv_cache_manager.pagedkv``.
+through ``extra_args``, :mod:`pagedkv.vllm.extras`), ``"observe": {ObserveConfig
+fields}`` (miss attribution, residency) and ``"metrics_port": N`` (pagedkv's Prometheus
+metrics on 127.0.0.1:N). They are reached as ``scheduler.kv_cache_manager.pagedkv``
+(and ``.exporter``).
 """
 
 from __future__ import annotations
@@ -42,10 +43,25 @@ def _feature_fields(vllm_config: Any) -> dict[str, Any]:
         from pagedkv.observe import ObserveConfig
 
         fields["observe"] = ObserveConfig(**dict(asked["observe"] or {}))
-    unknown = sorted(set(asked) - {"retention", "observe"})
+    unknown = sorted(set(asked) - {"retention", "observe", "metrics_port"})
     if unknown:
-        raise refuse(f"additional_config['pagedkv'] keys {unknown} (known: observe, retention)")
+        raise refuse(f"additional_config['pagedkv'] keys {unknown} "
+                     "(known: metrics_port, observe, retention)")
     return fields
+
+
+def _start_exporter(vllm_config: Any, mgr: VLLMKVCacheManager) -> None:
+    """``additional_config["pagedkv"]["metrics_port"]``: serve pagedkv's Prometheus
+    metrics on 127.0.0.1 (0: any free port), recorded at each of vLLM's stats intervals."""
+    extra = vllm_config.additional_config
+    asked = extra.get("pagedkv") if isinstance(extra, dict) else None
+    if not asked or asked.get("metrics_port") is None:
+        return
+    from pagedkv.observe.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    mgr.metrics_port = exporter.serve(int(asked["metrics_port"]))
+    mgr.exporter = exporter
 
 
 def _check_options(s: Any) -> None:
@@ -89,6 +105,7 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
         watermark=s.scheduler_config.watermark,
         max_encoder_len=int(s.scheduler_config.max_num_encoder_input_tokens or 0),
         cache_fields=fields)
+    _start_exporter(cfg, mgr)
     s.kv_cache_manager = mgr
     if s.connector is not None:
         s.connector.bind_kv_cache_manager(mgr)
