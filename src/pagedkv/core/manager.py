@@ -383,13 +383,10 @@ class KVCacheManager:
                 or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
-                or (num_computed + num_new_tokens > num_request_tokens
-                    and lenient_counts is not True)
-                or num_request_tokens > self.max_model_len
-                or (num_in_flight_tokens and (
-                    type(num_in_flight_tokens) is not int or num_in_flight_tokens < 0
-                    or num_in_flight_tokens > num_computed))
-                or (lenient_counts is not True and lenient_counts is not False)
+                or num_computed + num_new_tokens > num_request_tokens and not lenient_counts
+                or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
+                or num_in_flight_tokens and (type(num_in_flight_tokens) is not int
+                                             or not 0 < num_in_flight_tokens <= num_computed)
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,
@@ -405,13 +402,7 @@ class KVCacheManager:
                                        lenient_counts))
             raise
         if new_computed_blocks is not None:
-            assert isinstance(new_computed_blocks, ComputedBlocks)  # validated above
-            hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
-            num_hit = new_computed_blocks.num_computed_tokens
-            if num_new_computed_tokens is not None and num_new_computed_tokens < num_hit:
-                hit = self.coordinator.truncate(  # lenient: the hit cut to the count
-                    new_computed_blocks.block_ids, num_new_computed_tokens)
-                num_hit = num_new_computed_tokens
+            hit, num_hit = self._adopted(new_computed_blocks, num_new_computed_tokens)
             local_computed = num_computed + num_hit
         else:
             hit = None
@@ -439,12 +430,20 @@ class KVCacheManager:
                 self.live_requests[rid] = request
             if not delay_caching:
                 end = total_computed + num_new_tokens
-                if end > num_request_tokens:  # lenient counts: tokens not appended yet
-                    end = num_request_tokens
-                if lenient_counts:  # and never past the hashes the request has
-                    end = min(end, len(request.block_hashes) * self.pool.hash_block_size)
+                if lenient_counts:  # only appended tokens, only as far as hashed
+                    end = min(end, num_request_tokens,
+                              len(request.block_hashes) * self.pool.hash_block_size)
                 coordinator.cache_blocks(request, end)
         return new_blocks
+
+    def _adopted(self, hit: object, num_tokens: int | None
+                 ) -> tuple[tuple[list[int], ...], int]:
+        """The hit's tables and tokens as adopted: cut to ``num_tokens`` when that is
+        shorter (``lenient_counts``, validated by the caller)."""
+        assert isinstance(hit, ComputedBlocks)  # validated by allocate_slots
+        if num_tokens is not None and num_tokens < hit.num_computed_tokens:
+            return self.coordinator.truncate(hit.block_ids, num_tokens), num_tokens
+        return hit.block_ids, hit.num_computed_tokens
 
     def _allocate_with_components(self, request: RequestLike, num_new_tokens: int,
                                   **kwargs: Any) -> tuple[list[int], ...] | None:

@@ -222,6 +222,21 @@ def _refuse_live(rid: str, same_object: bool) -> NoReturn:
     )
 
 
+def _engine_counts(headroom: tuple[object, ...], computed: int, rid: str) -> bool:
+    """Checks ``num_in_flight_tokens`` (an int in ``[0, computed]``) and
+    ``lenient_counts`` (a bool) from ``headroom`` (defaults 0 and False); returns the
+    latter."""
+    in_flight = check_count("num_in_flight_tokens", headroom[3] if len(headroom) > 3 else 0)
+    if in_flight > computed:
+        raise InvalidArgumentError(
+            f"request {rid!r}: num_in_flight_tokens={in_flight} but only {computed} tokens "
+            "are computed; in-flight tokens are part of num_computed_tokens")
+    lenient = headroom[4] if len(headroom) > 4 else False
+    if type(lenient) is not bool:
+        raise InvalidArgumentError(f"lenient_counts must be a bool, got {lenient!r}")
+    return lenient
+
+
 def _check_lenient(mgr: ManagerView, req: RequestLike, rid: str, hit: object,
                    counts: tuple[int, object, int], live: object) -> bool:
     """The rest of :func:`check_allocate` under ``lenient_counts`` (an engine's own
@@ -289,14 +304,9 @@ def check_allocate(
         check_count("num_encoder_tokens", encoder)
     reserved, has_scheduled = headroom[0], headroom[1]
     must_fit = headroom[2] if len(headroom) > 2 else False
-    in_flight = headroom[3] if len(headroom) > 3 else 0
-    lenient = headroom[4] if len(headroom) > 4 else False
     if (type(must_fit) is not bool or type(reserved) is not int or reserved < 0
             or type(has_scheduled) is not bool):
         _refuse_headroom(reserved, has_scheduled, must_fit)
-    if type(lenient) is not bool:
-        raise InvalidArgumentError(f"lenient_counts must be a bool, got {lenient!r}")
-    in_flight = check_count("num_in_flight_tokens", in_flight)
     live = mgr.live_requests.get(rid)
     has_hit = hit is not None and bool(num_hit or any(hit.block_ids))
     if live is not None and (live is not request or has_hit):
@@ -308,11 +318,7 @@ def check_allocate(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
             f"{mgr.max_model_len}; finish it at max_model_len"
         )
-    if in_flight > computed:
-        raise InvalidArgumentError(
-            f"request {rid!r}: num_in_flight_tokens={in_flight} but only {computed} tokens "
-            "are computed; in-flight tokens are part of num_computed_tokens")
-    if lenient:
+    if _engine_counts(headroom, computed, rid):  # lenient_counts
         return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
     if live is None and computed:
         raise InvalidArgumentError(
