@@ -383,10 +383,10 @@ class KVCacheManager:
                 or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
-                or num_computed + num_new_tokens > num_request_tokens and not lenient_counts
+                or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
                 or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
-                or num_in_flight_tokens and (type(num_in_flight_tokens) is not int
-                                             or not 0 < num_in_flight_tokens <= num_computed)
+                or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
+                                             or not 0 < num_in_flight_tokens <= num_computed))
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,

@@ -110,6 +110,8 @@ def pagedkv_spec(spec: Any, group: int, enable_caching: bool,
     if isinstance(spec, kci.MambaSpec):
         return _mamba(spec, group, enable_caching)
     if type(spec) is kci.SinkFullAttentionSpec:
+        if not spec.sink_len:
+            return FullAttentionSpec(**_attention_fields(spec))
         return SinkFullAttentionSpec(**_attention_fields(spec), sink_len=int(spec.sink_len))
     if type(spec) is kci.MLAAttentionSpec:
         return MLAAttentionSpec(**_attention_fields(spec))
