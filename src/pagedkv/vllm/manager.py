@@ -19,6 +19,7 @@ Translation, call by call (vLLM name -> pagedkv):
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
@@ -35,6 +36,7 @@ from pagedkv.vllm.requests import RequestView
 __all__ = ["VLLMKVCacheManager"]
 
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_log = logging.getLogger("pagedkv.vllm")
 
 
 class VLLMKVCacheManager:
@@ -79,6 +81,7 @@ class VLLMKVCacheManager:
         #: The port the exporter serves on (None without one).
         self.metrics_port: int | None = None
         self._pending_events: list[Any] = []
+        self._warned_report_mode = False
 
     # ------------------------------------------------------------------ requests
 
@@ -133,6 +136,11 @@ class VLLMKVCacheManager:
                             ) -> tuple[PagedKVBlocks, int, int]:
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
+        if (self.enable_kv_cache_events and not self._warned_report_mode
+                and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
+            self._warned_report_mode = True
+            _log.warning("pagedkv.vllm: kv_cache_report_mode='full' is not supported; reused "
+                         "blocks are not re-announced as stored events")
         view = self._view(request)
         limit = request.num_tokens - 1 if max_cache_hit_length is None else min(
             max_cache_hit_length, request.num_tokens)
@@ -173,12 +181,14 @@ class VLLMKVCacheManager:
                              "get_computed_blocks")
         view = self._view(request)
         mgr = self.pagedkv
-        live = mgr.has_request(view.request_id)
+        live = view.request_id in mgr.live_requests
         reserved = reserved_blocks
-        if live and has_scheduled_reqs and request.status in _ADMITTING:
+        if (self.watermark_blocks and live and has_scheduled_reqs
+                and request.status in _ADMITTING):
             reserved += self.watermark_blocks  # vLLM: by status, pagedkv: by first call
-        in_flight = min(int(getattr(request, "num_in_flight_tokens", 0) or 0),
-                        view.num_computed_tokens)
+        in_flight = request.num_in_flight_tokens
+        if in_flight:
+            in_flight = min(in_flight, request.num_computed_tokens)
         new = mgr.allocate_slots(
             view, num_new_tokens, new_computed_blocks=hit,
             num_new_computed_tokens=num_new_computed_tokens if hit is not None else None,
