@@ -47,9 +47,7 @@ def test_pagedkv_schedules_exactly_as_the_stock_scheduler(
     hits = sum(n for s in want.steps for n, _ in s["new"].values())
     assert hits > 0, "the workload must hit the prefix cache"
     if num_blocks == 28:
-        assert any(s["preempted"] for s in want.steps) or any(
-            r for s in want.steps for r in s["grown"] if r in s["new"]), \
-            "the small pool must preempt"
+        assert any(s["preempted"] for s in want.steps), "the small pool must preempt"
     paged.kv_cache_manager.pagedkv.check_invariants()
 
 
