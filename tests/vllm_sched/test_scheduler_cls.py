@@ -39,15 +39,15 @@ def test_pagedkv_schedules_exactly_as_the_stock_scheduler(
 
     assert isinstance(paged.kv_cache_manager, VLLMKVCacheManager)
     assert not isinstance(stock.kv_cache_manager, VLLMKVCacheManager)
-    want = run(stock, make_requests(10))
-    got = run(paged, make_requests(10))
+    want = run(stock, make_requests(10), overlap=async_scheduling)
+    got = run(paged, make_requests(10), overlap=async_scheduling)
     for i, (a, b) in enumerate(zip(want.steps, got.steps, strict=False)):
         assert b == a, f"step {i} differs"
     assert len(got.steps) == len(want.steps)
-    hits = sum(n for s in want.steps for n, _ in s["new"].values())
+    hits = sum(n for s in want.steps for n, _ in s.get("new", {}).values())
     assert hits > 0, "the workload must hit the prefix cache"
     if num_blocks == 28:
-        assert any(s["preempted"] for s in want.steps), "the small pool must preempt"
+        assert any(s.get("preempted") for s in want.steps), "the small pool must preempt"
     paged.kv_cache_manager.pagedkv.check_invariants()
 
 

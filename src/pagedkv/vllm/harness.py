@@ -136,11 +136,10 @@ class Trace:
                            "preempted": sorted(getattr(out, "preempted_req_ids", None) or ())})
 
 
-def step(scheduler: Any, step_index: int) -> Any:
-    """One engine step with no model: ``schedule()``, then ``update_from_output()`` with
-    one sampled token (``1000 + step_index``) per request whose scheduled tokens reach the
-    end of its tokens (a prefill chunk short of the end samples nothing). Returns the
-    ``SchedulerOutput``."""
+def schedule(scheduler: Any, step_index: int) -> tuple[Any, Any]:
+    """``schedule()`` and the model output the step will produce: one sampled token
+    (``1000 + step_index``) per request whose scheduled tokens reach the end of its tokens
+    (a prefill chunk short of the end samples nothing)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     out = scheduler.schedule()
@@ -150,18 +149,43 @@ def step(scheduler: Any, step_index: int) -> Any:
                for r in ids]
     mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                             sampled_token_ids=sampled)
+    return out, mro
+
+
+def step(scheduler: Any, step_index: int) -> Any:
+    """One engine step with no model: :func:`schedule`, then ``update_from_output()``.
+    Returns the ``SchedulerOutput``."""
+    out, mro = schedule(scheduler, step_index)
     scheduler.update_from_output(out, mro)
     return out
 
 
-def run(scheduler: Any, requests: list[Any], max_steps: int = 100_000) -> Trace:
-    """Adds ``requests`` and steps ``scheduler`` (:func:`step`) until every request
-    finished; the trace of what it scheduled."""
+def run(scheduler: Any, requests: list[Any], max_steps: int = 100_000,
+        overlap: bool = False) -> Trace:
+    """Adds ``requests`` and steps ``scheduler`` until every request finished; the trace
+    of what it scheduled and, after each step, the free blocks and every live request's
+    block tables. ``overlap``: as vLLM's engine core runs an async scheduler, the next
+    step is scheduled before the previous one's output is processed (one step in flight:
+    requests count its tokens as computed, ``num_in_flight_tokens``)."""
     for r in requests:
         scheduler.add_request(r)
     trace = Trace()
+    kv = scheduler.kv_cache_manager
+    pending: tuple[Any, Any] | None = None
     for i in range(max_steps):
-        if not scheduler.has_requests():
+        if not scheduler.has_requests() and pending is None:
             return trace
-        trace.record(step(scheduler, i))
+        now = schedule(scheduler, i) if scheduler.has_requests() else None
+        if now is not None:
+            trace.record(now[0])
+        if not overlap:
+            pending, now = now, None
+        if pending is not None:
+            scheduler.update_from_output(*pending)
+        pending = now
+        # What the step left held: free blocks and every live request's tables (window
+        # blocks freed too early or too late show here first).
+        trace.steps.append({"free_blocks": kv.block_pool.get_num_free_blocks(),
+                            "tables": {rid: kv.get_block_ids(rid)
+                                       for rid in sorted(scheduler.requests)}})
     raise AssertionError(f"requests still unfinished after {max_steps} steps")
