@@ -7,6 +7,8 @@ Run under an interpreter with vLLM 0.33.0 (CPU build) and pagedkv importable::
 
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=src $V benchmarks/vllm_scheduler_speed.py --rounds 3
 
+With ``--async-scheduling`` the next step is scheduled before the previous step's output
+is processed (one step in flight, as vLLM's engine core runs an async scheduler).
 Sides alternate round by round (the first side rotates); each round builds fresh
 schedulers and replays the same requests. Printed: per side the median of the rounds'
 microseconds per step, and the median of the per-round ratios (stock time / pagedkv
@@ -49,14 +51,24 @@ def one_round(model: str, cls: Any, args: argparse.Namespace) -> tuple[float, in
     elapsed = 0.0
     steps = 0
     clock = time.perf_counter
-    while s.has_requests():
+    pending = None  # async: one step in flight, as vLLM's engine core runs it
+    while s.has_requests() or pending is not None:
         t0 = clock()
-        out = harness.step(s, steps)
+        now = harness.schedule(s, steps) if s.has_requests() else None
+        scheduled = now
+        if not args.async_scheduling:
+            pending, now = now, None
+        if pending is not None:
+            s.update_from_output(*pending)
+        pending = now
         elapsed += clock() - t0
         steps += 1
-        digest.update(repr(sorted(out.num_scheduled_tokens.items())).encode())
-        digest.update(repr([(r.req_id, r.block_ids) for r in out.scheduled_new_reqs]).encode())
-        digest.update(repr(out.scheduled_cached_reqs.new_block_ids).encode())
+        if scheduled is not None:
+            out = scheduled[0]
+            digest.update(repr(sorted(out.num_scheduled_tokens.items())).encode())
+            digest.update(repr([(r.req_id, r.block_ids)
+                                for r in out.scheduled_new_reqs]).encode())
+            digest.update(repr(out.scheduled_cached_reqs.new_block_ids).encode())
     return elapsed, steps, digest.hexdigest()[:16]
 
 
