@@ -26,15 +26,18 @@ def _classes(async_scheduling: bool) -> tuple[type, type]:
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("window", [32, None], ids=["full+swa", "full"])
+@pytest.mark.parametrize("window", [32, None, "mamba"], ids=["full+swa", "full", "full+mamba"])
 @pytest.mark.parametrize("num_blocks", [400, 28], ids=["roomy", "preempting"])
 def test_pagedkv_schedules_exactly_as_the_stock_scheduler(
-        tmp_path: Path, async_scheduling: bool, window: int | None, num_blocks: int) -> None:
+        tmp_path: Path, async_scheduling: bool, window: int | str | None,
+        num_blocks: int) -> None:
     stock_cls, paged_cls = _classes(async_scheduling)
+    layout = ({"window": None, "mamba": True} if window == "mamba"
+              else {"window": window})
     stock = build_scheduler(tmp_path, stock_cls, async_scheduling=async_scheduling,
-                            num_blocks=num_blocks, window=window)
+                            num_blocks=num_blocks, **layout)
     paged = build_scheduler(tmp_path, paged_cls, async_scheduling=async_scheduling,
-                            num_blocks=num_blocks, window=window)
+                            num_blocks=num_blocks, **layout)
     from pagedkv.vllm import VLLMKVCacheManager
 
     assert isinstance(paged.kv_cache_manager, VLLMKVCacheManager)

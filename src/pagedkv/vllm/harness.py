@@ -34,7 +34,7 @@ def build_scheduler(model: str, scheduler_cls: Any, *, async_scheduling: bool,
                     num_blocks: int, window: int | None = 32, max_model_len: int = 2048,
                     max_num_seqs: int = 8, max_num_batched_tokens: int = 256,
                     enable_caching: bool = True, log_stats: bool = True,
-                    kv_events: bool = False,
+                    kv_events: bool = False, mamba: bool = False,
                     additional_config: dict[str, Any] | None = None) -> Any:
     """A scheduler built the way vLLM's engine builds one: the class from
     ``SchedulerConfig(scheduler_cls=...).get_scheduler_cls()``."""
@@ -45,6 +45,7 @@ def build_scheduler(model: str, scheduler_cls: Any, *, async_scheduling: bool,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.structured_output import StructuredOutputManager
@@ -59,6 +60,8 @@ def build_scheduler(model: str, scheduler_cls: Any, *, async_scheduling: bool,
     cache = CacheConfig(block_size=BLOCK_SIZE, gpu_memory_utilization=0.9,
                         cache_dtype="auto", enable_prefix_caching=enable_caching)
     cache.num_gpu_blocks = num_blocks
+    if mamba:
+        cache.mamba_cache_mode = "align"
     from vllm.config import KVEventsConfig
 
     events = KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
@@ -72,6 +75,10 @@ def build_scheduler(model: str, scheduler_cls: Any, *, async_scheduling: bool,
         groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
             block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32,
             sliding_window=window)))
+    if mamba:
+        groups.append(KVCacheGroupSpec(["mamba"], MambaSpec(
+            block_size=BLOCK_SIZE, shapes=((1, 1),), dtypes=(torch.float32,),
+            mamba_cache_mode="align")))
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     register_all_kvcache_specs(vllm_config)
     cls = vllm_config.scheduler_config.get_scheduler_cls()

@@ -69,6 +69,19 @@ class VLLMKVCacheManager:
         self.mamba_shared_prefix_checkpoint = False
         self.use_eagle = bool(fields.get("drop_last_hit", False))
         self._hash_block_size = self.pagedkv.pool.hash_block_size
+        # The junction (see _junction) is computed on Mamba hybrids with a full-attention
+        # group, as vLLM's hybrid coordinator computes it.
+        kinds = [type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups]
+        self._junction_group: int | None = None
+        self._junction_block_size = 0
+        if ("MambaSpec" in kinds and len(set(kinds)) > 1 and enable_caching
+                and not fields.get("drop_last_hit")):
+            for g, kind in enumerate(kinds):
+                if kind in ("FullAttentionSpec", "MLAAttentionSpec"):
+                    self._junction_group = g
+                    self._junction_block_size = int(
+                        kv_cache_config.kv_cache_groups[g].kv_cache_spec.block_size)
+                    break
         self._table = BlockTable(self.pagedkv)
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -145,9 +158,29 @@ class VLLMKVCacheManager:
         limit = request.num_tokens - 1 if max_cache_hit_length is None else min(
             max_cache_hit_length, request.num_tokens)
         hit = self.pagedkv.lookup_prefix(view, max(limit, 0), record_stats=False)
-        if not hit.num_computed_tokens and not any(hit.block_ids):
-            return self.empty_kv_cache_blocks, 0, 0
-        return self._table.blocks(hit.block_ids, hit), hit.num_computed_tokens, 0
+        n = hit.num_computed_tokens
+        boundary = self._junction(request.block_hashes, limit, n)
+        if not n and not any(hit.block_ids):
+            return self.empty_kv_cache_blocks, 0, boundary
+        return self._table.blocks(hit.block_ids, hit), n, boundary
+
+    def _junction(self, block_hashes: list[bytes], limit: int, num_hit: int) -> int:
+        """vLLM's ``shared_prefix_boundary`` on a Mamba hybrid: where the full-attention
+        group's own hit ends when it runs past the hit every group agrees on (a prefix
+        shared with earlier requests whose Mamba state is not cached yet; the scheduler
+        stops a chunk there so that the state gets cached), else 0."""
+        g = self._junction_group
+        if g is None or num_hit >= limit:
+            return 0
+        step = self._junction_block_size // self._hash_block_size
+        cached = self.pagedkv.get_cached_block
+        longest = 0
+        for end in range(step, min(len(block_hashes), limit // self._hash_block_size) + 1,
+                         step):
+            if cached(block_hashes[end - 1], (g,)) is None:
+                break
+            longest = end * self._hash_block_size
+        return longest if longest > num_hit else 0
 
     def get_computed_blocks_for_connector(self, request: Any,
                                           max_cache_hit_length: int | None = None
