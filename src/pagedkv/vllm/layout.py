@@ -18,7 +18,8 @@ MambaSpec, ``mamba_cache_mode="align"``     MambaSpec
 
 Refused (:data:`REFUSED_KINDS`): SWA-MLA with bounded prefix replay, R-SWA, circular
 buffers, HiSparse host tiers, hidden-state caches, encoder-only groups, Mamba in any
-mode but ``align`` (with caching on) or with speculative or prefill-checkpoint blocks.
+mode but ``align`` (with caching on) or with speculative or prefill-checkpoint blocks,
+Mamba hybrids without a full-attention group (with caching on).
 """
 
 from __future__ import annotations
@@ -148,5 +149,10 @@ def cache_config_for(kv_cache_config: Any, *, max_model_len: int, max_encoder_le
                    for i, g in enumerate(kv_cache_config.kv_cache_groups))
     if not groups:
         raise refuse("a layout without KV-cache groups (an attention-free model)")
+    kinds = {type(g).__name__ for g in groups}
+    if (enable_caching and "MambaSpec" in kinds and len(kinds) > 1
+            and not kinds & {"FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec"}):
+        raise refuse("a Mamba hybrid without a full-attention group, prefix caching on "
+                     "(its shared-prefix junction is not implemented)")
     return CacheConfig(groups=groups, num_blocks=int(kv_cache_config.num_blocks),
                        max_model_len=int(max_model_len), **fields)
