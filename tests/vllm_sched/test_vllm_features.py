@@ -128,3 +128,26 @@ def test_the_plugin_sets_the_default_scheduler_class_only_when_asked(
     assert sync.get_scheduler_cls() is PagedKVScheduler
     both = SchedulerConfig(max_model_len=512, is_encoder_decoder=False, async_scheduling=True)
     assert both.get_scheduler_cls() is PagedKVAsyncScheduler
+
+
+def test_a_mamba_hybrid_without_full_attention_is_refused(tmp_path: Path) -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
+
+    from pagedkv.vllm.layout import UnsupportedLayoutError, cache_config_for
+
+    groups = [
+        KVCacheGroupSpec(["swa"], SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=1,
+                                                    dtype=torch.float32, sliding_window=32)),
+        KVCacheGroupSpec(["m"], MambaSpec(block_size=16, shapes=((1, 1),),
+                                          dtypes=(torch.float32,), mamba_cache_mode="align")),
+    ]
+    cfg = KVCacheConfig(num_blocks=10, kv_cache_tensors=[], kv_cache_groups=groups)
+    with pytest.raises(UnsupportedLayoutError, match="without a full-attention group"):
+        cache_config_for(cfg, max_model_len=128)
+    assert cache_config_for(cfg, max_model_len=128, enable_caching=False).num_blocks == 10
