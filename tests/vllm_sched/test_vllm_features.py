@@ -151,3 +151,19 @@ def test_a_mamba_hybrid_without_full_attention_is_refused(tmp_path: Path) -> Non
     with pytest.raises(UnsupportedLayoutError, match="without a full-attention group"):
         cache_config_for(cfg, max_model_len=128)
     assert cache_config_for(cfg, max_model_len=128, enable_caching=False).num_blocks == 10
+
+
+def test_a_request_can_pin_its_prompt_prefix(tmp_path: Path) -> None:
+    s = build_scheduler(tmp_path, "pagedkv.vllm.PagedKVScheduler", async_scheduling=False,
+                        num_blocks=200, window=None,
+                        additional_config={"pagedkv": {"retention": {}}})
+    asked = {"pagedkv": {"pin": {"ttl_s": 3600, "num_tokens": 48}}}
+    run(s, make_requests(1, extra_args=asked))
+    retention = s.kv_cache_manager.pagedkv.retention
+    assert retention.num_pinned_blocks == 3  # 48 tokens of 16-token blocks, held
+    bad = {"pagedkv": {"pin": {"ttl_s": -1}}}
+    s2 = build_scheduler(tmp_path, "pagedkv.vllm.PagedKVScheduler", async_scheduling=False,
+                         num_blocks=200, window=None,
+                         additional_config={"pagedkv": {"retention": {}}})
+    run(s2, make_requests(1, extra_args=bad))  # logged and ignored; the request runs
+    assert s2.kv_cache_manager.pagedkv.retention.num_pinned_blocks == 0

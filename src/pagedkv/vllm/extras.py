@@ -10,19 +10,28 @@ scheduler's manager has retention on, see :mod:`pagedkv.vllm.scheduler`)::
 
 Keys: ``ranges`` (each ``start``, ``end`` (optional), ``priority`` 0-100,
 ``duration_s`` (optional)), ``decode_priority``, ``decode_duration_s``,
-``default_priority``. A malformed entry is logged once per request and ignored (the
-request runs with default retention): a bad client field never stops the engine.
+``default_priority``.
+
+``{"pin": {"ttl_s": 600, "num_tokens": 1024, "refresh_on_hit": false}}``: pin the
+request's prompt prefix (its first ``num_tokens`` tokens, default the whole prompt) for
+``ttl_s`` seconds once it is admitted (:meth:`pagedkv.retention.RetentionControl.pin_prefix`;
+the pin budget applies, a pin past it is logged and dropped).
+
+A malformed entry is logged once per request and ignored (the request runs without it): a
+bad client field never stops the engine.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from pagedkv.errors import PagedKVError
 from pagedkv.retention import RequestRetention, TokenRangeRetention
 
-__all__ = ["parse_retention", "retention_of"]
+__all__ = ["PinAsk", "parse_pin", "parse_retention", "pin_of", "retention_of"]
 
 _log = logging.getLogger("pagedkv.vllm")
 
@@ -71,4 +80,58 @@ def retention_of(request: Any) -> RequestRetention | None:
         return parse_retention(asked["retention"])
     except PagedKVError as e:
         _log.warning("request %s: pagedkv retention ignored: %s", request.request_id, e)
+        return None
+
+
+@dataclass(frozen=True)
+class PinAsk:
+    """A request's ask to pin its prompt prefix: ``ttl_s`` seconds, the first
+    ``num_tokens`` tokens (None: the whole prompt)."""
+
+    ttl_s: float
+    num_tokens: int | None = None
+    refresh_on_hit: bool = False
+
+
+def parse_pin(value: Any) -> PinAsk:
+    """The :class:`PinAsk` a request's ``"pin"`` entry describes.
+
+    >>> parse_pin({"ttl_s": 60, "num_tokens": 512})
+    PinAsk(ttl_s=60.0, num_tokens=512, refresh_on_hit=False)
+
+    Raises:
+        InvalidArgumentError: not a mapping, an unknown key, a ``ttl_s`` that is not a
+            positive finite number, a negative ``num_tokens``.
+    """
+    from pagedkv.errors import InvalidArgumentError
+
+    if not isinstance(value, dict) or set(value) - {"ttl_s", "num_tokens", "refresh_on_hit"}:
+        raise InvalidArgumentError(
+            f"a pagedkv pin is {{ttl_s, num_tokens, refresh_on_hit}}, got {value!r}")
+    ttl = value.get("ttl_s")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (
+            math.isfinite(ttl) and ttl > 0):
+        raise InvalidArgumentError(f"pin ttl_s must be a positive number, got {ttl!r}")
+    n = value.get("num_tokens")
+    if n is not None and (type(n) is not int or n < 0):
+        raise InvalidArgumentError(f"pin num_tokens must be an int >= 0, got {n!r}")
+    refresh = value.get("refresh_on_hit", False)
+    if type(refresh) is not bool:
+        raise InvalidArgumentError(f"pin refresh_on_hit must be a bool, got {refresh!r}")
+    return PinAsk(float(ttl), n, refresh)
+
+
+def pin_of(request: Any) -> PinAsk | None:
+    """The pin a vLLM request asks for, or None (none asked, or malformed: logged)."""
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    if not extra or "pagedkv" not in extra:
+        return None
+    asked = extra["pagedkv"]
+    if not isinstance(asked, dict) or "pin" not in asked:
+        return None
+    try:
+        return parse_pin(asked["pin"])
+    except PagedKVError as e:
+        _log.warning("request %s: pagedkv pin ignored: %s", request.request_id, e)
         return None

@@ -27,9 +27,10 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import RequestStatus
 
 from pagedkv.core.manager import KVCacheManager
+from pagedkv.errors import PagedKVError
 from pagedkv.vllm.blocks import BlockPoolView, BlockTable, CoordinatorView, PagedKVBlocks
 from pagedkv.vllm.events import EventConverter
-from pagedkv.vllm.extras import retention_of
+from pagedkv.vllm.extras import pin_of, retention_of
 from pagedkv.vllm.layout import cache_config_for
 from pagedkv.vllm.requests import RequestView
 
@@ -236,9 +237,24 @@ class VLLMKVCacheManager:
             return None
         if not live:
             self._views[view.request_id] = view
+            if mgr.retention is not None:
+                self._pin_asked(view)
         if not any(new):
             return self.empty_kv_cache_blocks
         return self._table.blocks(new)
+
+    def _pin_asked(self, view: RequestView) -> None:
+        """Pin the prompt prefix a newly admitted request asks to pin (extras)."""
+        ask = pin_of(view.request)
+        if ask is None:
+            return
+        n = view.num_prompt_tokens if ask.num_tokens is None else min(
+            ask.num_tokens, view.num_prompt_tokens)
+        try:
+            self.pagedkv.retention.pin_prefix(view, ttl_s=ask.ttl_s, num_tokens=n,
+                                              refresh_on_hit=ask.refresh_on_hit)
+        except PagedKVError as e:
+            _log.warning("request %s: pagedkv pin dropped: %s", view.request_id, e)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         if not self.enable_caching or not self.pagedkv.has_request(request.request_id):
