@@ -16,9 +16,10 @@ with pagedkv's (``pagedkv.vllm``), and a per-file table.
    tests read of a model;
 4. runs :data:`TEST_FILES` under ``VLLM_PY`` with ``VLLM_TARGET_DEVICE=cpu``, stock, then
    with ``-p conformance.vllm_substitute`` (pagedkv's schedulers in place of vLLM's);
-5. prints, per file, the cases, those passing stock, those passing with pagedkv, the
-   stock-passing cases failing with pagedkv and those pagedkv refuses at construction
-   (with the reason), then every such case by name.
+5. prints, per file, the cases, those passing stock, those passing with pagedkv (and how
+   many of them built a pagedkv scheduler: the others test vLLM's manager or helpers
+   directly and never reach pagedkv), the stock-passing cases failing with pagedkv and
+   those pagedkv refuses at construction (with the reason), then every such case by name.
 
 Exit 0 when every case that passes stock passes with pagedkv or is an explicit refusal.
 """
@@ -142,6 +143,7 @@ def run_side(python: str, root: Path, hf: Path, files: list[str], pagedkv: bool,
            *[f"tests/v1/core/{f}" for f in files]]
     if pagedkv:
         cmd[3:3] = ["-p", "conformance.vllm_substitute"]
+        env["PAGEDKV_VLLM_BUILT"] = str(xml.with_suffix(".built"))
     if keyword:
         cmd += ["-k", keyword]
     side = "pagedkv" if pagedkv else "stock"
@@ -177,13 +179,27 @@ def outcomes(xml: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
+def read_built(path: Path) -> set[str]:
+    """Case ids (as :func:`outcomes` names them) of the tests that built a pagedkv
+    scheduler (written by ``conformance.vllm_substitute``)."""
+    if not path.exists():
+        return set()
+    out = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = line.split("::")  # file.py[::Class]::test[params]
+        module = parts[0][:-3].replace("/", ".")
+        out.add(".".join([module, *parts[1:-1]]) + "::" + parts[-1])
+    return out
+
+
 def table(stock: dict[str, tuple[str, str]], paged: dict[str, tuple[str, str]],
-          files: list[str]) -> tuple[str, list[str], bool]:
-    rows = ["| file | cases | stock passed | pagedkv passed | failed with pagedkv | "
-            "refused | pagedkv only |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+          files: list[str], built: set[str]) -> tuple[str, list[str], bool]:
+    rows = ["| file | cases | stock passed | pagedkv passed | of which built a pagedkv "
+            "scheduler | failed with pagedkv | refused | pagedkv only |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     details: list[str] = []
     ok = True
-    totals = [0] * 6
+    totals = [0] * 7
     for f in files:
         mod = "tests.v1.core." + f[:-3]
         ids = sorted(c for c in stock.keys() | paged.keys() if c.split("::")[0] == mod)
@@ -192,7 +208,9 @@ def table(stock: dict[str, tuple[str, str]], paged: dict[str, tuple[str, str]],
         refused = [c for c in s_pass if paged.get(c, ("",))[0] == "refused"]
         failed = [c for c in s_pass if paged.get(c, ("missing",))[0] not in ("passed", "refused")]
         only = [c for c in p_pass if c not in s_pass]
-        counts = [len(ids), len(s_pass), len(p_pass), len(failed), len(refused), len(only)]
+        on_pagedkv = [c for c in p_pass if c in built]
+        counts = [len(ids), len(s_pass), len(p_pass), len(on_pagedkv), len(failed),
+                  len(refused), len(only)]
         totals = [a + b for a, b in zip(totals, counts, strict=True)]
         rows.append(f"| {f} | " + " | ".join(map(str, counts)) + " |")
         ok = ok and not failed
@@ -228,21 +246,26 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="pagedkv-vllm-tests-") as tmp:
             hf = make_hf_cache(Path(tmp) / "hf")
             results = {}
+            built: set[str] = set()
             for side in ("stock", "pagedkv"):
                 if args.side in (side, "both"):
                     xml = Path(tmp) / f"{side}.xml"
                     run_side(args.vllm_python, root, hf, files, side == "pagedkv", xml,
                              args.keyword)
                     results[side] = outcomes(xml)
+                    if side == "pagedkv":
+                        built = read_built(xml.with_suffix(".built"))
                     if args.keep_xml:
                         args.keep_xml.mkdir(parents=True, exist_ok=True)
-                        shutil.copyfile(xml, args.keep_xml / xml.name)
+                        for f in (xml, xml.with_suffix(".built")):
+                            if f.exists():
+                                shutil.copyfile(f, args.keep_xml / f.name)
     except (RunnerError, OSError, tarfile.TarError, ET.ParseError) as e:
         print(f"vllm_scheduler_tests: {e}", file=sys.stderr)
         return 1
     stock = results.get("stock", {})
     paged = results.get("pagedkv", stock)
-    text, details, ok = table(stock if stock else paged, paged, files)
+    text, details, ok = table(stock if stock else paged, paged, files, built)
     print(text)
     for line in details:
         print(line)
