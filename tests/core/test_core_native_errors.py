@@ -69,6 +69,12 @@ CASES: dict[str, Call] = {
         "nobody", 0),
     "get_num_common_prefix_blocks": lambda m, r: m.get_num_common_prefix_blocks("nobody", 1),
     "require_live": lambda m, r: m.require_live("nobody"),
+    "lookup_prefix": lambda m, r: m.lookup_prefix("live"),  # type: ignore[arg-type]
+    "record_lookup": lambda m, r: m.record_lookup(r, 999),
+    "get_num_cached_blocks": lambda m, r: m.get_num_cached_blocks("nobody"),
+    "remove_skipped_blocks": lambda m, r: m.remove_skipped_blocks("nobody", 0),
+    "block_info": lambda m, r: m.block_info(99),
+    "get_cached_block": lambda m, r: m.get_cached_block("h", [0]),  # type: ignore[arg-type]
     "evict_blocks": lambda m, r: m.evict_blocks([-1]),
     "BlockHasher block_size": lambda m, r: BlockHasher(0),
     "BlockHasher memo_blocks": lambda m, r: BlockHasher(4, memo_blocks=-1),
