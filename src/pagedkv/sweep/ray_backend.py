@@ -147,22 +147,25 @@ class RayBackend:
         self.num_cpus = num_cpus
         self.workers = 1
         self._started = False
+        self._open = False
 
     def open(self) -> None:
         """Connect (before the first point, so a bad address fails early)."""
         self._started = connect(self.address, num_cpus=self.num_cpus) or self._started
         ray = import_ray()
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._open = True
 
     def close(self) -> None:
         """Shut down a Ray this backend started."""
         if self._started:
             import_ray().shutdown()
             self._started = False
+        self._open = False
 
     def run(self, workload: Workload, tasks: Sequence[Task]) -> Iterator[Outcome]:
         ray = import_ray()
-        if not ray.is_initialized():
+        if not self._open or not ray.is_initialized():
             self.open()
         remote = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
         box = [ray.put(workload)]
