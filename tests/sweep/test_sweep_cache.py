@@ -11,6 +11,7 @@ import pytest
 
 from pagedkv.sweep.cache import ResultCache, point_key, workload_digest
 
+
 def test_key_is_stable_and_canonical() -> None:
     a = point_key("d" * 64, {"gpu": "H100-SXM", "tp": 2, "host_memory": (1, 2)},
                   version="1.0")
@@ -53,7 +54,7 @@ def test_entries_are_whole_or_absent(tmp_path: Path) -> None:
     cache.put(key, {"metrics": {"hit_rate": 0.5}})
     assert cache.get(key) == {"key": key, "metrics": {"hit_rate": 0.5}}
     assert cache.count() == 1
-    assert not [p for p in cache.path(key).parent.iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in cache.path(key).parent.iterdir() if p.name.endswith(".tmp")]
     cache.path(key).write_text('{"key": "ab00", "metr')  # a torn file is never trusted
     assert cache.get(key) is None
     cache.path(key).write_text(json.dumps({"key": "other", "metrics": {}}))

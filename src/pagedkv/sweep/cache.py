@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -108,7 +109,7 @@ class ResultCache:
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         payload = json.dumps({**entry, "key": key}, sort_keys=True, allow_nan=False)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(payload)
@@ -116,10 +117,8 @@ class ResultCache:
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
 
     def count(self) -> int:

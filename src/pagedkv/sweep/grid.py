@@ -21,6 +21,7 @@ pagedkv.errors.InvalidArgumentError: grid: unknown option 'colour'; sweepable op
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import math
@@ -205,11 +206,12 @@ def grid_from_mapping(data: Any, *, where: str) -> Grid:
 
 
 def _read_toml(text: str, path: str) -> Any:
+    toml: Any
     try:
-        import tomllib as toml
+        toml = importlib.import_module("tomllib")
     except ModuleNotFoundError:  # Python 3.10
         try:
-            import tomli as toml  # type: ignore[no-redef,import-not-found,unused-ignore]
+            toml = importlib.import_module("tomli")
         except ModuleNotFoundError:
             raise MissingDependencyError(
                 "TOML grids need Python 3.11+ or the tomli package (pip install tomli); or "
@@ -222,7 +224,7 @@ def _read_toml(text: str, path: str) -> Any:
 
 def _read_yaml(text: str, path: str) -> Any:
     try:
-        import yaml
+        import yaml  # type: ignore[import-untyped, unused-ignore]
     except ModuleNotFoundError:
         raise MissingDependencyError("YAML grids need PyYAML: pip install 'pagedkv[yaml]' "
                                      "(or write the grid as JSON or TOML)") from None

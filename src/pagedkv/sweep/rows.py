@@ -22,6 +22,7 @@ False
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -177,8 +178,8 @@ def write_rows(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[P
     written[1].write_text(json.dumps([dict(r) for r in rows], indent=1, allow_nan=False)
                           + "\n", encoding="utf-8")
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        pa: Any = importlib.import_module("pyarrow")
+        pq: Any = importlib.import_module("pyarrow.parquet")
     except ModuleNotFoundError:
         return written
     table = pa.table({k: [r.get(k) for r in rows] for k in columns})
