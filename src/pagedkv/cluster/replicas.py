@@ -73,6 +73,8 @@ class PolicyResult:
     e2e_p99_s: float | None = None
     output_tokens_per_s: float | None = None
     """Output tokens of the finished requests over the makespan."""
+    usage_max: float | None = None
+    """The highest KV-cache usage any replica sampled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +242,7 @@ def _result(
         e2e_p50_s=_percentile(e2e, 50),
         e2e_p99_s=_percentile(e2e, 99),
         output_tokens_per_s=out_tokens / end_s if end_s > 0 else None,
+        usage_max=max((u for e in engines for u in e.usage_samples), default=None),
     )
 
 

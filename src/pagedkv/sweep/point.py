@@ -135,5 +135,5 @@ def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
         "e2e_p50_s": r.e2e_p50_s, "e2e_p99_s": r.e2e_p99_s,
         "output_tokens_per_s": r.output_tokens_per_s, "preemptions": r.num_preemptions,
         "kv_usage_mean": sum(usage) / len(usage) if usage else None,
-        "kv_usage_max": max(usage, default=None),
+        "kv_usage_max": r.usage_max,
     }
