@@ -11,7 +11,8 @@ independent simulation of several seconds. Each configuration runs in a fresh ch
 process with a fresh cache (so nothing is served from the cache, and each child's memory
 figures are its own). Prints one table:
 
-* ``wall s``: the sweep alone (Ray's start-up is printed apart);
+* ``wall s``: the sweep alone (Ray's start-up, until both workers have imported pagedkv,
+  is printed apart);
 * ``efficiency``: serial wall / (2 × wall), 100 % = ideal on 2 workers;
 * ``worker peak RSS``: the largest worker process's peak resident memory (local:
   ``getrusage(RUSAGE_CHILDREN)``; Ray: ``VmHWM`` of the ``ray::`` worker processes).
@@ -66,7 +67,8 @@ def _ray_workers_peak_mb() -> list[float]:
         grew = bool(new)
     out = []
     for pid in sorted(mine):
-        if not names.get(pid, "").startswith("ray::"):
+        name = names.get(pid, "")
+        if not name.startswith("ray::") or name.endswith("Agent"):  # workers only
             continue
         try:
             status = Path(f"/proc/{pid}/status").read_text()
@@ -76,6 +78,13 @@ def _ray_workers_peak_mb() -> list[float]:
             if line.startswith("VmHWM:"):
                 out.append(int(line.split()[1]) / 1024)
     return out
+
+
+def _warm_up() -> int:
+    import pagedkv.sweep.backends
+
+    time.sleep(0.5)  # long enough that the two calls land on two workers
+    return os.getpid() + len(pagedkv.sweep.backends.__name__)
 
 
 def child(mode: str, points: int, limit: int | None) -> dict[str, Any]:
@@ -94,6 +103,8 @@ def child(mode: str, points: int, limit: int | None) -> dict[str, Any]:
         t0 = time.perf_counter()
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
                  log_to_driver=False, logging_level="ERROR")
+        warm = ray.remote(num_cpus=1)(_warm_up)  # both workers up, pagedkv imported
+        ray.get([warm.remote() for _ in range(2)])
         startup_s = time.perf_counter() - t0
         backend: Any = RayBackend("auto")
     else:
