@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sweep_helpers import SMALL_WORKLOAD, small_grid
+from sweep_helpers import SMALL_WORKLOAD, run_cli, small_grid
 
 from pagedkv.cli import main
 
@@ -91,3 +91,44 @@ def test_small_grid_helper_is_a_valid_grid(tmp_path: Path) -> None:
     (tmp_path / "g.json").write_text(json.dumps(small_grid()))
     assert main(["sweep", str(tmp_path / "g.json"), "--out", str(tmp_path / "o"),
                  "--jobs", "1", "--no-plot"]) == 0
+
+
+def test_a_port_that_is_not_ray_fails_in_bounded_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Something listens there but is no Ray cluster (it can hold Ray's client for
+    minutes): the trial join in a child process is cut at JOIN_TIMEOUT_S, one line."""
+    ray = pytest.importorskip("ray")
+    import threading
+
+    from pagedkv.sweep import ray_backend
+
+    assert not ray.is_initialized()
+    monkeypatch.setattr(ray_backend, "JOIN_TIMEOUT_S", 6.0)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    stop = threading.Event()
+
+    def answer_and_hang_up() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=answer_and_hang_up, daemon=True)
+    thread.start()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with pytest.raises(ray_backend.RayUnreachableError) as info:
+            ray_backend.connect(address)
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    assert str(info.value).startswith(f"no Ray cluster answered at {address} within 6 s") \
+        or str(info.value).startswith(f"cannot join the Ray cluster at {address}: ")
+    assert not ray.is_initialized()

@@ -13,7 +13,10 @@ Connecting (:func:`connect`):
   Ray started here for the sweep's duration, listening on 127.0.0.1 only;
 * ``HOST:PORT`` or ``ray://HOST:PORT``: that cluster. The address is tried with a plain
   TCP connection first (:data:`CONNECT_TIMEOUT_S`), so an unreachable one fails in
-  bounded time with one line instead of Ray's retries.
+  bounded time with one line instead of Ray's retries; then joined once in a child
+  process bounded by :data:`JOIN_TIMEOUT_S` (a port that answers but is no Ray cluster
+  can hold Ray's client for minutes), and only then from this process, Ray's own log
+  lines kept off the terminal.
 
 Workers run ``pagedkv`` from their own environment: install the same pagedkv version on
 every node (the cache key holds the version of the machine that runs the sweep).
@@ -21,8 +24,11 @@ every node (the cache key holds the version of the machine that runs the sweep).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -31,11 +37,32 @@ from pagedkv.errors import MissingDependencyError, PagedKVError
 from pagedkv.sim.workloads import Workload
 from pagedkv.sweep.backends import Outcome, Task, compute
 
-__all__ = ["CONNECT_TIMEOUT_S", "RayBackend", "RayUnreachableError", "connect",
+__all__ = ["CONNECT_TIMEOUT_S", "JOIN_TIMEOUT_S", "JOIN_TRIES", "RayBackend", "RayUnreachableError", "connect",
            "import_ray", "local_ray_env"]
 
 #: Seconds to wait for a TCP connection to a cluster address before giving up.
 CONNECT_TIMEOUT_S = 5.0
+#: Seconds a trial connection to a cluster (in a child process) may take: something that
+#: accepts connections but is no Ray cluster can hold Ray's client for minutes.
+JOIN_TIMEOUT_S = 30.0
+#: Tries (about a second each) Ray's client makes to reach a cluster's GCS.
+JOIN_TRIES = 5
+_PROBE = ("import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False, "
+          "logging_level='ERROR'); ray.shutdown()")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null for the block (native libraries' logs)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class RayUnreachableError(PagedKVError):
@@ -99,8 +126,10 @@ def connect(address: str, *, num_cpus: int | None = None) -> bool:
     quiet = {"log_to_driver": False, "logging_level": "ERROR"}
     if address != "auto":
         _check_reachable(address)
+        _probe(address)
         try:
-            ray.init(address=address, **quiet)
+            with _native_stderr_silenced():  # Ray's C++ client logs every failed try
+                ray.init(address=address, **quiet)
         except Exception as exc:
             raise RayUnreachableError(f"cannot join the Ray cluster at {address}: "
                                       f"{' '.join(str(exc).split())}") from None
@@ -115,6 +144,28 @@ def connect(address: str, *, num_cpus: int | None = None) -> bool:
     ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
              **quiet)
     return True
+
+
+def _probe(address: str) -> None:
+    """Join ``address`` once in a child process, bounded by :data:`JOIN_TIMEOUT_S`.
+
+    Raises:
+        RayUnreachableError: the child failed (its last error line) or timed out.
+    """
+    env = {**os.environ, "RAY_NUM_REDIS_GET_RETRIES": str(JOIN_TRIES)}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, address], env=env,
+                              capture_output=True, text=True, timeout=JOIN_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise RayUnreachableError(
+            f"no Ray cluster answered at {address} within {JOIN_TIMEOUT_S:g} s: check the "
+            "address (the GCS port of `ray start --head`, 6379 by default)") from None
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if "Error" in ln
+                 or "Failed" in ln] or ["the trial connection failed"]
+        raise RayUnreachableError(f"cannot join the Ray cluster at {address}: "
+                                  f"{lines[-1][:300]}")
 
 
 # One workload per worker process, fetched on its first task: {object ref hex: workload}.
