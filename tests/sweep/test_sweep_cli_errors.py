@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sweep_helpers import SMALL_WORKLOAD, run_cli, small_grid
+from sweep_helpers import SMALL_WORKLOAD, small_grid
 
 from pagedkv.cli import main
 

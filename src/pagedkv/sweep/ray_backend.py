@@ -37,8 +37,8 @@ from pagedkv.errors import MissingDependencyError, PagedKVError
 from pagedkv.sim.workloads import Workload
 from pagedkv.sweep.backends import Outcome, Task, compute
 
-__all__ = ["CONNECT_TIMEOUT_S", "JOIN_TIMEOUT_S", "JOIN_TRIES", "RayBackend", "RayUnreachableError", "connect",
-           "import_ray", "local_ray_env"]
+__all__ = ["CONNECT_TIMEOUT_S", "JOIN_TIMEOUT_S", "JOIN_TRIES", "RayBackend",
+           "RayUnreachableError", "connect", "import_ray", "local_ray_env"]
 
 #: Seconds to wait for a TCP connection to a cluster address before giving up.
 CONNECT_TIMEOUT_S = 5.0
