@@ -47,7 +47,8 @@ def test_bundled_names() -> None:
     assert bundled_model_names() == [
         "AI21-Jamba-1.5-Mini", "DeepSeek-V3", "Gemma-3-27B-it", "Llama-3.1-70B",
         "Llama-3.1-8B", "Llama-4-Scout-17B-16E-Instruct", "Mistral-7B-v0.1",
-        "Qwen2.5-7B-Instruct", "Qwen3-32B",
+        "Mixtral-8x7B-Instruct-v0.1", "Qwen2.5-7B-Instruct", "Qwen3-235B-A22B-Instruct-2507",
+        "Qwen3-32B", "Qwen3-8B",
     ]
 
 

@@ -21,7 +21,8 @@ from pagedkv.sim.api import with_clock
 from pagedkv.sim.clock import RooflineStepModel, model_shape
 from pagedkv.sim.clock.calibrate import fit_constants, synthetic_measurements
 from pagedkv.sim.clock.constants import CONSTANT_SETS, FITTED, load_constants
-from pagedkv.sim.clock.measured import load_measured
+from pagedkv.sim.clock.measured import Measured, load_measured
+from pagedkv.sim.clock.replay import ReplaySetup
 from pagedkv.sim.clock.validation import POINTS, simulate_point
 from pagedkv.sim.scheduler import StepTimeModel
 
@@ -185,16 +186,58 @@ def test_report_carries_latencies_and_the_clock() -> None:
 
 
 def test_calibrate_recovers_known_constants() -> None:
-    shape, gpu = model_shape("Llama-3.1-8B"), find_gpu("H100")
+    """Requests replayed with known constants (the request latency included): the fit
+    recovers every fitted constant (the per-layer overhead is not fitted)."""
+    setup = ReplaySetup(model="Llama-3.1-8B", gpu=find_gpu("H100"))
     truth = CONSTANT_SETS["default"].with_values({
         "hbm_efficiency": 0.72, "compute_utilization": 0.45, "step_overhead_s": 1.5e-3,
-        "seq_overhead_s": 60e-6}, name="truth")  # the per-layer overhead is not fitted
-    shapes = [(i, o, c) for i in (128, 2048, 16000) for o in (32, 256) for c in (1, 8, 64)]
-    data = synthetic_measurements(shape, gpu, truth, shapes=shapes)
-    fit = fit_constants(data, shape, gpu)
+        "seq_overhead_s": 60e-6, "request_latency_s": 0.03}, name="truth")
+    shapes = [(128, 256, 1), (4096, 32, 1), (16000, 16, 2), (512, 128, 8), (256, 64, 32)]
+    data = synthetic_measurements(setup, truth, shapes=shapes)
+    fit = fit_constants(data, setup)
     for key in FITTED:
         assert getattr(fit.constants, key) == pytest.approx(getattr(truth, key), rel=0.01), key
     assert fit.error_before > 0.05 and fit.error_after < 1e-4
+
+
+def test_calibrate_closes_a_ttft_gap_with_the_request_latency() -> None:
+    """An aggregate-only result whose TTFT the steps cannot explain (an API server's
+    path): the fit puts the gap in the request latency, not in the GPU constants."""
+    setup = ReplaySetup(model="Qwen3-8B", gpu=find_gpu("H100"))
+    data = [Measured(input_tokens=233, output_tokens=221, concurrency=4, count=12,
+                     ttft_s=0.064, tpot_s=0.00738)]
+    fit = fit_constants(data, setup)
+    assert fit.error_before > 0.4 and fit.error_after < 0.05
+    assert 0.03 < fit.constants.request_latency_s < 0.07
+
+
+_DATA = Path(__file__).parent / "data"
+
+
+def _fp8_70b(tmp_path: Path) -> str:
+    from pagedkv import planner
+
+    config, _, _ = planner.load_config("Llama-3.1-70B")
+    path = tmp_path / "Llama-3.1-70B-FP8.json"
+    path.write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    return str(path)
+
+
+@pytest.mark.parametrize(("name", "gpu", "tp", "before", "after"), [
+    ("lambda_70b_fp8_tp4_h100.json", "H100", 4, (0.25, 0.40), 0.12),
+    ("lambda_70b_fp8_tp2_a100.json", "A100-80GB", 2, (0.0, 0.10), 0.05)])
+def test_calibrate_on_published_per_request_data(tmp_path: Path, name: str, gpu: str, tp: int,
+                                                 before: tuple[float, float],
+                                                 after: float) -> None:
+    """Real per-request measurements (tests/sim/data/SOURCE.md: Llama-3.1-70B FP8 on
+    4x H100 and 2x A100, vLLM 0.6, tokens streamed ten to a chunk): the zero-fit error,
+    and the error after --calibrate on the same file."""
+    setup = ReplaySetup(model=_fp8_70b(tmp_path), gpu=find_gpu(gpu), tp=tp)
+    data = load_measured(_DATA / name)
+    assert len(data) == 8  # two of the ten requests returned nothing
+    fit = fit_constants(data, setup)
+    assert before[0] <= fit.error_before <= before[1]
+    assert fit.error_after <= after
 
 
 def _bench_file(path: Path, data: list[object]) -> None:
@@ -213,13 +256,15 @@ def _bench_file(path: Path, data: list[object]) -> None:
 def test_calibrate_cli_round_trip(tmp_path: Path) -> None:
     """Files in `vllm bench serve` form, generated with known constants: --calibrate
     writes them back, and --calibration FILE loads them."""
-    shape, gpu = model_shape("Llama-3.1-8B"), find_gpu("A100-80GB")
+    setup = ReplaySetup(model="Llama-3.1-8B", gpu=find_gpu("A100-80GB"))
     truth = CONSTANT_SETS["default"].with_values({"hbm_efficiency": 0.7,
                                                   "step_overhead_s": 2e-3}, name="t")
-    shapes = [(i, o, c) for i in (256, 4096) for o in (64, 512) for c in (1, 4, 32)]
-    _bench_file(tmp_path, list(synthetic_measurements(shape, gpu, truth, shapes=shapes)))
+    # a long prompt's chunked prefill tells the per-step overhead from the bandwidth
+    shapes = [(128, 256, 1), (4096, 32, 1), (16000, 16, 2), (512, 128, 8), (256, 64, 32)]
+    data = synthetic_measurements(setup, truth, shapes=shapes)
+    _bench_file(tmp_path, list(data))
     files = sorted(str(p) for p in tmp_path.glob("bench_c*.json"))
-    assert sum(len(load_measured(f)) for f in files) == len(shapes)
+    assert sum(len(load_measured(f)) for f in files) == len(data)
     out = tmp_path / "cal.json"
     proc = subprocess.run([sys.executable, "-m", "pagedkv", "simulate", "--gpu", "A100-80GB",
                            "--calibrate", *files, "--save-calibration", str(out)],
@@ -255,7 +300,28 @@ MISSES = {
     "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.202,
     "Mistral-7B RTX 4090 c=4 mean TTFT": -0.257,
     "Mistral-7B RTX 4090 c=16 mean TTFT": -0.673,
+    "Qwen3-8B H100 ShareGPT c=4 mean TTFT": -0.874,
+    "Llama-3.1-70B FP8 TP4 H100 median TPOT": -0.323,
+    "Qwen3-235B-A22B FP8 TP4 H100 4K in x500: output tok/s": 0.909,
+    "Qwen3-235B-A22B FP8 TP4 H100 4K in x500: mean TPOT": -0.384,
+    "Qwen3-235B-A22B FP8 TP4 H100 32K in x100: output tok/s": 0.686,
+    "Qwen3-235B-A22B FP8 TP4 H100 32K in x100: mean TPOT": -0.326,
 }
+
+
+def test_measured_tpot_counts_tokens_not_chunks(tmp_path: Path) -> None:
+    """A server that streams 10 tokens a chunk (multi-step scheduling) reports one gap
+    per chunk: TPOT is the gaps' sum over output_len - 1, not their mean; and a run at
+    request rate "inf" without max_concurrency had every request in flight at once."""
+    f = tmp_path / "chunked.json"
+    f.write_text(json.dumps({"request_rate": "inf", "input_lens": [10, 20, 30],
+                             "output_lens": [41, 0, 6], "ttfts": [0.1, 0.0, 0.1],
+                             "itls": [[0.1, 0.1, 0.1, 0.1], [], [0.1]]}))
+    m, short = load_measured(f)
+    assert m.tpot_s == pytest.approx(0.4 / 40)
+    assert m.concurrency == 2  # the failed request (ttft 0) never ran
+    assert short.tpot_s is None  # one chunk: its tokens' split is unknown
+    assert m.ttft_s == 0.0  # the first chunk's time, not the first token's: not used
 
 
 def test_a100_ratio_in_the_issue_range() -> None:

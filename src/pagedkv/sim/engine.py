@@ -142,6 +142,9 @@ class EngineSimulator:
         self._publish = cfg.kv_events is not None
         #: the roofline clock's batch-aware step time (None: the linear model)
         self._batch_time = getattr(cfg.step_time, "batch_time_s", None)
+        #: client -> engine per request (the roofline clock's; 0 with the linear model):
+        #: the engine sees a request this long after its arrival time
+        self._latency_s = float(getattr(cfg.step_time, "request_latency_s", 0.0))
         self._batch: tuple[list[LiveRequest], list[tuple[LiveRequest, int]]] = ([], [])
         #: seconds charged per clock term (weights, compute, KV reads, overhead, comm.)
         self.clock_terms_s = [0.0] * 5
@@ -150,7 +153,7 @@ class EngineSimulator:
 
     def submit(self, index: int, *, at_s: float) -> None:
         """Let workload request ``index`` arrive at ``at_s`` seconds (not before now)."""
-        heapq.heappush(self._pending, (max(at_s, self.now_s), index))
+        heapq.heappush(self._pending, (max(at_s, self.now_s) + self._latency_s, index))
 
     @property
     def has_work(self) -> bool:
@@ -184,7 +187,7 @@ class EngineSimulator:
         for i, r in enumerate(self.workload.requests):
             if r.parent is None:
                 t = 0.0 if at_once else r.arrival_s * self._scale
-                self._pending.append((t, i))
+                self._pending.append((t + self._latency_s, i))
                 last = max(last, t)
         heapq.heapify(self._pending)
         self._sample_every = max(last, 1.0) / max(cfg.num_samples, 1)
@@ -247,7 +250,7 @@ class EngineSimulator:
         res = self.res
         while pending and pending[0][0] <= self.now_s:
             t, i = heapq.heappop(pending)
-            res.arrival_s[i] = t
+            res.arrival_s[i] = t - self._latency_s
             if self._blocks_needed(reqs[i]) > self.capacity_blocks:
                 res.rejected += 1
                 self._done(i, t)
@@ -432,7 +435,8 @@ class EngineSimulator:
         self.finished.append(index)
         reqs = self.workload.requests
         for c in self._children.get(index, ()):
-            heapq.heappush(self._pending, (t + reqs[c].think_s * self._scale, c))
+            heapq.heappush(self._pending,
+                           (t + reqs[c].think_s * self._scale + self._latency_s, c))
 
     def _sample(self, *, force: bool = False) -> None:
         if self.now_s < self._next_sample and not force:

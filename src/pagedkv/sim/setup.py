@@ -148,7 +148,8 @@ class SimulateRequest:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CalibrateRequest:
     """``--calibrate MEASURED...``: fit the roofline constants of ``model`` on ``gpu``
-    (``tp``) from ``measured`` files, starting at ``calibration``, write ``save_to``."""
+    (``tp``, the engine's ``token_budget`` and ``max_running``) from ``measured`` files,
+    starting at ``calibration``, write ``save_to``."""
 
     measured: tuple[str, ...]
     save_to: str
@@ -158,6 +159,8 @@ class CalibrateRequest:
     calibration: str | None = None
     num_blocks: int | None = None
     json: bool = False
+    token_budget: int = 8192
+    max_running: int = 256
 
 
 def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRequest:
@@ -185,7 +188,8 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
         return CalibrateRequest(
             measured=tuple(v["calibrate"]), save_to=v["save_calibration"], model=v["model"],
             gpu=v["gpu"], tp=v["tp"], calibration=v["calibration"],
-            num_blocks=v["num_blocks"], json=v["json"])
+            num_blocks=v["num_blocks"], json=v["json"], token_budget=v["token_budget"],
+            max_running=v["max_running"])
     replicas = _replicas(v)
     observe = _observe(v)
     target = parse_seconds(v["ttft_p99"]) if v["find_capacity"] else None

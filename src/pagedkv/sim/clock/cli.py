@@ -28,6 +28,7 @@ def run_calibrate(request: CalibrateRequest) -> int:
     """
     from pagedkv.sim.clock.calibrate import fit_constants
     from pagedkv.sim.clock.measured import load_measured
+    from pagedkv.sim.clock.replay import ReplaySetup
     from pagedkv.sim.clock.shape import model_shape
     from pagedkv.sim.models import DEFAULT_MODEL
 
@@ -40,9 +41,12 @@ def run_calibrate(request: CalibrateRequest) -> int:
                                    "give a file in an existing directory")
     gpu = resolve_gpu(request.gpu)
     start = load_constants(request.calibration)
-    shape = model_shape(request.model or DEFAULT_MODEL, tp=request.tp)
+    model = request.model or DEFAULT_MODEL
+    shape = model_shape(model, tp=request.tp)
     data = [m for path in request.measured for m in load_measured(path)]
-    fit = fit_constants(data, shape, gpu, start, name=out.stem)
+    setup = ReplaySetup(model=model, gpu=gpu, tp=request.tp,
+                        token_budget=request.token_budget, max_running=request.max_running)
+    fit = fit_constants(data, setup, start, name=out.stem)
     names = [Path(p).name for p in request.measured]
     figures: dict[str, object] = {"model": shape.name, "gpu": gpu.name, "tp": shape.tp,
                "measured_files": names,
@@ -62,7 +66,8 @@ def run_calibrate(request: CalibrateRequest) -> int:
           f"'{start.name}' -> {100 * fit.error_after:.1f} % fitted")
     print(f"  hbm_efficiency {c.hbm_efficiency:.3f}, compute_utilization "
           f"{c.compute_utilization:.3f}, step_overhead {c.step_overhead_s * 1e3:.3f} ms, "
-          f"seq_overhead {c.seq_overhead_s * 1e6:.1f} µs, layer_overhead "
-          f"{c.layer_overhead_s * 1e6:.2f} µs")
+          f"seq_overhead {c.seq_overhead_s * 1e6:.1f} µs, request_latency "
+          f"{c.request_latency_s * 1e3:.2f} ms (layer_overhead {c.layer_overhead_s * 1e6:.2f} "
+          "µs kept)")
     print(f"written to {out.resolve()}; use it with --calibration {out}")
     return 0

@@ -28,7 +28,8 @@ from pagedkv.json_input import parse_json
 __all__ = ["CONSTANT_SETS", "FITTED", "ClockConstants", "load_constants", "save_constants"]
 
 #: The constants ``--calibrate`` fits (the others keep their set's value).
-FITTED = ("hbm_efficiency", "compute_utilization", "step_overhead_s", "seq_overhead_s")
+FITTED = ("hbm_efficiency", "compute_utilization", "step_overhead_s", "seq_overhead_s",
+          "request_latency_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +42,9 @@ class ClockConstants:
     (utilisation ramps as ``u * T / (T + half)``); ``step_overhead_s``: per step
     (scheduling, launch, sampling setup); ``seq_overhead_s``: per scheduled sequence;
     ``layer_overhead_s``: per layer per step (kernel gaps); ``allreduce_latency_s``: per
-    tensor-parallel all-reduce (two per layer)."""
+    tensor-parallel all-reduce (two per layer); ``request_latency_s``: from a client
+    sending a request to the engine seeing it (HTTP, chat template, tokenisation — the
+    API server's path, outside the GPU's steps), in every TTFT and end-to-end latency."""
 
     name: str = "default"
     hbm_efficiency: float = 0.85
@@ -51,6 +54,7 @@ class ClockConstants:
     seq_overhead_s: float = 20e-6
     layer_overhead_s: float = 5e-6
     allreduce_latency_s: float = 10e-6
+    request_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("hbm_efficiency", "compute_utilization"):
@@ -59,7 +63,7 @@ class ClockConstants:
                 raise InvalidArgumentError(
                     f"clock constant {key} must be a number in (0, 1], got {v!r}")
         for key in ("util_half_tokens", "step_overhead_s", "seq_overhead_s",
-                    "layer_overhead_s", "allreduce_latency_s"):
+                    "layer_overhead_s", "allreduce_latency_s", "request_latency_s"):
             v = getattr(self, key)
             if not _is_number(v) or v < 0 or v > 1e6:
                 raise InvalidArgumentError(
@@ -86,7 +90,7 @@ CONSTANT_SETS: Mapping[str, ClockConstants] = {
 
 _KEYS = ("name", "hbm_efficiency", "compute_utilization", "util_half_tokens",
          "step_overhead_s", "seq_overhead_s", "layer_overhead_s", "allreduce_latency_s",
-         "fit")
+         "request_latency_s", "fit")
 
 
 def load_constants(text: str | None) -> ClockConstants:

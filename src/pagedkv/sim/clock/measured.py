@@ -5,7 +5,12 @@ result JSON.
 What is read:
 
 * ``vllm bench serve``: ``input_lens``, ``output_lens``, ``ttfts`` (s) and ``itls``
-  (per request, s) plus ``max_concurrency``; without the per-request lists, the
+  (per request, s) plus ``max_concurrency`` (absent with ``request_rate`` "inf": every
+  request at once, the concurrency is their number); a request's TPOT is the sum of its
+  inter-chunk gaps over ``output_len - 1`` (vLLM's own definition, right when a server
+  streams several tokens per chunk, as multi-step scheduling does: then its TTFT is the
+  first *chunk's* and is not used, ``ttft_s`` 0, nor is the TPOT of an answer of fewer
+  than 4 chunks); without the per-request lists, the
   aggregates ``completed``, ``total_input_tokens``, ``total_output_tokens``,
   ``mean_ttft_ms`` and ``mean_tpot_ms`` stand for one typical request.
 * GuideLLM: ``benchmarks[*].requests.successful[*]`` with ``prompt_tokens``,
@@ -17,8 +22,9 @@ What is read:
 >>> with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
 ...     json.dump({"max_concurrency": 2, "input_lens": [100], "output_lens": [3],
 ...                "ttfts": [0.02], "itls": [[0.01, 0.012]]}, f)
->>> load_measured(f.name)[0]
-Measured(input_tokens=100, output_tokens=3, concurrency=2, ttft_s=0.02, tpot_s=0.011)
+>>> m = load_measured(f.name)[0]
+>>> m.input_tokens, m.output_tokens, m.concurrency, m.ttft_s, m.tpot_s
+(100, 3, 2, 0.02, 0.011)
 """
 
 from __future__ import annotations
@@ -37,14 +43,22 @@ __all__ = ["Measured", "load_measured"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measured:
-    """One measured request: its lengths, the run's concurrency, TTFT and mean TPOT
-    (inter-token latency; None with one output token)."""
+    """One measured request: its lengths, the run's concurrency, TTFT (0: not measured)
+    and mean TPOT (inter-token latency; None with one output token). ``count`` > 1: it
+    stands for that many identical requests whose mean TTFT and TPOT these are (a result
+    file with aggregates only)."""
 
     input_tokens: int
     output_tokens: int
     concurrency: int
     ttft_s: float
     tpot_s: float | None
+    count: int = 1
+
+
+#: A chunked stream's TPOT is trusted from this many gaps on: the split of a short
+#: answer's tokens between its first chunk and the rest is unknown.
+_MIN_CHUNKS = 4
 
 
 def load_measured(path: str | Path) -> list[Measured]:
@@ -89,8 +103,15 @@ def _need(p: Path, data: Mapping[str, Any], key: str, what: str) -> Any:
 
 def _vllm_bench(p: Path, data: Mapping[str, Any]) -> list[Measured]:
     conc_raw = data.get("max_concurrency")
-    concurrency = 1 if conc_raw is None else int(_num(p, conc_raw, "max_concurrency",
-                                                      positive=True))
+    if conc_raw is not None:
+        concurrency = int(_num(p, conc_raw, "max_concurrency", positive=True))
+    elif str(data.get("request_rate")).lower() == "inf":  # all at once: the successful ones
+        ttfts_raw = data.get("ttfts")
+        n = sum(1 for t in ttfts_raw if t) if isinstance(ttfts_raw, list) else \
+            data.get("completed", 1)
+        concurrency = max(1, int(_num(p, n, "completed")))
+    else:
+        concurrency = 1
     if "ttfts" not in data:
         return [_vllm_aggregate(p, data, concurrency)]
     hint = "run `vllm bench serve --save-result --save-detailed`"
@@ -109,11 +130,14 @@ def _vllm_bench(p: Path, data: Mapping[str, Any]) -> list[Measured]:
         if not isinstance(itl, list):
             raise InputFileError(str(p), f"request {i}: a list of seconds", key="itls")
         gaps = [_num(p, g, f"itls[{i}]") for g in itl]
+        n_out_i = int(_num(p, n_out, f"output_lens[{i}]", positive=True))
+        chunked = bool(gaps) and (n_out_i - 1) >= 2 * len(gaps)
+        tpot = sum(gaps) / (n_out_i - 1) if gaps and n_out_i > 1 else None
         out.append(Measured(
             input_tokens=int(_num(p, n_in, f"input_lens[{i}]", positive=True)),
-            output_tokens=int(_num(p, n_out, f"output_lens[{i}]", positive=True)),
-            concurrency=concurrency, ttft_s=_num(p, ttft, f"ttfts[{i}]"),
-            tpot_s=sum(gaps) / len(gaps) if gaps else None))
+            output_tokens=n_out_i, concurrency=concurrency,
+            ttft_s=0.0 if chunked else _num(p, ttft, f"ttfts[{i}]"),
+            tpot_s=None if chunked and len(gaps) < _MIN_CHUNKS else tpot))
     return out
 
 
@@ -130,7 +154,7 @@ def _vllm_aggregate(p: Path, data: Mapping[str, Any], concurrency: int) -> Measu
     tpot = _num(p, _need(p, data, "mean_tpot_ms", hint), "mean_tpot_ms") / 1e3
     return Measured(input_tokens=max(1, round(n_in / completed)),
                     output_tokens=max(1, round(n_out / completed)), concurrency=concurrency,
-                    ttft_s=ttft, tpot_s=tpot)
+                    ttft_s=ttft, tpot_s=tpot, count=int(completed))
 
 
 def _guidellm(p: Path, benchmarks: list[Any]) -> list[Measured]:

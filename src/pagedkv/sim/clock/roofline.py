@@ -8,7 +8,7 @@ mixed batch and separate attention kernels, so the parts add)::
                 FLOPs = 2 x (active params - head) x T + 2 x head x S
                 weight bytes = (dense params + touched experts(T) x expert) x bytes/param
                 u(T) = u x T / (T + half)
-    attention = sum over KV kinds of max(pair FLOPs / (peak x u), KV bytes / (HBM x e))
+    attention = sum over KV kinds of max(pair FLOPs / (KV-dtype peak x u), KV bytes / (HBM x e))
                 full: a decode reads the whole context, a prefill chunk of n after c0
                       cached tokens does n x c0 + n(n+1)/2 pairs;
                 window w / chunk k: the same over min(context, w) / the current chunk;
@@ -82,6 +82,12 @@ class RooflineStepModel(StepTimeModel):
                    step_overhead_s=overhead_s, prefill_token_s=prefill_token_s,
                    decode_seq_s=decode_seq_s)
 
+    @property
+    def request_latency_s(self) -> float:
+        """Client to engine, per request (:class:`ClockConstants`): the engine sees a
+        request this long after it was sent, and its TTFT counts it."""
+        return self.constants.request_latency_s
+
     # ------------------------------------------------------------------ the step
 
     def step_time_s(self, num_prefill_tokens: int, num_decode_seqs: int) -> float:
@@ -120,7 +126,10 @@ class RooflineStepModel(StepTimeModel):
         compute_s = flops / (peak * util) if tokens else 0.0
         terms = [0.0] * 5
         terms[_W if weights_s >= compute_s else _C] += max(weights_s, compute_s)
-        attn_peak = peak * c.compute_utilization
+        # attention multiplies queries by the cached K and V: it runs at the KV dtype's
+        # rate (BF16 unless the cache is FP8), whatever the weights are
+        attn_peak = self.gpu.peak_flops(
+            weight_bytes_per_param=float(s.kv_dtype_bytes)) * c.compute_utilization
         for kind in s.attention:
             pairs, kv_bytes = _attention_work(kind.kind, kind.span, decode_contexts,
                                               prefill_chunks)
