@@ -132,3 +132,12 @@ def test_a_port_that_is_not_ray_fails_in_bounded_time(
     assert str(info.value).startswith(f"no Ray cluster answered at {address} within 6 s") \
         or str(info.value).startswith(f"cannot join the Ray cluster at {address}: ")
     assert not ray.is_initialized()
+
+
+def test_points_are_checked_before_ray_starts(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # a Ray start would fail differently
+    line = _error(capsys, ["sweep", *W, "--axis", "num-blocks=300", "--set", "model=Llama-3.1-8B",
+                           "--ray", "--out", str(tmp_path / "o")])
+    assert "point 0 (num_blocks=300): give either --num-blocks or --model" in line

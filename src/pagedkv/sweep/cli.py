@@ -19,7 +19,7 @@ from pagedkv.sweep.backends import Backend, LocalBackend
 from pagedkv.sweep.grid import grid_from_flags
 from pagedkv.sweep.pareto import pareto_table
 from pagedkv.sweep.rows import Slo, load_prices
-from pagedkv.sweep.runner import SweepResult, SweepSpec, last_line, run_sweep
+from pagedkv.sweep.runner import SweepResult, SweepSpec, check_points, last_line, run_sweep
 
 __all__ = ["add_parser", "main_run", "rows_table"]
 
@@ -139,7 +139,7 @@ def main_run(args: argparse.Namespace) -> int:
         PagedKVError, OSError: bad input (the CLI prints one line).
     """
     grid = grid_from_flags(args.grid, args.axis, args.set)
-    grid.check()
+    check_points(grid)  # every point, before a backend starts
     slo = Slo(ttft_p99_s=args.slo_ttft_p99_s, tpot_p99_ms=args.slo_tpot_p99_ms)
     prices = load_prices(args.prices)
     backend, ray_backend = _backend(args)

@@ -37,7 +37,7 @@ from pagedkv.sweep.pareto import cheapest_meeting_slo, describe, plot_pareto
 from pagedkv.sweep.point import point_options, point_request
 from pagedkv.sweep.rows import DEFAULT_PRICES_USD_PER_GPU_HOUR, Slo, build_row, write_rows
 
-__all__ = ["SweepResult", "SweepSpec", "last_line", "run_sweep"]
+__all__ = ["SweepResult", "SweepSpec", "check_points", "last_line", "run_sweep"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +88,13 @@ def _check_values(grid: Grid) -> None:
         load_config(model)
 
 
-def _prepare(grid: Grid) -> list[tuple[Point, dict[str, Any]]]:
+def check_points(grid: Grid) -> list[tuple[Point, dict[str, Any]]]:
+    """Every point with its options, each checked by ``simulate``'s rules (no run).
+
+    Raises:
+        InvalidArgumentError: an empty grid, an unknown GPU or model, a point
+            ``simulate`` refuses (named by its index and values).
+    """
     grid.check()
     _check_values(grid)
     out = []
@@ -146,7 +152,7 @@ def run_sweep(spec: SweepSpec, *, log: Callable[[str], None] = print) -> SweepRe
             refuses.
         PagedKVError, OSError: the workload cannot be loaded; the output is not writable.
     """
-    prepared = _prepare(spec.grid)
+    prepared = check_points(spec.grid)
     workload, what = _load(prepared)
     digest = workload_digest(prepared[0][1])
     cache = ResultCache(spec.cache_dir if spec.cache_dir is not None
