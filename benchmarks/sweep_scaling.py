@@ -15,6 +15,7 @@ figures are its own). Prints one table:
 * ``wall s``: the sweep alone (Ray's start-up, until both workers have imported pagedkv,
   is printed apart);
 * ``efficiency``: serial wall / (2 × wall), 100 % = ideal on 2 workers;
+* Ray's workers run at niceness 0 like the local ones (Ray's default is 15);
 * ``worker peak RSS``: the largest worker process's peak resident memory (local:
   ``getrusage(RUSAGE_CHILDREN)``; Ray: ``VmHWM`` of the ``ray::`` worker processes).
 """
@@ -49,8 +50,9 @@ def _grid(points: int, limit: int | None) -> Any:
     return grid_from_mapping(data, where="benchmark grid")
 
 
-def _ray_workers_peak_mb() -> list[float]:
-    """VmHWM of every ``ray::`` process descending from this one."""
+def _ray_workers_peak_mb() -> tuple[list[float], list[int]]:
+    """VmHWM (MB) and niceness of every ``ray::`` worker process descending from this
+    one."""
     parents: dict[int, int] = {}
     names: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -69,19 +71,22 @@ def _ray_workers_peak_mb() -> list[float]:
         new = {p for p, pp in parents.items() if pp in mine} - mine
         mine |= new
         grew = bool(new)
-    out = []
+    out: list[float] = []
+    nice: list[int] = []
     for pid in sorted(mine):
         name = names.get(pid, "")
         if not name.startswith("ray::") or name.endswith("Agent"):  # workers only
             continue
         try:
             status = Path(f"/proc/{pid}/status").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         for line in status.splitlines():
             if line.startswith("VmHWM:"):
                 out.append(int(line.split()[1]) / 1024)
-    return out
+                nice.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return out, nice
 
 
 def _warm_up() -> int:
@@ -118,8 +123,9 @@ def child(mode: str, points: int, limit: int | None) -> dict[str, Any]:
         res = run_sweep(SweepSpec(grid=grid, out_dir=out, plot=False, backend=backend),
                         log=lambda _s: None)
         wall_s = time.perf_counter() - t0
+    nice: list[int] = []
     if ray is not None:
-        peaks = _ray_workers_peak_mb()
+        peaks, nice = _ray_workers_peak_mb()
         ray.shutdown()
     else:
         peaks = [resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024] \
@@ -128,6 +134,7 @@ def child(mode: str, points: int, limit: int | None) -> dict[str, Any]:
             "errors": res.errors, "computed": res.computed,
             "point_wall_s": [r["wall_s"] for r in res.rows],
             "worker_peak_mb": max(peaks) if peaks else None, "workers_seen": len(peaks),
+            "worker_nice": sorted(set(nice)),
             "driver_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -135,7 +142,11 @@ def _run_child(mode: str, points: int, limit: int | None) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", mode, "--points", str(points)]
     if limit is not None:
         cmd += ["--limit", str(limit)]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray starts its workers at niceness 15 (RAY_worker_niceness); local workers run at 0.
+    # On a machine shared with other work that alone slows Ray's points: compare like
+    # with like.
+    env = {**os.environ, "PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_worker_niceness": "0"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         sys.exit(f"{mode} x{points} failed:\n{proc.stderr[-3000:]}")
@@ -174,7 +185,8 @@ def main() -> int:
               f"{r['errors']:>6}")
     ray16 = runs[2]
     print(f"Ray start-up (not in wall s): {ray16['startup_s']:.1f} s; Ray workers measured: "
-          f"{ray16['workers_seen']} (16 points), {runs[4]['workers_seen']} (4 points)")
+          f"{ray16['workers_seen']} (16 points), {runs[4]['workers_seen']} (4 points), "
+          f"niceness {ray16['worker_nice']}")
     print(f"total benchmark time {time.perf_counter() - started:.0f} s")
     return 0
 
