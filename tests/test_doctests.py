@@ -17,6 +17,8 @@ MODULES = [
     "pagedkv.core.manager",
     "pagedkv._moved",
     "pagedkv.core.held_blocks",
+    "pagedkv.core.block_info",
+    "pagedkv.vllm.extras",
     "pagedkv.core.components",
     "pagedkv.core.factory",
     "pagedkv.core.managers.base",

@@ -10,8 +10,8 @@ The layers, bottom to top (``docs/architecture.md`` draws them):
             itself, the public surface, which re-exports the core
 2 features  ``pagedkv.events``, ``pagedkv.planner``, ``pagedkv.retention``,
             ``pagedkv.host``, ``pagedkv.observe``
-3 apps      ``pagedkv.sim``, ``pagedkv.cluster``, ``pagedkv.torch``, ``pagedkv.bench``,
-            ``pagedkv.sweep``
+3 apps      ``pagedkv.sim``, ``pagedkv.cluster``, ``pagedkv.torch``, ``pagedkv.vllm``,
+            ``pagedkv.bench``, ``pagedkv.sweep``
 4 shell     ``pagedkv.cli``, ``pagedkv.__main__``
 ==========  ===============================================================
 
@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "pagedkv.sim": 3,
     "pagedkv.cluster": 3,
     "pagedkv.torch": 3,
+    "pagedkv.vllm": 3,
     "pagedkv.bench": 3,
     "pagedkv.sweep": 3,
     "pagedkv.cli": 4,

@@ -61,15 +61,20 @@ def ideal_from_file(paths: list[Path], stagger_s: float = 0.0) -> float:
     for f, p in enumerate(paths):
         walk(json.loads(read_text(p))["requests"], f * stagger_s, f)
     flat.sort(key=lambda x: x[0])
-    seen: set[tuple[tuple[int, int], ...]] = set()
+    # every stored prefix is numbered: (number of the prefix before it, last id) -> number
+    # (0 is the empty prefix), so a prefix is looked up and stored in one step per id
+    seen: dict[tuple[int, tuple[int, int]], int] = {}
     hit = total = 0
     for _, n, ids in flat:
-        m = 0
-        while m < min(len(ids), (n - 1) // BS) and tuple(ids[: m + 1]) in seen:
+        m, prefix = 0, 0
+        while m < min(len(ids), (n - 1) // BS) and (prefix, ids[m]) in seen:
+            prefix = seen[(prefix, ids[m])]
             m += 1
         hit += m * BS
         total += n
-        seen.update(tuple(ids[: k + 1]) for k in range(len(ids)))
+        prefix = 0
+        for h in ids:
+            prefix = seen.setdefault((prefix, h), len(seen) + 1)
     return hit / total
 
 

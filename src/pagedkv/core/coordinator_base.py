@@ -302,6 +302,12 @@ class Coordinator:
             if cached is None or hashed // bs > cached[rid]:
                 m.cache_blocks(request, rid, num_tokens if caps_itself else hashed)
 
+    def remove_skipped_blocks(self, request_id: str, num_processed_tokens: int) -> None:
+        """Every dropping group releases the request's blocks no token after the first
+        ``num_processed_tokens`` reads (see :meth:`SkippingManager.remove_skipped_blocks`)."""
+        for m in self._droppers:
+            m.remove_skipped_blocks(request_id, num_processed_tokens)
+
     def new_step_starts(self) -> None:
         """A scheduler step begins: every group resets its per-step bookkeeping."""
         for m in self.managers:

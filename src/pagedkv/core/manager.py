@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pagedkv.core import validation
+from pagedkv.core.block_info import BlockInfo
 from pagedkv.core.cached_tokens import estimate_cached_tokens
 from pagedkv.core.components import AllocateCall, EventPublisher, Hooks, ManagerComponent
 from pagedkv.core.config import CacheConfig
@@ -223,6 +224,62 @@ class KVCacheManager:
             after(request, hit)
         return hit
 
+    def lookup_prefix(self, request: RequestLike, max_hit_tokens: int | None = None, *,
+                      record_stats: bool = True) -> ComputedBlocks:
+        """:meth:`get_computed_blocks` bounded at ``max_hit_tokens`` (default
+        ``num_tokens - 1``; an engine may lower it, e.g. to replay a window's tokens).
+        ``record_stats=False`` leaves the lookup statistics to :meth:`record_lookup`, for
+        engines that count a request once, when it is admitted (vLLM 0.33). Components'
+        ``after_lookup`` hooks run as for :meth:`get_computed_blocks`.
+
+        Raises:
+            InvalidArgumentError: not a request, longer than ``max_model_len``, or
+                ``max_hit_tokens`` not an int in ``[0, num_tokens]``.
+        """
+        validation.check_lookup(self, request)
+        num_tokens = request.num_tokens
+        limit = num_tokens - 1 if max_hit_tokens is None else validation.check_count(
+            "max_hit_tokens", max_hit_tokens)
+        if limit > num_tokens:
+            raise InvalidArgumentError(
+                f"max_hit_tokens={limit} is more than the request's {num_tokens} tokens")
+        found = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
+        if found is None:
+            return self._empty_hit
+        blocks, num_hit = found
+        if record_stats:
+            self.record_lookup(request, num_hit)
+        hit = ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
+                             self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+        for after in self._hooks.after_lookup:
+            after(request, hit)
+        return hit
+
+    def record_lookup(self, request: RequestLike, num_hit_tokens: int) -> None:
+        """Count one lookup of ``request`` that hit ``num_hit_tokens`` tokens in the
+        prefix-cache statistics (:meth:`make_prefix_cache_stats`, the hit-rate window),
+        as :meth:`get_computed_blocks` does itself (preempted requests apart).
+
+        Raises:
+            InvalidArgumentError: not a request, or a count outside ``[0, num_tokens]``.
+        """
+        validation.check_lookup(self, request)
+        num_tokens = request.num_tokens
+        hits = validation.check_count("num_hit_tokens", num_hit_tokens)
+        if hits > num_tokens:
+            raise InvalidArgumentError(
+                f"num_hit_tokens={hits} is more than the request's {num_tokens} tokens")
+        lookups = self.lookups
+        if request.num_preemptions:
+            lookups.preempted_requests += 1
+            lookups.preempted_queries += num_tokens
+            lookups.preempted_hits += hits
+        else:
+            lookups.requests += 1
+            lookups.queries += num_tokens
+            lookups.hits += hits
+            self.hit_rate_window.observe(num_tokens, hits)
+
     def estimate_cached_tokens(self, request: RequestLike) -> int:
         """Tokens of ``request`` already in registered blocks: per prefix-cached group the
         tokens up to its last registered block, the minimum over groups (vLLM's method of
@@ -252,6 +309,8 @@ class KVCacheManager:
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
         full_sequence_must_fit: bool = False,
+        num_in_flight_tokens: int = 0,
+        lenient_counts: bool = False,
     ) -> tuple[list[int], ...] | None:
         """Give ``request`` slots for ``num_new_tokens`` more tokens.
 
@@ -271,6 +330,17 @@ class KVCacheManager:
         capped at their admission cap, see ``CacheConfig.max_in_flight_tokens``) plus the
         watermark, before anything is released: vLLM 0.33's gate that keeps chunked
         prefill from admitting requests whose later chunks cannot fit.
+        ``num_in_flight_tokens``: of ``request.num_computed_tokens``, the tokens a step
+        still running computes (an engine that schedules ahead counts them as computed):
+        sliding-window and chunked-local blocks are freed only once the *processed* tokens
+        (``num_computed_tokens - num_in_flight_tokens``) leave them, since the running
+        step may still read them (vLLM 0.33's async scheduling). ``lenient_counts``: an
+        engine's own counting, as vLLM 0.33's scheduler keeps it (see
+        ``docs/vllm.md``): new tokens may run past the request's tokens
+        (draft tokens, output placeholders: slots, never registered), a request holding
+        no blocks may already count computed tokens, and ``num_new_computed_tokens`` may
+        be shorter than the hit (the hit is cut to it), and blocks are registered only as
+        far as the request has block hashes (an engine may hash lazily).
 
         Order, as vLLM 0.33: free the blocks that fell out of windows (sliding window,
         chunked local: never read again), check capacity for every group at once, claim
@@ -313,24 +383,27 @@ class KVCacheManager:
                 or type(full_sequence_must_fit) is not bool
                 or type(num_new_tokens) is not int or type(num_computed) is not int
                 or num_new_tokens <= 0 or num_computed < 0
-                or num_computed + num_new_tokens > num_request_tokens
-                or num_request_tokens > self.max_model_len
+                or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
+                or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
+                or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
+                                             or not 0 < num_in_flight_tokens <= num_computed))
             ) and validation.check_allocate(
                 self, request, num_new_tokens, new_computed_blocks,
                 (num_new_computed_tokens, num_lookahead_tokens,
                  num_external_computed_tokens, num_encoder_tokens),
-                (reserved_blocks, has_scheduled_reqs, full_sequence_must_fit))
+                (reserved_blocks, has_scheduled_reqs, full_sequence_must_fit,
+                 num_in_flight_tokens, lenient_counts))
         except (AttributeError, TypeError):
             validation.check_allocate(self, request, num_new_tokens, new_computed_blocks,
                                       (num_new_computed_tokens, num_lookahead_tokens,
                                        num_external_computed_tokens, num_encoder_tokens),
                                       (reserved_blocks, has_scheduled_reqs,
-                                       full_sequence_must_fit))
+                                       full_sequence_must_fit, num_in_flight_tokens,
+                                       lenient_counts))
             raise
         if new_computed_blocks is not None:
-            assert isinstance(new_computed_blocks, ComputedBlocks)  # validated above
-            hit: tuple[list[int], ...] | None = new_computed_blocks.block_ids
-            local_computed = num_computed + new_computed_blocks.num_computed_tokens
+            hit, num_hit = self._adopted(new_computed_blocks, num_new_computed_tokens)
+            local_computed = num_computed + num_hit
         else:
             hit = None
             local_computed = num_computed
@@ -347,15 +420,30 @@ class KVCacheManager:
         # Positional on this per-step path (keywords cost ~3 % of an allocation); the
         # order is Coordinator.allocate's: computed, total computed, tokens, encoder
         # tokens, main-model tokens, headroom, local computed.
+        # Windows free on the processed tokens only (a running step still reads them).
+        processed = num_computed - num_in_flight_tokens if num_in_flight_tokens else num_computed
         new_blocks = coordinator.allocate(
-            rid, hit, num_computed, total_computed, num_tokens, num_encoder_tokens,
-            total_computed + num_new_tokens, headroom, local_computed)
+            rid, hit, processed if processed > 0 else 0, total_computed, num_tokens,
+            num_encoder_tokens, total_computed + num_new_tokens, headroom, local_computed)
         if new_blocks is not None:
             if first:
                 self.live_requests[rid] = request
             if not delay_caching:
-                coordinator.cache_blocks(request, total_computed + num_new_tokens)
+                end = total_computed + num_new_tokens
+                if lenient_counts:  # only appended tokens, only as far as hashed
+                    end = min(end, num_request_tokens,
+                              len(request.block_hashes) * self.pool.hash_block_size)
+                coordinator.cache_blocks(request, end)
         return new_blocks
+
+    def _adopted(self, hit: object, num_tokens: int | None
+                 ) -> tuple[tuple[list[int], ...], int]:
+        """The hit's tables and tokens as adopted: cut to ``num_tokens`` when that is
+        shorter (``lenient_counts``, validated by the caller)."""
+        assert isinstance(hit, ComputedBlocks)  # validated by allocate_slots
+        if num_tokens is not None and num_tokens < hit.num_computed_tokens:
+            return self.coordinator.truncate(hit.block_ids, num_tokens), num_tokens
+        return hit.block_ids, hit.num_computed_tokens
 
     def _allocate_with_components(self, request: RequestLike, num_new_tokens: int,
                                   **kwargs: Any) -> tuple[list[int], ...] | None:
@@ -538,6 +626,16 @@ class KVCacheManager:
         self.require_live(request_id)
         return self.coordinator.block_ids_for_computed_tokens(request_id, num_computed_tokens)
 
+    def get_num_cached_blocks(self, request_id: str) -> list[int]:
+        """Per group, how many leading blocks of the request's table are registered (or
+        were adopted from a hit): the point its next registration starts from.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+        """
+        self.require_live(request_id)
+        return [m.num_cached_blocks.get(request_id, 0) for m in self.managers]
+
     def get_num_common_prefix_blocks(self, request_id: str,
                                      num_running_requests: int) -> list[int]:
         """Per group, the leading blocks of ``request_id`` shared by all running requests
@@ -549,6 +647,56 @@ class KVCacheManager:
         self.require_live(request_id)
         validation.check_count("num_running_requests", num_running_requests)
         return self.coordinator.num_common_prefix_blocks(request_id, num_running_requests)
+
+    def remove_skipped_blocks(self, request_id: str, num_processed_tokens: int) -> None:
+        """Free the request's sliding-window and chunked-local blocks (and Mamba states)
+        that no token after the first ``num_processed_tokens`` reads; their positions
+        become the null block. Pass processed tokens only, never tokens a running step
+        still computes (:meth:`allocate_slots` does this itself, see its
+        ``num_in_flight_tokens``). No effect on full attention.
+
+        Raises:
+            UnknownRequestError: the manager holds no blocks for this request.
+            InvalidArgumentError: not an int >= 0.
+        """
+        self.require_live(request_id)
+        n = validation.check_count("num_processed_tokens", num_processed_tokens)
+        self.coordinator.remove_skipped_blocks(request_id, n)
+
+    def block_info(self, block_id: int) -> BlockInfo:
+        """What the pool knows of one block (read only). O(1).
+
+        Raises:
+            InvalidArgumentError: not a block id of this pool.
+        """
+        b = validation.check_count("block_id", block_id)
+        pool = self.pool
+        if b >= pool.num_blocks:
+            raise InvalidArgumentError(
+                f"block {b} is not in this pool of {pool.num_blocks} blocks")
+        return BlockInfo(pool.ref_cnt[b], pool.block_hash[b], pool.block_group[b], b == 0)
+
+    def get_cached_block(self, block_hash: bytes, groups: Sequence[int]) -> list[int] | None:
+        """The cached block registered under ``block_hash`` in each of ``groups``, or
+        ``None`` when any group has none (vLLM 0.33's ``BlockPool.get_cached_block``).
+        Reads only: no LRU touch, no statistics.
+
+        Raises:
+            InvalidArgumentError: not bytes, or a group that does not exist.
+        """
+        if type(block_hash) is not bytes:
+            raise InvalidArgumentError(f"block_hash must be bytes, got {block_hash!r}")
+        out: list[int] = []
+        index = self.pool.index
+        for g in groups:
+            if type(g) is not int or not 0 <= g < len(index):
+                raise InvalidArgumentError(
+                    f"group {g!r} does not exist; this manager has {len(index)} groups")
+            b = index[g].get(block_hash)
+            if b is None:
+                return None
+            out.append(b)
+        return out
 
     def has_request(self, request_id: str) -> bool:
         """Whether the request holds blocks (allocated and not freed yet). O(1)."""

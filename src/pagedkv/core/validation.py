@@ -222,6 +222,38 @@ def _refuse_live(rid: str, same_object: bool) -> NoReturn:
     )
 
 
+def _engine_counts(headroom: tuple[object, ...], computed: int, rid: str) -> bool:
+    """Checks ``num_in_flight_tokens`` (an int in ``[0, computed]``) and
+    ``lenient_counts`` (a bool) from ``headroom`` (defaults 0 and False); returns the
+    latter."""
+    in_flight = check_count("num_in_flight_tokens", headroom[3] if len(headroom) > 3 else 0)
+    if in_flight > computed:
+        raise InvalidArgumentError(
+            f"request {rid!r}: num_in_flight_tokens={in_flight} but only {computed} tokens "
+            "are computed; in-flight tokens are part of num_computed_tokens")
+    lenient = headroom[4] if len(headroom) > 4 else False
+    if type(lenient) is not bool:
+        raise InvalidArgumentError(f"lenient_counts must be a bool, got {lenient!r}")
+    return lenient
+
+
+def _check_lenient(mgr: ManagerView, req: RequestLike, rid: str, hit: object,
+                   counts: tuple[int, object, int], live: object) -> bool:
+    """The rest of :func:`check_allocate` under ``lenient_counts`` (an engine's own
+    counting, ``docs/vllm.md``): a shorter ``num_new_computed_tokens``
+    than the hit is allowed (the façade cuts the hit), counts past the request's tokens
+    and computed tokens without blocks are."""
+    num_hit, new_computed, _num_new = counts
+    n = check_count("num_new_computed_tokens", new_computed)
+    if n > num_hit:
+        raise InvalidArgumentError(
+            f"request {rid!r}: num_new_computed_tokens={n} but the hit holds only "
+            f"{num_hit} tokens")
+    if hit is not None and bool(num_hit or any(cast(ComputedBlocks, hit).block_ids)):
+        _check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
+    return live is None
+
+
 def check_allocate(
     mgr: ManagerView,
     request: object,
@@ -286,6 +318,8 @@ def check_allocate(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
             f"{mgr.max_model_len}; finish it at max_model_len"
         )
+    if _engine_counts(headroom, computed, rid):  # lenient_counts
+        return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
     if live is None and computed:
         raise InvalidArgumentError(
             f"request {rid!r} holds no blocks (new, or freed) but num_computed_tokens="

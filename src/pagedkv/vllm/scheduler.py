@@ -1,0 +1,138 @@
+"""vLLM 0.33's own schedulers with pagedkv as their KV-cache manager.
+
+``--scheduler-cls pagedkv.vllm.PagedKVScheduler`` (``PagedKVAsyncScheduler`` with
+``--async-scheduling``), or ``SchedulerConfig(scheduler_cls=...)``. After vLLM's own
+constructor has run, the scheduler's ``kv_cache_manager`` is replaced by a
+:class:`~pagedkv.vllm.manager.VLLMKVCacheManager` built from the same settings, the KV
+connector is bound to it again and the aux-output connector rebuilt over it. Options pagedkv
+does not run exactly are refused here, in one line naming the option and the fallback.
+
+pagedkv's own features come from ``additional_config={"pagedkv": {...}}``:
+``"retention": {RetentionConfig fields}`` (priorities, durations, pins; a request asks
+through ``extra_args``, :mod:`pagedkv.vllm.extras`), ``"observe": {ObserveConfig
+fields}`` (miss attribution, residency) and ``"metrics_port": N`` (pagedkv's Prometheus
+metrics on 127.0.0.1:N). They are reached as ``scheduler.kv_cache_manager.pagedkv``
+(and ``.exporter``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from pagedkv.vllm.layout import refuse
+from pagedkv.vllm.manager import VLLMKVCacheManager
+
+__all__ = ["PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
+
+
+def _feature_fields(vllm_config: Any) -> dict[str, Any]:
+    """pagedkv feature configs from ``additional_config["pagedkv"]``."""
+    extra = vllm_config.additional_config
+    asked = extra.get("pagedkv") if isinstance(extra, dict) else None
+    if not asked:
+        return {}
+    fields: dict[str, Any] = {}
+    if "retention" in asked:
+        from pagedkv.retention import RetentionConfig
+
+        fields["retention"] = RetentionConfig(**dict(asked["retention"] or {}))
+    if "observe" in asked:
+        from pagedkv.observe import ObserveConfig
+
+        fields["observe"] = ObserveConfig(**dict(asked["observe"] or {}))
+    unknown = sorted(set(asked) - {"retention", "observe", "metrics_port"})
+    if unknown:
+        raise refuse(f"additional_config['pagedkv'] keys {unknown} "
+                     "(known: metrics_port, observe, retention)")
+    return fields
+
+
+def _start_exporter(vllm_config: Any, mgr: VLLMKVCacheManager) -> None:
+    """``additional_config["pagedkv"]["metrics_port"]``: serve pagedkv's Prometheus
+    metrics on 127.0.0.1 (0: any free port), recorded at each of vLLM's stats intervals."""
+    extra = vllm_config.additional_config
+    asked = extra.get("pagedkv") if isinstance(extra, dict) else None
+    if not asked or asked.get("metrics_port") is None:
+        return
+    from pagedkv.observe.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter()
+    mgr.metrics_port = exporter.serve(int(asked["metrics_port"]))
+    mgr.exporter = exporter
+
+
+def _check_options(s: Any) -> None:
+    """Refuse the scheduler options pagedkv does not run exactly."""
+    if s.dcp_world_size > 1 or s.pcp_world_size > 1:
+        raise refuse("decode/prefill context parallelism (dcp/pcp world size > 1)")
+    if s.num_prefill_lookahead:
+        raise refuse("prefill lookahead slots (num_prefill_lookahead_tokens > 0)")
+    if s.cache_config.enable_mamba_shared_prefix_checkpoint:
+        raise refuse("enable_mamba_shared_prefix_checkpoint")
+    if s.connector is not None and s.has_mamba_layers and getattr(
+            s.connector, "supports_divergent_local_hybrid_hits", False):
+        raise refuse("per-group (divergent) prefix hits for a KV connector on a Mamba "
+                     "hybrid model")
+    if s.has_mamba_layers and s.connector is not None:
+        raise refuse("a KV connector on a Mamba hybrid model (boundary-state offloads)")
+
+
+def install_pagedkv(s: Any) -> VLLMKVCacheManager:
+    """Replace scheduler ``s``'s KV-cache manager by pagedkv's (same settings), re-bind
+    its connectors. Called by the scheduler classes below after vLLM's constructor.
+
+    Raises:
+        UnsupportedLayoutError: a layout or option pagedkv does not run exactly.
+    """
+    _check_options(s)
+    cfg = s.vllm_config
+    fields: dict[str, Any] = dict(
+        hash_block_size=s.hash_block_size,
+        max_in_flight_tokens=cfg.max_in_flight_tokens,
+        num_hash_lookahead_tokens=s.num_hash_lookahead_tokens,
+        drop_last_hit=bool(s.use_eagle_block_drop),
+    )
+    if s.hash_block_size == s.block_size:
+        del fields["hash_block_size"]
+    fields.update(_feature_fields(cfg))
+    mgr = VLLMKVCacheManager(
+        s.kv_cache_config, s.max_model_len,
+        enable_caching=bool(s.cache_config.enable_prefix_caching), log_stats=s.log_stats,
+        enable_kv_cache_events=s.enable_kv_cache_events,
+        watermark=s.scheduler_config.watermark,
+        max_encoder_len=int(s.scheduler_config.max_num_encoder_input_tokens or 0),
+        cache_fields=fields)
+    _start_exporter(cfg, mgr)
+    s.kv_cache_manager = mgr
+    if s.connector is not None:
+        s.connector.bind_kv_cache_manager(mgr)
+    if s.aux_output_connector is not None:
+        from vllm.distributed.aux_output_connector.connector import (
+            AuxOutputSchedulerConnector,
+        )
+
+        s.aux_output_connector = AuxOutputSchedulerConnector(mgr, s.connector)
+    s.mamba_partial_cache_hit = (s.need_mamba_block_aligned_split
+                                 and s.hash_block_size < s.block_size
+                                 and mgr.coordinator.enable_partial_hash_hits)
+    s.mamba_shared_prefix_checkpoint = False
+    return mgr
+
+
+class PagedKVScheduler(Scheduler):  # type: ignore[misc]
+    """vLLM 0.33's ``Scheduler`` with pagedkv as its KV-cache manager (module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        install_pagedkv(self)
+
+
+class PagedKVAsyncScheduler(AsyncScheduler):  # type: ignore[misc]
+    """vLLM 0.33's ``AsyncScheduler`` with pagedkv as its KV-cache manager."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        install_pagedkv(self)
