@@ -34,6 +34,7 @@ __all__ = ["OneLineParser", "main"]
 # Modules that provide ``add_parser(subparsers)``; the order is the help order.
 _SUBCOMMAND_MODULES = (
     "pagedkv.sim.cli",
+    "pagedkv.sweep.cli",
     "pagedkv.planner.cli",
     "pagedkv.bench",
     "pagedkv.cluster.cli",

@@ -11,7 +11,7 @@ The layers, bottom to top (``docs/architecture.md`` draws them):
 2 features  ``pagedkv.events``, ``pagedkv.planner``, ``pagedkv.retention``,
             ``pagedkv.host``, ``pagedkv.observe``
 3 apps      ``pagedkv.sim``, ``pagedkv.cluster``, ``pagedkv.torch``, ``pagedkv.vllm``,
-            ``pagedkv.bench``
+            ``pagedkv.bench``, ``pagedkv.sweep``
 4 shell     ``pagedkv.cli``, ``pagedkv.__main__``
 ==========  ===============================================================
 
@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "pagedkv.torch": 3,
     "pagedkv.vllm": 3,
     "pagedkv.bench": 3,
+    "pagedkv.sweep": 3,
     "pagedkv.cli": 4,
     "pagedkv.__main__": 4,
 }

@@ -70,8 +70,8 @@ class Tracked:
     """A request inside a replica, with what the report needs."""
 
     __slots__ = (
-        "arrival_s", "computed", "first_scheduled_s", "first_token_s", "generated",
-        "hit_tokens", "index", "looked_up", "req", "target",
+        "arrival_s", "computed", "finish_s", "first_scheduled_s", "first_token_s",
+        "generated", "hit_tokens", "index", "looked_up", "req", "target",
     )
 
     def __init__(self, index: int, req: Request, arrival_s: float, num_output: int) -> None:
@@ -85,6 +85,7 @@ class Tracked:
         self.looked_up = False
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
+        self.finish_s: float | None = None
 
 
 class ReplicaEngine:
@@ -259,6 +260,7 @@ class ReplicaEngine:
             if t.first_token_s is None:
                 t.first_token_s = end_s
             if t.generated >= t.target:
+                t.finish_s = end_s
                 mgr.free(req)
                 self.running.remove(t)
                 self.finished.append(t)

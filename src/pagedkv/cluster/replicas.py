@@ -64,6 +64,17 @@ class PolicyResult:
     num_rejected: int = 0
     """Requests longer than a whole replica's cache (prompt + output - 1 tokens), refused
     on arrival as the single engine refuses them (they could never run)."""
+    tpot_p50_s: float | None = None
+    """Time per output token after the first, (finish - first token) / (outputs - 1), of
+    the finished requests with two or more output tokens."""
+    tpot_p99_s: float | None = None
+    e2e_p50_s: float | None = None
+    """Arrival to last token, of the finished requests."""
+    e2e_p99_s: float | None = None
+    output_tokens_per_s: float | None = None
+    """Output tokens of the finished requests over the makespan."""
+    usage_max: float | None = None
+    """The highest KV-cache usage any replica sampled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,6 +211,16 @@ def _result(
              if t.first_scheduled_s is not None]
     prefill = tuple(e.prefill_tokens for e in engines)
     mean_prefill = sum(prefill) / len(prefill)
+    tpot: list[float] = []
+    e2e: list[float] = []
+    out_tokens = 0
+    for t in tracked:
+        if t.finish_s is None or t.first_token_s is None:
+            continue
+        e2e.append(t.finish_s - t.arrival_s)
+        out_tokens += t.target
+        if t.target > 1:
+            tpot.append((t.finish_s - t.first_token_s) / (t.target - 1))
     return PolicyResult(
         policy=policy,
         num_replicas=len(names),
@@ -216,6 +237,12 @@ def _result(
         num_preemptions=sum(e.num_preemptions for e in engines),
         makespan_s=end_s,
         wall_s=wall_s,
+        tpot_p50_s=_percentile(tpot, 50),
+        tpot_p99_s=_percentile(tpot, 99),
+        e2e_p50_s=_percentile(e2e, 50),
+        e2e_p99_s=_percentile(e2e, 99),
+        output_tokens_per_s=out_tokens / end_s if end_s > 0 else None,
+        usage_max=max((u for e in engines for u in e.usage_samples), default=None),
     )
 
 

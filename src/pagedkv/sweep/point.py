@@ -1,0 +1,139 @@
+"""One grid point: the ``simulate`` run its options ask for, reduced to its figures.
+
+A point's options are the grid's fixed values, then the point's axis values, on top of
+what a sweep sets for every point (:data:`SWEEP_DEFAULTS`: no bounds, no plots, no
+progress, one process, no device-only host baseline). They become a run through
+:func:`pagedkv.sim.setup.simulate_request`, exactly as ``pagedkv simulate`` with those
+flags: the same rules, the same clock, the same seeds. With ``replicas`` the point is the
+multi-replica simulation of ``simulate --replicas N --router R``
+(:mod:`pagedkv.sim.replicas_cli`), one policy: ``router`` (default round-robin).
+
+:func:`run_point` returns the figures (:data:`METRICS`), all deterministic: a point
+replayed anywhere gives the same ones.
+
+>>> from pagedkv.sim import system_prompts
+>>> wl = system_prompts(num_groups=2, questions_per_group=4)
+>>> m = run_point(wl, {"num_blocks": 2000})
+>>> round(m["hit_rate"], 4), m["preemptions"], m["gpus"]
+(0.6636, 0, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.api import SimConfig, run, with_clock
+from pagedkv.sim.replicas_cli import replica_engine_config
+from pagedkv.sim.setup import CalibrateRequest, SimulateRequest, simulate_request
+from pagedkv.sim.summary import SimReport
+from pagedkv.sim.workloads import Workload
+
+__all__ = ["DEFAULT_ROUTER", "METRICS", "SWEEP_DEFAULTS", "point_options", "point_request",
+           "run_point"]
+
+#: What every point sets unless the grid says otherwise.
+SWEEP_DEFAULTS: dict[str, Any] = {"no_bounds": True, "no_plots": True, "no_progress": True,
+                                  "jobs": 1}
+#: The router of a replica point without one (``compare`` is several runs, not a point).
+DEFAULT_ROUTER = "round-robin"
+#: The figures of a point, in row order (None where the run has no such figure).
+METRICS = ("requests", "rejected", "num_blocks", "hit_rate", "ttft_p50_s", "ttft_p99_s",
+           "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s",
+           "preemptions", "kv_usage_mean", "kv_usage_max", "retention_hit_rate",
+           "host_hit_rate", "gpus")
+
+
+def point_options(fixed: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option a point sets: :data:`SWEEP_DEFAULTS`, ``fixed``, then ``values``."""
+    out = dict(SWEEP_DEFAULTS)
+    out.update(fixed)
+    out.update(values)
+    if out.get("host_memory") is not None and "no_host_baseline" not in out:
+        out["no_host_baseline"] = True
+    return out
+
+
+def point_request(options: Mapping[str, Any]) -> SimulateRequest:
+    """The run ``options`` ask for, checked by ``simulate``'s own rules.
+
+    Raises:
+        InvalidArgumentError: contradictory options, ``--calibrate``, ``--router compare``.
+    """
+    req = simulate_request(options)
+    if isinstance(req, CalibrateRequest):  # not sweepable; kept for a clear message
+        raise InvalidArgumentError("--calibrate is not a sweep option")
+    if req.replicas is not None and options.get("router") == "compare":
+        raise InvalidArgumentError("router 'compare' runs every policy: make router an axis "
+                                   "(round-robin, least-loaded, cache-aware) instead")
+    return req
+
+
+def run_point(workload: Workload, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Simulate ``workload`` with ``options`` (dest -> parsed value, on top of
+    :data:`SWEEP_DEFAULTS`) and return its :data:`METRICS`.
+
+    Raises:
+        PagedKVError: the point cannot be simulated (it does not fit, a bad value).
+    """
+    opts = point_options({}, options)
+    req = point_request(opts)
+    config = req.config
+    if config.mode == "engine":
+        config = with_clock(config, workload)
+    gpus = config.tp * (req.replicas.replicas if req.replicas is not None else 1)
+    if req.replicas is not None:
+        router = opts.get("router") or DEFAULT_ROUTER
+        out = _replica_metrics(workload, config, req.replicas.replicas, router)
+    else:
+        out = _report_metrics(run(workload, config))
+    out["gpus"] = gpus
+    return {k: _finite(out.get(k)) for k in METRICS}
+
+
+def _finite(value: Any) -> Any:
+    """A figure as stored: a non-finite float (no samples) as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _report_metrics(report: SimReport) -> dict[str, Any]:
+    e = report.engine
+    out: dict[str, Any] = {
+        "requests": report.requests, "rejected": report.rejected_requests,
+        "num_blocks": report.num_blocks, "hit_rate": report.hit_rate,
+        "preemptions": report.preemptions,
+    }
+    if e is not None:
+        out.update(ttft_p50_s=e.ttft.p50, ttft_p99_s=e.ttft.p99, tpot_p50_s=e.tpot.p50,
+                   tpot_p99_s=e.tpot.p99, e2e_p50_s=e.e2e.p50, e2e_p99_s=e.e2e.p99,
+                   output_tokens_per_s=e.output_tokens_per_s, kv_usage_mean=e.usage_mean,
+                   kv_usage_max=e.usage_max)
+    if report.retention is not None:
+        out["retention_hit_rate"] = report.retention.get("policy_hit_rate")
+    host = report.host_tier
+    if host is not None and report.prompt_tokens:
+        out["host_hit_rate"] = host.host_hit_tokens / report.prompt_tokens
+    return out
+
+
+def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
+                     router: str) -> dict[str, Any]:
+    from pagedkv.cluster.replicas import run_replicas
+
+    engine, _note = replica_engine_config(workload, config)
+    r = run_replicas(workload, num_replicas=replicas, policy=router, engine=engine)
+    usage = r.mean_usage_per_replica
+    return {
+        "requests": r.num_requests, "rejected": r.num_rejected,
+        "num_blocks": engine.num_blocks, "hit_rate": r.hit_rate,
+        "ttft_p50_s": r.ttft_p50_s, "ttft_p99_s": r.ttft_p99_s,
+        "tpot_p50_s": r.tpot_p50_s, "tpot_p99_s": r.tpot_p99_s,
+        "e2e_p50_s": r.e2e_p50_s, "e2e_p99_s": r.e2e_p99_s,
+        "output_tokens_per_s": r.output_tokens_per_s, "preemptions": r.num_preemptions,
+        "kv_usage_mean": sum(usage) / len(usage) if usage else None,
+        "kv_usage_max": r.usage_max,
+    }
