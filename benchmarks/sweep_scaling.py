@@ -4,7 +4,7 @@ same grid on each (the two highest rate scales: the most loaded points), to show
 worker's peak memory does not grow with the number of points (the workload is shared,
 not copied per point).
 
-    flock /tmp/pagedkv-bench.lock python benchmarks/sweep_scaling.py
+    python benchmarks/sweep_scaling.py      # alone on the machine: it measures parallelism
 
 The grid: the bundled trace (1,500 requests, engine mode, the roofline clock),
 ``gpu`` H100-SXM / H200 × 8 ``rate_scale`` values from 0.80 to 1.15; every point is one
