@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", dest="keyword", help="pytest -k expression")
     p.add_argument("--keep-xml", type=Path, help="copy the two junit reports here")
     args = p.parse_args(argv)
+    if os.sep in args.vllm_python:  # a path, not a command on PATH: the tests run elsewhere
+        args.vllm_python = os.path.abspath(args.vllm_python)  # (abspath: keep the venv link)
     files = list(args.files or (SMOKE_FILES if args.smoke else TEST_FILES))
     try:
         args.cache.mkdir(parents=True, exist_ok=True)
