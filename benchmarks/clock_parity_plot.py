@@ -16,7 +16,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
-from pagedkv.sim.clock.validation import POINTS, calibrated_constants, simulate_point
+from pagedkv.sim.clock.validation import (
+    POINTS,
+    calibrated_constants,
+    setup_key,
+    simulate_point,
+)
 
 _UNITS = {"tpot_ms": "TPOT", "ttft_ms": "TTFT", "output_tok_s": "tokens/s", "ratio": "ratio"}
 
@@ -26,8 +31,7 @@ def main() -> None:
     fitted = calibrated_constants()
     rows = []
     for p in POINTS:
-        gpu = p.run.gpu if isinstance(p.run.gpu, str) else p.run.gpu.name
-        cal = fitted.get((p.run.model, gpu, p.run.tp, p.run.fp8))
+        cal = fitted.get(setup_key(p.run))
         zero = simulate_point(p)
         after = simulate_point(p, cal) if cal is not None else zero
         rows.append((p, zero / p.measured, after / p.measured))

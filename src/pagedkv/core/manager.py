@@ -204,16 +204,7 @@ class KVCacheManager:
         if found is None:  # caching off: no lookup, nothing counted
             return self._empty_hit
         blocks, num_hit = found
-        lookups = self.lookups
-        if request.num_preemptions:
-            lookups.preempted_requests += 1
-            lookups.preempted_queries += num_tokens
-            lookups.preempted_hits += num_hit
-        else:
-            lookups.requests += 1
-            lookups.queries += num_tokens
-            lookups.hits += num_hit
-            self.hit_rate_window.observe(num_tokens, num_hit)
+        self._count_lookup(request, num_tokens, num_hit)
         return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
                               self.pool.index_generation, (num_hit, *map(tuple, blocks)))
 
@@ -269,6 +260,10 @@ class KVCacheManager:
         if hits > num_tokens:
             raise InvalidArgumentError(
                 f"num_hit_tokens={hits} is more than the request's {num_tokens} tokens")
+        self._count_lookup(request, num_tokens, hits)
+
+    def _count_lookup(self, request: RequestLike, num_tokens: int, hits: int) -> None:
+        """The prefix-cache statistics of one checked lookup (preempted requests apart)."""
         lookups = self.lookups
         if request.num_preemptions:
             lookups.preempted_requests += 1

@@ -20,8 +20,16 @@ from pagedkv.planner.gpus import GpuSpec
 from pagedkv.sim.clock.constants import CONSTANT_SETS, ClockConstants
 from pagedkv.sim.workloads import SimRequest, Workload
 
-__all__ = ["POINTS", "RTX_4090", "Point", "Run", "closed_loop", "simulate_point",
-           "simulate_run"]
+__all__ = [
+    "POINTS",
+    "RTX_4090",
+    "Point",
+    "Run",
+    "closed_loop",
+    "setup_key",
+    "simulate_point",
+    "simulate_run",
+]
 
 #: Not in the table: given as a spec as any other GPU would be (NVIDIA Ada Lovelace
 #: architecture whitepaper: 165.2 dense BF16 TFLOPS with FP32 accumulate, 1,008 GB/s).
@@ -246,7 +254,8 @@ def simulate_point(point: Point, constants: ClockConstants | None = None) -> flo
     return got["output_tok_s"] / base["output_tok_s"]
 
 
-def _setup(run: Run) -> tuple[str, str, int, bool]:
+def setup_key(run: Run) -> tuple[str, str, int, bool]:
+    """(model, GPU, TP, FP8 weights): the deployment a run measured, a calibration's key."""
     gpu = run.gpu.name if isinstance(run.gpu, GpuSpec) else run.gpu
     return run.model, gpu, run.tp, run.fp8
 
@@ -264,7 +273,7 @@ def calibrated_constants(points: tuple[Point, ...] = POINTS) -> dict[
     out: dict[tuple[str, str, int, bool], ClockConstants] = {}
     groups: dict[tuple[str, str, int, bool], list[Point]] = {}
     for p in points:
-        groups.setdefault(_setup(p.run), []).append(p)
+        groups.setdefault(setup_key(p.run), []).append(p)
     with tempfile.TemporaryDirectory() as tmp:
         for key, pts in groups.items():
             data = []
@@ -298,7 +307,7 @@ def _table() -> None:  # pragma: no cover - the docs' table
         sim = simulate_point(p)
         err = (sim - p.measured) / p.measured
         errors.append(abs(err))
-        cal = fitted.get(_setup(p.run))
+        cal = fitted.get(setup_key(p.run))
         sim2 = simulate_point(p, cal) if cal is not None else sim
         err2 = (sim2 - p.measured) / p.measured
         after.append(abs(err2))
