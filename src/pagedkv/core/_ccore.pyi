@@ -1,6 +1,6 @@
 """Types of the compiled core (``pagedkv/_csrc/ccore.c``); see :mod:`pagedkv.core.native`."""
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 def hash_plain(
@@ -27,3 +27,25 @@ def pool_free(
     queue: FreeQueue, ref_cnt: list[int], block_hash: list[Any], ordered: Iterable[int], /
 ) -> None: ...
 def pool_touch(queue: FreeQueue, ref_cnt: list[int], ids: Iterable[int], /) -> None: ...
+def pool_take(
+    ids: list[int], ref_cnt: list[int], block_hash: list[Any], block_group: list[int],
+    index: list[dict[bytes, int]], dups: list[dict[bytes, list[int]]],
+    secondary: dict[int, Any], removed: Callable[[list[bytes], int], None],
+    evict: Callable[[int], None], /,
+) -> int: ...
+def index_register(
+    blocks: list[int], hashes: list[bytes], start: int, stop: int, index: dict[bytes, int],
+    dups: dict[bytes, list[int]], block_hash: list[Any], block_group: list[int], group: int,
+    evict: Callable[[int], None], /,
+) -> list[int]: ...
+def longest_hit(index: dict[bytes, int], hashes: list[bytes], n: int, /) -> list[int]: ...
+
+class DecodeAllocate:
+    fallback: Callable[..., Any]
+    def __init__(
+        self, *, fallback: Callable[..., Any], live_requests: dict[str, Any],
+        tables: dict[str, list[int]], num_cached: dict[str, int], pool: Any,
+        cache_blocks: Callable[[Any, int], None], zeroing: list[bool], request_type: type,
+        block_size: int, max_model_len: int,
+    ) -> None: ...
+    def __call__(self, request: Any, num_new_tokens: int, /, **kwargs: Any) -> Any: ...

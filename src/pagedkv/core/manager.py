@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from pagedkv.core import validation
+from pagedkv.core import fast_paths, validation
 from pagedkv.core.block_info import BlockInfo
 from pagedkv.core.cached_tokens import estimate_cached_tokens
 from pagedkv.core.components import AllocateCall, EventPublisher, Hooks, ManagerComponent
@@ -113,6 +113,9 @@ class KVCacheManager:
             self.get_computed_blocks = self._lookup_with_components  # type: ignore[method-assign]
         if hooks.before_allocate or hooks.allocate_hit or hooks.after_allocate:
             self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
+        elif (fast := fast_paths.install(self, self.allocate_slots)) is not None:
+            # The compiled core takes a running request's plain call (fast_paths).
+            self.allocate_slots = fast  # type: ignore[method-assign]
         self.publisher: EventPublisher | None = None
         if config.kv_events is not None:
             self.publisher = config.kv_events.make_publisher(self.prefix_index_snapshot)

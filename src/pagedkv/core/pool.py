@@ -76,9 +76,11 @@ class BlockPool(PrefixIndex):
         # which then takes the Python loops.
         ccore = native.active()
         self._cqueue: type | None = None
+        self._ctake: Any = None
         if ccore is None:
             self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
         else:
+            self._ctake = ccore.pool_take
             self._cqueue = ccore.FreeQueue
             self._cfree = ccore.pool_free
             self._ctouch = ccore.pool_touch
@@ -102,6 +104,13 @@ class BlockPool(PrefixIndex):
         listeners = self.listeners
         victims = self._cached_at_front(n) if listeners else None
         ids = self.free_queue.popleft_n(n)
+        if self._ctake is not None:  # the loops below, in C
+            self.num_evicted_blocks += self._ctake(
+                ids, self.ref_cnt, self.block_hash, self.block_group, self.index, self._dups,
+                self._secondary, self.recorder.removed, self._evict)
+            if listeners:
+                self._tell_taken(ids, victims)
+            return ids
         ref = self.ref_cnt
         bh = self.block_hash
         # NOTE: blocks without a hash (freed uncached, never used) need only their ref

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from pagedkv.core import native
 from pagedkv.core.components import EvictionPolicy
 from pagedkv.core.recorder import EventRecorder, GroupInfo, StoredRun
 from pagedkv.core.request import RequestLike
@@ -74,6 +75,11 @@ class PrefixIndex:
         self._num_rehashed = 0
         #: The eviction order when it is not vLLM's LRU (retention), else None.
         self.policy = policy
+        ccore = native.active()
+        # The compiled core's registration loop (cache_full_blocks without a mask).
+        self._cregister = ccore.index_register if ccore is not None else None
+        #: The compiled core's longest-hit probe over one group's dict, or None.
+        self.clongest_hit = ccore.longest_hit if ccore is not None else None
 
     # ------------------------------------------------------------------ queries
 
@@ -130,23 +136,29 @@ class PrefixIndex:
         index = self.index[group]
         bh = self.block_hash
         bg = self.block_group
-        skipped: list[int] = []  # positions not newly registered (null or already there)
-        for i in range(num_cached_blocks, num_full_blocks):
-            b = blocks[i]
-            if not b or (mask is not None and not mask[i - num_cached_blocks]):
-                skipped.append(i)
-                continue
-            h = hashes[i]
-            if bh[b] is not None:
-                if bh[b] == h and bg[b] == group:
+        if mask is None and self._cregister is not None and type(blocks) is list \
+                and type(hashes) is list:  # the loop below, in C
+            skipped: list[int] = self._cregister(
+                blocks, hashes, num_cached_blocks, num_full_blocks, index, self._dups[group],
+                bh, bg, group, self._evict_rehashed)
+        else:
+            skipped = []  # positions not newly registered (null or already there)
+            for i in range(num_cached_blocks, num_full_blocks):
+                b = blocks[i]
+                if not b or (mask is not None and not mask[i - num_cached_blocks]):
                     skipped.append(i)
                     continue
-                self._evict(b, count=False)
-            bh[b] = h
-            bg[b] = group
-            primary = index.setdefault(h, b)
-            if primary != b:
-                self._dups[group].setdefault(h, []).append(b)
+                h = hashes[i]
+                if bh[b] is not None:
+                    if bh[b] == h and bg[b] == group:
+                        skipped.append(i)
+                        continue
+                    self._evict(b, count=False)
+                bh[b] = h
+                bg[b] = group
+                primary = index.setdefault(h, b)
+                if primary != b:
+                    self._dups[group].setdefault(h, []).append(b)
         recorder = self.recorder
         if recorder.hears_stored:
             run: StoredRun = (request, blocks, hashes, num_cached_blocks, num_full_blocks,
@@ -285,6 +297,10 @@ class PrefixIndex:
             dups.remove(b)
         if dups is not None and not dups:
             del self._dups[group][h]
+
+    def _evict_rehashed(self, b: int) -> None:
+        """:meth:`_evict` of a block about to be registered under another key."""
+        self._evict(b, count=False)
 
     def _evict(self, b: int, *, count: bool = True) -> None:
         """Drop every index entry of block ``b`` and clear its hash; tell the recorder."""

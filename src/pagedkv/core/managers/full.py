@@ -48,13 +48,19 @@ class FullAttentionManager(SingleTypeManager):
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         hashes = self.group_hashes(block_hashes)
-        get = self.pool.index[self.group].get
-        out: list[int] = []
-        for i in range(min(max_length // self.block_size, len(hashes))):
-            b = get(hashes[i])
-            if b is None:
-                break
-            out.append(b)
+        index = self.pool.index[self.group]
+        n = min(max_length // self.block_size, len(hashes))
+        probe = self.pool.clongest_hit
+        if probe is not None and type(hashes) is list:  # the loop below, in C
+            out: list[int] = probe(index, hashes, n)
+        else:
+            get = index.get
+            out = []
+            for i in range(n):
+                b = get(hashes[i])
+                if b is None:
+                    break
+                out.append(b)
         if self.drop_last_hit and out:
             out.pop()
         return out

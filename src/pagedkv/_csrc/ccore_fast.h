@@ -1,0 +1,300 @@
+/* DecodeAllocate: KVCacheManager.allocate_slots's per-step call in C, for one
+ * full-attention group (pagedkv/core/manager.py, coordinator_simple.UnitaryCoordinator).
+ *
+ * The engine calls allocate_slots(request, num_new_tokens) once per running request per
+ * step. For a request that already holds blocks, with no keyword argument, the Python
+ * path checks a dozen conditions, grows the one block table and registers blocks that
+ * became full. This object does the same checks and the same steps in C, calling the
+ * pool's get_new_blocks and the coordinator's cache_blocks (Python) only when a block is
+ * taken or becomes full. Anything else — keywords, a request the manager does not hold,
+ * a count that is not a plain int in range, a zeroing group — goes to the Python method
+ * unchanged (it validates, raises the documented errors, or takes the general path), and
+ * it does so before anything has changed. So both cores return the same values, change
+ * the same state and raise the same errors. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback;     /* the manager's bound KVCacheManager.allocate_slots */
+    PyObject *live;         /* manager.live_requests: request id -> request */
+    PyObject *tables;       /* the group's req_to_blocks: request id -> list of ids */
+    PyObject *cached;       /* the group's num_cached_blocks: request id -> int */
+    PyObject *pool;         /* the BlockPool (free_queue, get_new_blocks) */
+    PyObject *cache_blocks; /* the coordinator's bound cache_blocks */
+    PyObject *zeroing;      /* coordinator.zeroing: list of bools */
+    PyObject *request_type; /* pagedkv's Request (num_tokens read from all_token_ids) */
+    Py_ssize_t block_size;
+    Py_ssize_t max_model_len;
+} DecodeAllocate;
+
+static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
+    *str_all_token_ids, *str_free_queue, *str_num_free, *str_get_new_blocks;
+
+static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->live);
+    Py_VISIT(self->tables);
+    Py_VISIT(self->cached);
+    Py_VISIT(self->pool);
+    Py_VISIT(self->cache_blocks);
+    Py_VISIT(self->zeroing);
+    Py_VISIT(self->request_type);
+    return 0;
+}
+
+static int da_clear(DecodeAllocate *self) {
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->live);
+    Py_CLEAR(self->tables);
+    Py_CLEAR(self->cached);
+    Py_CLEAR(self->pool);
+    Py_CLEAR(self->cache_blocks);
+    Py_CLEAR(self->zeroing);
+    Py_CLEAR(self->request_type);
+    return 0;
+}
+
+static void da_dealloc(DecodeAllocate *self) {
+    PyObject_GC_UnTrack(self);
+    da_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A non-negative Py_ssize_t from an exact int attribute of obj; -1 when it is missing,
+ * not an exact int, negative or too large (any error cleared: the caller falls back). */
+static Py_ssize_t da_count(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = -1;
+    if (PyLong_CheckExact(v)) {
+        n = PyLong_AsSsize_t(v);
+        if (n == -1) PyErr_Clear();
+    }
+    Py_DECREF(v);
+    return n < 0 ? -1 : n;
+}
+
+/* The request's token count, or -1 (fall back). */
+static Py_ssize_t da_num_tokens(DecodeAllocate *self, PyObject *request) {
+    if (Py_TYPE(request) != (PyTypeObject *)self->request_type) {
+        return da_count(request, str_num_tokens);
+    }
+    PyObject *tokens = PyObject_GetAttr(request, str_all_token_ids);
+    if (tokens == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens) : -1;
+    Py_DECREF(tokens);
+    return n;
+}
+
+/* dict[key] as a borrowed reference, NULL when absent (no error set) or on an error
+ * (cleared: the caller falls back). */
+static PyObject *da_get(PyObject *dict, PyObject *key) {
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (v == NULL) PyErr_Clear();
+    return v;
+}
+
+/* The pool's free block count, or -1 with an exception set. */
+static Py_ssize_t da_num_free(DecodeAllocate *self) {
+    PyObject *queue = PyObject_GetAttr(self->pool, str_free_queue);
+    if (queue == NULL) return -1;
+    PyObject *v = PyObject_GetAttr(queue, str_num_free);
+    Py_DECREF(queue);
+    if (v == NULL) return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return n;
+}
+
+static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames) {
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
+                         PyObject *kwnames) {
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2) {
+        return da_fallback(self, args, nargsf, kwnames);
+    }
+    PyObject *request = args[0], *num_new_obj = args[1];
+    if (!PyLong_CheckExact(num_new_obj)) return da_fallback(self, args, nargsf, kwnames);
+    Py_ssize_t num_new = PyLong_AsSsize_t(num_new_obj);
+    if (num_new <= 0) {
+        if (num_new == -1) PyErr_Clear();
+        return da_fallback(self, args, nargsf, kwnames);
+    }
+    PyObject *rid = PyObject_GetAttr(request, str_request_id);
+    if (rid == NULL) {
+        PyErr_Clear();
+        return da_fallback(self, args, nargsf, kwnames);
+    }
+    /* A live request: this very object holds blocks under its id. */
+    PyObject *table = NULL, *cached = NULL;
+    Py_ssize_t computed = -1, num_tokens = -1;
+    if (!PyUnicode_CheckExact(rid) || da_get(self->live, rid) != request) goto fallback;
+    computed = da_count(request, str_num_computed_tokens);
+    if (computed < 0) goto fallback;
+    num_tokens = da_num_tokens(self, request);
+    if (num_tokens < 0 || num_tokens > self->max_model_len) goto fallback;
+    if (num_new > num_tokens || computed > num_tokens - num_new) goto fallback;
+    table = da_get(self->tables, rid);
+    cached = da_get(self->cached, rid);
+    if (table == NULL || !PyList_CheckExact(table) || cached == NULL
+        || !PyLong_CheckExact(cached)) goto fallback;
+
+    Py_ssize_t end = computed + num_new; /* <= num_tokens <= max_model_len */
+    Py_ssize_t need = (end + self->block_size - 1) / self->block_size - PyList_GET_SIZE(table);
+    PyObject *new_ids;
+    if (need > 0) {
+        PyObject *zero = PyList_GET_SIZE(self->zeroing) ? PyList_GET_ITEM(self->zeroing, 0)
+                                                        : Py_False;
+        if (zero != Py_False) goto fallback; /* new blocks are recorded for zeroing */
+        Py_ssize_t num_free = da_num_free(self);
+        if (num_free < 0) {
+            PyErr_Clear();
+            goto fallback;
+        }
+        if (need > num_free) { /* out of blocks: a normal no, nothing changed */
+            Py_DECREF(rid);
+            Py_RETURN_NONE;
+        }
+        PyObject *n_obj = PyLong_FromSsize_t(need);
+        if (n_obj == NULL) goto error;
+        new_ids = PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj);
+        Py_DECREF(n_obj);
+        if (new_ids == NULL) goto error;
+        Py_ssize_t len = PyList_GET_SIZE(table);
+        if (!PyList_CheckExact(new_ids)
+            || PyList_SetSlice(table, len, len, new_ids) < 0) {
+            Py_DECREF(new_ids);
+            goto error;
+        }
+    } else {
+        new_ids = PyList_New(0);
+        if (new_ids == NULL) goto error;
+    }
+    /* Register the blocks that became full (the coordinator reads the counts again). */
+    cached = da_get(self->cached, rid);
+    Py_ssize_t num_cached = cached != NULL ? PyLong_AsSsize_t(cached) : -1;
+    if (num_cached == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (cached == NULL || end / self->block_size > num_cached) {
+        PyObject *end_obj = PyLong_FromSsize_t(end);
+        if (end_obj == NULL) {
+            Py_DECREF(new_ids);
+            goto error;
+        }
+        PyObject *call_args[2] = {request, end_obj};
+        PyObject *r = PyObject_Vectorcall(self->cache_blocks, call_args, 2, NULL);
+        Py_DECREF(end_obj);
+        if (r == NULL) {
+            Py_DECREF(new_ids);
+            goto error;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(rid);
+    PyObject *out = PyTuple_New(1);
+    if (out == NULL) {
+        Py_DECREF(new_ids);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, new_ids);
+    return out;
+
+fallback:
+    Py_DECREF(rid);
+    return da_fallback(self, args, nargsf, kwnames);
+error:
+    Py_DECREF(rid);
+    return NULL;
+}
+
+static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"fallback", "live_requests", "tables", "num_cached", "pool",
+                             "cache_blocks", "zeroing", "request_type", "block_size",
+                             "max_model_len", NULL};
+    PyObject *fallback, *live, *tables, *cached, *pool, *cache_blocks, *zeroing, *rtype;
+    Py_ssize_t block_size, max_len;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, "OO!O!O!OOO!O!nn:DecodeAllocate", kwlist, &fallback, &PyDict_Type,
+            &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool, &cache_blocks,
+            &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size, &max_len)) {
+        return -1;
+    }
+    if (block_size <= 0 || max_len <= 0) {
+        PyErr_SetString(PyExc_ValueError, "DecodeAllocate: block_size and max_model_len > 0");
+        return -1;
+    }
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(cache_blocks)) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: fallback and cache_blocks calls");
+        return -1;
+    }
+    PyObject *objs[8] = {fallback, live, tables, cached, pool, cache_blocks, zeroing, rtype};
+    PyObject **slots[8] = {&self->fallback, &self->live, &self->tables, &self->cached,
+                           &self->pool, &self->cache_blocks, &self->zeroing,
+                           &self->request_type};
+    for (int i = 0; i < 8; i++) {
+        Py_INCREF(objs[i]);
+        Py_XSETREF(*slots[i], objs[i]);
+    }
+    self->block_size = block_size;
+    self->max_model_len = max_len;
+    self->vectorcall = (vectorcallfunc)da_call;
+    return 0;
+}
+
+static PyObject *da_get_doc(DecodeAllocate *self, void *closure) {
+    (void)closure;
+    return PyObject_GetAttrString(self->fallback, "__doc__");
+}
+
+static PyGetSetDef da_getset[] = {
+    {"__doc__", (getter)da_get_doc, NULL, "The Python method's docstring.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef da_members[] = {
+    {"fallback", T_OBJECT, offsetof(DecodeAllocate, fallback), READONLY,
+     "The Python allocate_slots every other call goes to."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject DecodeAllocateType;
+
+static int ccore_fast_add(PyObject *m) {
+    str_request_id = PyUnicode_InternFromString("request_id");
+    str_num_computed_tokens = PyUnicode_InternFromString("num_computed_tokens");
+    str_num_tokens = PyUnicode_InternFromString("num_tokens");
+    str_all_token_ids = PyUnicode_InternFromString("all_token_ids");
+    str_free_queue = PyUnicode_InternFromString("free_queue");
+    str_num_free = PyUnicode_InternFromString("num_free");
+    str_get_new_blocks = PyUnicode_InternFromString("get_new_blocks");
+    if (!str_request_id || !str_num_computed_tokens || !str_num_tokens || !str_all_token_ids
+        || !str_free_queue || !str_num_free || !str_get_new_blocks) return -1;
+    DecodeAllocateType.tp_name = "pagedkv.core._ccore.DecodeAllocate";
+    DecodeAllocateType.tp_basicsize = sizeof(DecodeAllocate);
+    DecodeAllocateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
+                                  | Py_TPFLAGS_HAVE_VECTORCALL;
+    DecodeAllocateType.tp_new = PyType_GenericNew;
+    DecodeAllocateType.tp_init = (initproc)da_init;
+    DecodeAllocateType.tp_dealloc = (destructor)da_dealloc;
+    DecodeAllocateType.tp_traverse = (traverseproc)da_traverse;
+    DecodeAllocateType.tp_clear = (inquiry)da_clear;
+    DecodeAllocateType.tp_call = PyVectorcall_Call;
+    DecodeAllocateType.tp_vectorcall_offset = offsetof(DecodeAllocate, vectorcall);
+    DecodeAllocateType.tp_members = da_members;
+    DecodeAllocateType.tp_getset = da_getset;
+    if (PyType_Ready(&DecodeAllocateType) < 0) return -1;
+    Py_INCREF(&DecodeAllocateType);
+    if (PyModule_AddObject(m, "DecodeAllocate", (PyObject *)&DecodeAllocateType) < 0) {
+        Py_DECREF(&DecodeAllocateType);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,63 @@
+"""The compiled core's per-step entry point: ``allocate_slots`` for a running request in C.
+
+An engine calls :meth:`pagedkv.KVCacheManager.allocate_slots` once per running request per
+scheduler step, most often as ``allocate_slots(request, 1)`` for a decode token. On a
+manager where that call can only take the plain path — one full-attention group with
+prefix caching on (:class:`~pagedkv.core.coordinator_simple.UnitaryCoordinator`), no
+component hooking the allocation, one hash block per block — :func:`install` puts the
+compiled core's ``DecodeAllocate`` (``pagedkv/_csrc/ccore_fast.h``) in front of the
+method, as the manager's own ``allocate_slots`` attribute. It takes the calls with
+exactly two positional arguments from a request this manager already holds, with counts
+that are plain ints in range, and does what the Python method does on them: grow the
+table (the pool's ``get_new_blocks``), register the blocks that became full (the
+coordinator's ``cache_blocks``), or return ``None`` when the pool is short. Every other
+call, before anything changes, goes to the Python method, which validates it and raises
+the documented errors. So both cores give the same results, the same state and the same
+errors; the pure core (``PAGEDKV_PURE=1``) never installs it.
+
+>>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
+>>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+>>> mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
+>>> req = Request("r", [1, 2, 3], hasher=mgr.hasher)
+>>> mgr.allocate_slots(req, 3)          # first call: the Python method
+([1],)
+>>> req.num_computed_tokens = 3
+>>> req.append_output_tokens(4)
+>>> mgr.allocate_slots(req, 1)          # a running request: the fast path, if compiled
+([],)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pagedkv.core import native
+from pagedkv.core.coordinator_simple import UnitaryCoordinator
+from pagedkv.core.request import Request
+
+if TYPE_CHECKING:
+    from pagedkv.core.manager import KVCacheManager
+
+__all__ = ["install"]
+
+
+def install(mgr: KVCacheManager, method: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The compiled ``allocate_slots`` for ``mgr`` (``method``: its bound Python method,
+    where every call the compiled one does not take goes), or ``None`` when the compiled
+    core is not in use or ``mgr`` has anything the fast path does not cover."""
+    ccore = native.active()
+    coordinator = mgr.coordinator
+    if ccore is None or type(coordinator) is not UnitaryCoordinator:
+        return None
+    m = coordinator.managers[0]
+    if (m.drops_blocks or not m.grows_plainly or not m.cacheable
+            or not m.registers_whole_blocks_only() or m.caps_registration_itself
+            or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
+        return None
+    fast: Callable[..., Any] = ccore.DecodeAllocate(
+        fallback=method, live_requests=mgr.live_requests, tables=m.req_to_blocks,
+        num_cached=m.num_cached_blocks, pool=coordinator.pool,
+        cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
+        request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len)
+    return fast
