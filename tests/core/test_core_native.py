@@ -2,7 +2,8 @@
 
 ``pagedkv.core.native.forced_pure()`` builds pure objects beside compiled ones, so every
 test here drives both: the C SHA-256 against hashlib (both compression functions), the C
-block-hash loop against the pure one (digests and the hash memo's contents), a Hypothesis
+block-hash loop against the pure one (digests; the compiled core leaves the hash memo
+empty), a Hypothesis
 state machine running a compiled-core manager and a pure-core manager side by side
 (every return value and ``debug_state()`` compared after each step), and every public
 call's documented error raised the same way by both (``test_core_native_errors.py``).
@@ -86,9 +87,9 @@ token_ids = st.one_of(
                      min_size=1, max_size=6),
     prefix_len=st.integers(0, 2500),
 )
-def test_block_hashes_and_memo_equal(block_size: int, memo_blocks: int,
-                                     prompts: list[tuple[list[int], int]],
-                                     prefix_len: int) -> None:
+def test_block_hashes_equal_memo_unused(block_size: int, memo_blocks: int,
+                                        prompts: list[tuple[list[int], int]],
+                                        prefix_len: int) -> None:
     compiled, pure = hasher_pair(block_size, memo_blocks)
     rng = random.Random(prefix_len)
     shared = [rng.randrange(32000) for _ in range(prefix_len)]  # long: several chunks
@@ -100,7 +101,10 @@ def test_block_hashes_and_memo_equal(block_size: int, memo_blocks: int,
             compiled.extend(a, tokens[:end])
             pure.extend(b, tokens[:end])
             assert a == b
-        assert compiled._memo == pure._memo and compiled._memo_old == pure._memo_old
+    # The compiled core hashes every plain block in C, without the memo (only ids past its
+    # token table take the pure path, which may fill it).
+    if all(t < 1 << 17 for tail, _ in prompts for t in tail):
+        assert not compiled._memo and not compiled._memo_old
 
 
 def test_bad_parent_and_non_list_tokens_take_the_pure_path() -> None:

@@ -1,9 +1,10 @@
 /* pagedkv.core._ccore: the compiled core's per-block loops.
  *
  * hash_plain: BlockHasher's chained SHA-256 over canonical CBOR for blocks without extra
- * keys, byte for byte what the pure path computes (pagedkv/core/hashing.py) and with the
- * same hash memo: the same keys (the whole hash input), the same generations, rotated at
- * the same points, looked up the same way. Tokens outside what the pure fast path takes
+ * keys, byte for byte what the pure path computes (pagedkv/core/hashing.py). It hashes
+ * every block: the pure path's hash memo (which spares Python the CBOR encoding and the
+ * SHA-256 of blocks it hashed recently) would cost more here than the hash it saves, so
+ * the compiled core leaves the memo empty. Tokens outside what the pure fast path takes
  * (an id that is not an int in 0 .. 2**17 - 1) make it return False having changed
  * nothing: the caller then runs the pure path, which encodes them or raises. */
 #define PY_SSIZE_T_CLEAN
@@ -18,7 +19,7 @@
 #define CHUNK_TOKENS 1024
 #define TABLE_LIMIT (1L << 17) /* token ids the pure fast path's table holds */
 
-static PyObject *str_memo, *str_memo_old, *str_seed;
+static PyObject *str_seed;
 
 /* Canonical CBOR head of major type `major` with argument `value` into out; its length. */
 static size_t cbor_head(uint8_t *out, unsigned major, uint64_t value) {
@@ -80,104 +81,34 @@ static int read_tokens(PyObject *tokens, Py_ssize_t start, Py_ssize_t stop, uint
     return 1;
 }
 
-/* The newer memo generation for `num_new` more entries, rotated as BlockHasher._memo_for
- * does; *old gets the older one. New references, or NULL with an exception set. */
-static PyObject *memo_for(PyObject *hasher, Py_ssize_t num_new, Py_ssize_t memo_blocks,
-                          PyObject **old) {
-    PyObject *memo = PyObject_GetAttr(hasher, str_memo);
-    if (memo == NULL) return NULL;
-    if (!PyDict_CheckExact(memo)) {
-        PyErr_SetString(PyExc_TypeError, "BlockHasher._memo must be a dict");
-        Py_DECREF(memo);
-        return NULL;
-    }
-    if (PyDict_GET_SIZE(memo) + num_new > memo_blocks) {
-        PyObject *fresh = PyDict_New();
-        if (fresh == NULL || PyObject_SetAttr(hasher, str_memo_old, memo) < 0 ||
-            PyObject_SetAttr(hasher, str_memo, fresh) < 0) {
-            Py_XDECREF(fresh);
-            Py_DECREF(memo);
-            return NULL;
-        }
-        Py_DECREF(memo);
-        memo = fresh;
-    }
-    *old = PyObject_GetAttr(hasher, str_memo_old);
-    if (*old == NULL || !PyDict_CheckExact(*old)) {
-        if (*old != NULL) PyErr_SetString(PyExc_TypeError, "BlockHasher._memo_old must be a dict");
-        Py_XDECREF(*old);
-        Py_DECREF(memo);
-        return NULL;
-    }
-    return memo;
-}
-
 /* Append one digest (a new bytes object) and make it the parent. 0, or -1 on error. */
-static int push_digest(PyObject *hashes, const uint8_t *data, size_t len, uint8_t *parent,
-                       PyObject *memo, PyObject *key) {
-
+static int push_digest(PyObject *hashes, const uint8_t *data, size_t len, uint8_t *parent) {
     pk_sha256(data, len, parent);
     PyObject *digest = PyBytes_FromStringAndSize((const char *)parent, DIGEST_BYTES);
     if (digest == NULL) return -1;
     int rc = PyList_Append(hashes, digest);
-    if (rc == 0 && memo != NULL) rc = PyDict_SetItem(memo, key, digest);
     Py_DECREF(digest);
     return rc;
 }
 
-/* One chunk's blocks with the memo: lookups until the first miss (every later block
- * misses too: its parent is new), then digests. 0, or -1 on error. */
-static int hash_chunk_memo(PyObject *hashes, const uint32_t *tokens, Py_ssize_t num_blocks,
-                           Py_ssize_t bs, uint8_t *parent, uint8_t *buf, PyObject *memo,
-                           PyObject *old) {
-    int looking = 1;
-    for (Py_ssize_t k = 0; k < num_blocks; k++) {
-        size_t len = encode_block(buf, parent, tokens + k * bs, bs);
-        PyObject *key = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)len);
-        if (key == NULL) return -1;
-        if (looking) {
-            PyObject *hit = PyDict_GetItemWithError(memo, key);
-            if (hit == NULL && !PyErr_Occurred()) {
-                hit = PyDict_GetItemWithError(old, key);
-                if (hit != NULL && PyDict_SetItem(memo, key, hit) < 0) hit = NULL;
-            }
-            if (PyErr_Occurred()) {
-                Py_DECREF(key);
-                return -1;
-            }
-            if (hit != NULL && PyBytes_Check(hit) && PyBytes_GET_SIZE(hit) == DIGEST_BYTES) {
-                memcpy(parent, PyBytes_AS_STRING(hit), DIGEST_BYTES);
-                int rc = PyList_Append(hashes, hit);
-                Py_DECREF(key);
-                if (rc < 0) return -1;
-                continue;
-            }
-            looking = 0;
-        }
-        int rc = push_digest(hashes, buf, len, parent, memo, key);
-        Py_DECREF(key);
-        if (rc < 0) return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(hash_plain_doc,
-"hash_plain(hasher, hashes, tokens, start, stop) -> bool\n\n"
+"hash_plain(hasher, hashes, tokens, start, stop, block_size) -> bool\n\n"
 "Append to `hashes` the SHA-256 CBOR chained hashes of the blocks of `tokens` (a list)\n"
-"in [start, stop) (multiples of hasher.block_size) without extra keys, through the\n"
-"hasher's memo as BlockHasher._extend_plain does. False, with nothing changed, when\n"
-"a token is not an int in 0 .. 2**17 - 1 or the parent is not a 32-byte digest.");
+"in [start, stop) (multiples of block_size) without extra keys, as\n"
+"BlockHasher._extend_plain computes them (the first parent: the last of `hashes`, else\n"
+"hasher.seed). False, with nothing changed, when a token is not an int in\n"
+"0 .. 2**17 - 1 or the parent is not a 32-byte digest.");
 
 static PyObject *hash_plain(PyObject *self, PyObject *args) {
     PyObject *hasher, *hashes, *tokens;
-    Py_ssize_t start, stop, bs, memo_blocks;
+    Py_ssize_t start, stop, bs;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO!O!nnnn:hash_plain", &hasher, &PyList_Type, &hashes,
-                          &PyList_Type, &tokens, &start, &stop, &bs, &memo_blocks)) {
+    if (!PyArg_ParseTuple(args, "OO!O!nnn:hash_plain", &hasher, &PyList_Type, &hashes,
+                          &PyList_Type, &tokens, &start, &stop, &bs)) {
         return NULL;
     }
     if (bs <= 0 || start < 0 || stop > PyList_GET_SIZE(tokens) || start > stop ||
-        (stop - start) % bs != 0 || memo_blocks < 0) {
+        (stop - start) % bs != 0) {
         PyErr_SetString(PyExc_ValueError, "hash_plain: bad block range");
         return NULL;
     }
@@ -191,40 +122,27 @@ static PyObject *hash_plain(PyObject *self, PyObject *args) {
     if (!num_hashes) Py_DECREF(last);
     if (!parent_ok) Py_RETURN_FALSE;
     Py_ssize_t n = stop - start;
-    uint32_t *ids = PyMem_Malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
-    uint8_t *buf = PyMem_Malloc((size_t)bs * 5 + 64);
-    if (ids == NULL || buf == NULL) {
-        PyMem_Free(ids);
-        PyMem_Free(buf);
-        return PyErr_NoMemory();
-    }
+    uint32_t ids_small[CHUNK_TOKENS];
+    uint8_t buf_small[64 * 5 + 64];
+    uint32_t *ids = n <= CHUNK_TOKENS ? ids_small : PyMem_Malloc(sizeof(uint32_t) * (size_t)n);
+    uint8_t *buf = bs <= 64 ? buf_small : PyMem_Malloc((size_t)bs * 5 + 64);
     PyObject *result = NULL;
+    if (ids == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (!read_tokens(tokens, start, stop, ids)) {
         result = Py_False;
         goto done;
     }
-    Py_ssize_t chunk = (CHUNK_TOKENS / bs > 1 ? CHUNK_TOKENS / bs : 1) * bs;
-    for (Py_ssize_t c = 0; c < n; c += chunk) {
-        Py_ssize_t num_blocks = (n - c < chunk ? n - c : chunk) / bs;
-        if (memo_blocks == 0) {
-            for (Py_ssize_t k = 0; k < num_blocks; k++) {
-                size_t len = encode_block(buf, parent, ids + c + k * bs, bs);
-                if (push_digest(hashes, buf, len, parent, NULL, NULL) < 0) goto done;
-            }
-            continue;
-        }
-        PyObject *old = NULL;
-        PyObject *memo = memo_for(hasher, num_blocks, memo_blocks, &old);
-        if (memo == NULL) goto done;
-        int rc = hash_chunk_memo(hashes, ids + c, num_blocks, bs, parent, buf, memo, old);
-        Py_DECREF(memo);
-        Py_DECREF(old);
-        if (rc < 0) goto done;
+    for (Py_ssize_t k = 0; k < n; k += bs) {
+        size_t len = encode_block(buf, parent, ids + k, bs);
+        if (push_digest(hashes, buf, len, parent) < 0) goto done;
     }
     result = Py_True;
 done:
-    PyMem_Free(ids);
-    PyMem_Free(buf);
+    if (ids != ids_small) PyMem_Free(ids);
+    if (buf != buf_small) PyMem_Free(buf);
     Py_XINCREF(result);
     return result;
 }
@@ -278,10 +196,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__ccore(void) {
     pk_sha256_init();
-    str_memo = PyUnicode_InternFromString("_memo");
-    str_memo_old = PyUnicode_InternFromString("_memo_old");
     str_seed = PyUnicode_InternFromString("seed");
-    if (str_memo == NULL || str_memo_old == NULL || str_seed == NULL) return NULL;
+    if (str_seed == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0

@@ -75,7 +75,9 @@ class BlockHasher:
     input (two generations of at most ``memo_blocks`` entries each, or one call's blocks
     when a call brings more; the older is dropped whole when a call would take the newer
     past ``memo_blocks``: O(1) per block, ~200 bytes per entry). ``memo_blocks=0`` turns it
-    off. The memo never changes a digest; it only skips recomputing one.
+    off. The memo never changes a digest; it only skips recomputing one. The compiled core
+    (:mod:`pagedkv.core.native`) hashes plain blocks in C without it: there a block's
+    encoding and SHA-256 cost less than a memo probe, so its memo stays empty.
 
     One hasher may be shared by threads (e.g. a front end hashing requests while the
     scheduler runs): a race on the memo can only lose entries, never yield a wrong digest,
@@ -157,7 +159,7 @@ class BlockHasher:
         if start >= stop:
             return
         if (extras is None and self._native is not None and type(token_ids) is list
-                and self._native(self, hashes, token_ids, start, stop, bs, self.memo_blocks)):
+                and self._native(self, hashes, token_ids, start, stop, bs)):
             return  # the compiled core did what the plain paths below do
         if extras is None and stop - start <= _CHUNK_TOKENS and (
                 not hashes or len(hashes[-1]) == len(self.seed)):
