@@ -121,9 +121,12 @@ def scaling_table() -> None:
         out = subprocess.run([sys.executable, os.path.join(HERE, "scaling.py"), "--json"],
                              capture_output=True, text=True, env=env, check=True).stdout
         res = json.loads(out.strip().splitlines()[-1])
-        for key in ("allocate_64", "free_64", "lookup_64"):
+        keys = ("allocate_64", "free_64", "lookup_64") + (("dict_floor",) if side == "pure"
+                                                         else ())
+        for key in keys:
             small, large = res["10000"][key], res["1000000"][key]
-            print(f"{key:<18} {side:<9} {small:>11.2f} {large:>11.2f} {large / small:>7.2f}")
+            label = "(bare dict 64+64)" if key == "dict_floor" else side
+            print(f"{key:<18} {label:<9} {small:>11.2f} {large:>11.2f} {large / small:>7.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,9 +14,12 @@ to compare. ``PAGEDKV_REQUIRE_COMPILED=1`` (CI's first pass) makes that a failur
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
+import pickle
 import random
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -143,6 +146,9 @@ class CompiledVsPure(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.mgrs = manager_pair(hash_memo_blocks=6)
+        # The compiled manager takes a running request's plain call in C (fast_paths).
+        assert type(self.mgrs[0].allocate_slots).__name__ == "DecodeAllocate"
+        assert type(self.mgrs[1].allocate_slots).__name__ == "method"
         self.waiting: list[tuple[Request, Request]] = []
         self.running: list[tuple[Request, Request]] = []
         self.counter = 0
@@ -197,6 +203,23 @@ class CompiledVsPure(RuleBasedStateMachine):
             req.num_computed_tokens = req.num_tokens
 
     @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), n=st.sampled_from([0, -1, 1, 2, 10**9, True, 1.0, None]),
+          computed=st.sampled_from([None, -1, 0, 1, 10**9, 1.5, "x"]))
+    def odd_decode(self, i: int, n: Any, computed: Any) -> None:
+        """allocate_slots(request, n) with counts the compiled entry point must hand to the
+        Python method (which raises the documented error), or takes itself."""
+        pair = self.running[i % len(self.running)]
+        saved = [r.num_computed_tokens for r in pair]
+        if computed is not None:
+            for req in pair:
+                req.num_computed_tokens = computed
+        try:
+            self.both(lambda m, k: m.allocate_slots(pair[k], n))
+        finally:
+            for req, c in zip(pair, saved, strict=True):
+                req.num_computed_tokens = c
+
+    @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))
     def finish(self, i: int) -> None:
         pair = self.running.pop(i % len(self.running))
@@ -223,9 +246,27 @@ class CompiledVsPure(RuleBasedStateMachine):
 
 
 TestCompiledVsPure = CompiledVsPure.TestCase
-TestCompiledVsPure.settings = settings(max_examples=60, stateful_step_count=40,
+TestCompiledVsPure.settings = settings(max_examples=200, stateful_step_count=40,
                                        deadline=None,
                                        suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_eviction_of_a_duplicated_key_is_counted_once() -> None:
+    """Found by the machine above: a decode's new block evicts a cached block whose key has
+    a duplicate (the pool's ``_evict`` path, which counts the eviction itself, beside the
+    compiled take loop's inline count): both cores count it once."""
+    machine = CompiledVsPure()
+    machine.new_request(prefix=0, suffix=[0])
+    machine.admit(i=0)
+    machine.finish(i=0)
+    machine.evict(ids=[1])
+    machine.new_request(prefix=1, suffix=[0, 0, 0, 0])
+    machine.admit(i=0)
+    machine.new_request(prefix=0, suffix=[0] * 9)
+    machine.admit(i=0)
+    machine.decode(i=0, tokens=[0, 0, 0, 0, 0])
+    machine.same_state()
+    assert machine.mgrs[0].num_evicted_blocks == 2
 
 
 @settings(max_examples=150, deadline=None)
@@ -265,3 +306,26 @@ def test_free_queue_equals_pure(num_blocks: int, ops: list[tuple[str, int]]) -> 
         assert c.num_free == p.num_free
     with pytest.raises(IndexError):
         c.append(num_blocks)  # outside the pool: refused, never written
+
+
+def test_compiled_allocate_slots_survives_copy_and_pickle() -> None:
+    """The compiled ``allocate_slots`` is rebuilt for a copy (deepcopy, pickle) and binds
+    the copy, whose allocations then equal the original's."""
+    mgr, _ = manager_pair()
+    assert type(mgr.allocate_slots).__name__ == "DecodeAllocate"
+    req = mgr.new_request("a", list(range(6)))
+    assert mgr.allocate_slots(req, 6) == ([1, 2],)
+    req.num_computed_tokens = 6
+    for twin in (copy.deepcopy(mgr), pickle.loads(pickle.dumps(mgr))):
+        assert type(twin.allocate_slots).__name__ == "DecodeAllocate"
+        assert twin.allocate_slots.manager is twin
+        assert twin.debug_state() == mgr.debug_state()
+        twin_req = twin.live_requests["a"]
+        twin_req.append_output_tokens([7, 8, 9])
+        assert twin.allocate_slots(twin_req, 3) == ([3],)
+        twin.check_invariants()
+    assert mgr.num_free_blocks == 11
+    # No reference cycle through the compiled attribute: the manager goes with its last name.
+    gone = weakref.ref(mgr)
+    del mgr, req, twin, twin_req
+    assert gone() is None

@@ -15,7 +15,8 @@
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *fallback;     /* the manager's bound KVCacheManager.allocate_slots */
+    PyObject *function;     /* KVCacheManager.allocate_slots, called with the manager */
+    PyObject *manager_ref;  /* a weak reference to the manager (no reference cycle) */
     PyObject *live;         /* manager.live_requests: request id -> request */
     PyObject *tables;       /* the group's req_to_blocks: request id -> list of ids */
     PyObject *cached;       /* the group's num_cached_blocks: request id -> int */
@@ -31,7 +32,8 @@ static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
     *str_all_token_ids, *str_free_queue, *str_num_free, *str_get_new_blocks;
 
 static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
-    Py_VISIT(self->fallback);
+    Py_VISIT(self->function);
+    Py_VISIT(self->manager_ref);
     Py_VISIT(self->live);
     Py_VISIT(self->tables);
     Py_VISIT(self->cached);
@@ -43,7 +45,8 @@ static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
 }
 
 static int da_clear(DecodeAllocate *self) {
-    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->function);
+    Py_CLEAR(self->manager_ref);
     Py_CLEAR(self->live);
     Py_CLEAR(self->tables);
     Py_CLEAR(self->cached);
@@ -112,9 +115,42 @@ static Py_ssize_t da_num_free(DecodeAllocate *self) {
     return n;
 }
 
+/* The manager (a new reference), or NULL with an exception when it is gone. */
+static PyObject *da_manager(DecodeAllocate *self) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *mgr = NULL;
+    if (PyWeakref_GetRef(self->manager_ref, &mgr) < 0) return NULL;
+#else
+    PyObject *mgr = PyWeakref_GetObject(self->manager_ref);
+    if (mgr == NULL) return NULL;
+    if (mgr == Py_None) mgr = NULL;
+    Py_XINCREF(mgr);
+#endif
+    if (mgr == NULL) {
+        PyErr_SetString(PyExc_ReferenceError, "allocate_slots: its manager no longer exists");
+    }
+    return mgr;
+}
+
+/* The Python method on the manager with the same arguments. */
 static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames) {
-    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *mgr = da_manager(self);
+    if (mgr == NULL) return NULL;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[16];
+    PyObject **stack = total + 1 <= 16 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
+    if (stack == NULL) {
+        Py_DECREF(mgr);
+        return PyErr_NoMemory();
+    }
+    stack[0] = mgr;
+    if (total) memcpy(stack + 1, args, sizeof(PyObject *) * (size_t)total);
+    PyObject *out = PyObject_Vectorcall(self->function, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small) PyMem_Free(stack);
+    Py_DECREF(mgr);
+    return out;
 }
 
 static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
@@ -216,27 +252,32 @@ error:
 }
 
 static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"fallback", "live_requests", "tables", "num_cached", "pool",
-                             "cache_blocks", "zeroing", "request_type", "block_size",
+    static char *kwlist[] = {"function", "manager", "live_requests", "tables", "num_cached",
+                             "pool", "cache_blocks", "zeroing", "request_type", "block_size",
                              "max_model_len", NULL};
-    PyObject *fallback, *live, *tables, *cached, *pool, *cache_blocks, *zeroing, *rtype;
+    PyObject *function, *manager, *live, *tables, *cached, *pool, *cache_blocks, *zeroing,
+        *rtype;
     Py_ssize_t block_size, max_len;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OO!O!O!OOO!O!nn:DecodeAllocate", kwlist, &fallback, &PyDict_Type,
-            &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool, &cache_blocks,
-            &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size, &max_len)) {
+            args, kwds, "OOO!O!O!OOO!O!nn:DecodeAllocate", kwlist, &function, &manager,
+            &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool,
+            &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
+            &max_len)) {
         return -1;
     }
     if (block_size <= 0 || max_len <= 0) {
         PyErr_SetString(PyExc_ValueError, "DecodeAllocate: block_size and max_model_len > 0");
         return -1;
     }
-    if (!PyCallable_Check(fallback) || !PyCallable_Check(cache_blocks)) {
-        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: fallback and cache_blocks calls");
+    if (!PyCallable_Check(function) || !PyCallable_Check(cache_blocks)) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: function and cache_blocks calls");
         return -1;
     }
-    PyObject *objs[8] = {fallback, live, tables, cached, pool, cache_blocks, zeroing, rtype};
-    PyObject **slots[8] = {&self->fallback, &self->live, &self->tables, &self->cached,
+    PyObject *ref = PyWeakref_NewRef(manager, NULL);
+    if (ref == NULL) return -1;
+    Py_XSETREF(self->manager_ref, ref);
+    PyObject *objs[8] = {function, live, tables, cached, pool, cache_blocks, zeroing, rtype};
+    PyObject **slots[8] = {&self->function, &self->live, &self->tables, &self->cached,
                            &self->pool, &self->cache_blocks, &self->zeroing,
                            &self->request_type};
     for (int i = 0; i < 8; i++) {
@@ -251,17 +292,24 @@ static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
 
 static PyObject *da_get_doc(DecodeAllocate *self, void *closure) {
     (void)closure;
-    return PyObject_GetAttrString(self->fallback, "__doc__");
+    return PyObject_GetAttrString(self->function, "__doc__");
+}
+
+static PyObject *da_get_manager(DecodeAllocate *self, void *closure) {
+    (void)closure;
+    return da_manager(self);
 }
 
 static PyGetSetDef da_getset[] = {
     {"__doc__", (getter)da_get_doc, NULL, "The Python method's docstring.", NULL},
+    {"manager", (getter)da_get_manager, NULL, "The manager whose allocate_slots this is.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMemberDef da_members[] = {
-    {"fallback", T_OBJECT, offsetof(DecodeAllocate, fallback), READONLY,
-     "The Python allocate_slots every other call goes to."},
+    {"function", T_OBJECT, offsetof(DecodeAllocate, function), READONLY,
+     "The Python allocate_slots every other call goes to (with the manager)."},
     {NULL, 0, 0, 0, NULL},
 };
 

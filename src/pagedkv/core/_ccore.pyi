@@ -41,9 +41,10 @@ def index_register(
 def longest_hit(index: dict[bytes, int], hashes: list[bytes], n: int, /) -> list[int]: ...
 
 class DecodeAllocate:
-    fallback: Callable[..., Any]
+    function: Callable[..., Any]
+    manager: Any
     def __init__(
-        self, *, fallback: Callable[..., Any], live_requests: dict[str, Any],
+        self, *, function: Callable[..., Any], manager: Any, live_requests: dict[str, Any],
         tables: dict[str, list[int]], num_cached: dict[str, int], pool: Any,
         cache_blocks: Callable[[Any, int], None], zeroing: list[bool], request_type: type,
         block_size: int, max_model_len: int,

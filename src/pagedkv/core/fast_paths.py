@@ -30,22 +30,21 @@ errors; the pure core (``PAGEDKV_PURE=1``) never installs it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pagedkv.core import native
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.request import Request
 
-if TYPE_CHECKING:
-    from pagedkv.core.manager import KVCacheManager
-
 __all__ = ["install"]
 
 
-def install(mgr: KVCacheManager, method: Callable[..., Any]) -> Callable[..., Any] | None:
-    """The compiled ``allocate_slots`` for ``mgr`` (``method``: its bound Python method,
-    where every call the compiled one does not take goes), or ``None`` when the compiled
-    core is not in use or ``mgr`` has anything the fast path does not cover."""
+def install(mgr: Any, function: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The compiled ``allocate_slots`` for ``mgr`` (a :class:`pagedkv.KVCacheManager`, built
+    up to its components), or ``None`` when the compiled core is not in use or ``mgr`` has
+    anything the fast path does not cover. Every call it does not take goes to
+    ``function(mgr, ...)`` (the class's Python method). It holds ``mgr`` by a weak
+    reference, so the manager's attribute makes no reference cycle."""
     ccore = native.active()
     coordinator = mgr.coordinator
     if ccore is None or type(coordinator) is not UnitaryCoordinator:
@@ -56,7 +55,7 @@ def install(mgr: KVCacheManager, method: Callable[..., Any]) -> Callable[..., An
             or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
         return None
     fast: Callable[..., Any] = ccore.DecodeAllocate(
-        fallback=method, live_requests=mgr.live_requests, tables=m.req_to_blocks,
+        function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len)

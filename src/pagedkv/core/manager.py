@@ -111,16 +111,34 @@ class KVCacheManager:
         # the class's own methods run, with no test at all.
         if hooks.after_lookup:
             self.get_computed_blocks = self._lookup_with_components  # type: ignore[method-assign]
+        #: Whether ``allocate_slots`` is the compiled core's (:mod:`pagedkv.core.fast_paths`).
+        self._fast_allocate = False
         if hooks.before_allocate or hooks.allocate_hit or hooks.after_allocate:
             self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
-        elif (fast := fast_paths.install(self, self.allocate_slots)) is not None:
-            # The compiled core takes a running request's plain call (fast_paths).
+        elif (fast := fast_paths.install(self, KVCacheManager.allocate_slots)) is not None:
+            # The compiled core takes a running request's plain call.
             self.allocate_slots = fast  # type: ignore[method-assign]
+            self._fast_allocate = True
         self.publisher: EventPublisher | None = None
         if config.kv_events is not None:
             self.publisher = config.kv_events.make_publisher(self.prefix_index_snapshot)
         for c in self.components:
             c.bind(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copy and pickle state: the compiled ``allocate_slots`` is built again, not copied."""
+        state = dict(self.__dict__)
+        if self._fast_allocate:
+            del state["allocate_slots"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._fast_allocate:
+            fast = fast_paths.install(self, KVCacheManager.allocate_slots)
+            self._fast_allocate = fast is not None
+            if fast is not None:
+                self.allocate_slots = fast  # type: ignore[method-assign]
 
     def component(self, kind: type[_C]) -> _C:
         """The attached component of class ``kind`` (typed access to ``mgr.retention``

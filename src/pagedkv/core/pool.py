@@ -105,9 +105,11 @@ class BlockPool(PrefixIndex):
         victims = self._cached_at_front(n) if listeners else None
         ids = self.free_queue.popleft_n(n)
         if self._ctake is not None:  # the loops below, in C
-            self.num_evicted_blocks += self._ctake(
-                ids, self.ref_cnt, self.block_hash, self.block_group, self.index, self._dups,
-                self._secondary, self.recorder.removed, self._evict)
+            # (Evicted inline; the rest went through _evict, which counted them itself.)
+            inline = self._ctake(ids, self.ref_cnt, self.block_hash, self.block_group,
+                                 self.index, self._dups, self._secondary,
+                                 self.recorder.removed, self._evict)
+            self.num_evicted_blocks += inline
             if listeners:
                 self._tell_taken(ids, victims)
             return ids
