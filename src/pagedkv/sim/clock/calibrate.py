@@ -124,12 +124,14 @@ def fit_constants(data: Sequence[Measured], setup: ReplaySetup,
     base = start or CONSTANT_SETS["default"]
     fit = _fit_from(data, setup, base, name, max_iterations)
     # a second start: the request latency that closes the median TTFT gap (a TTFT the
-    # steps cannot explain otherwise pulls the GPU constants off; keep the better fit)
+    # steps cannot explain otherwise pulls the GPU constants off; keep the better fit).
+    # The replayed TTFTs already count the start's latency: the gap comes on top of it.
     gaps = [m.ttft_s - t for m, (t, _) in zip(data, replay_times(data, setup, base),
                                               strict=True) if m.ttft_s > 0 and t is not None]
     gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
-    if gap > base.request_latency_s:
-        other = _fit_from(data, setup, base.with_values({"request_latency_s": gap},
+    if gap > 0:
+        latency = base.request_latency_s + gap
+        other = _fit_from(data, setup, base.with_values({"request_latency_s": latency},
                                                         name=base.name), name, max_iterations)
         if other.error_after < fit.error_after:
             fit = replace(other, error_before=fit.error_before)

@@ -2,7 +2,8 @@
 ``--calibration FILE`` reads (``docs/simulator.md``, "The clock", gives each default's
 published source).
 
-File format (JSON; ``name`` and ``fit`` optional, every other key required)::
+File format (JSON; the fitted constants, :data:`FITTED`, required; ``name``, ``fit`` and
+the other constants optional, defaulting to the ``default`` set's)::
 
     {"name": "my-h100", "hbm_efficiency": 0.85, "compute_utilization": 0.6,
      "step_overhead_s": 0.0006, "seq_overhead_s": 2e-05, "layer_overhead_s": 5e-06}
@@ -44,7 +45,12 @@ class ClockConstants:
     ``layer_overhead_s``: per layer per step (kernel gaps); ``allreduce_latency_s``: per
     tensor-parallel all-reduce (two per layer); ``request_latency_s``: from a client
     sending a request to the engine seeing it (HTTP, chat template, tokenisation — the
-    API server's path, outside the GPU's steps), in every TTFT and end-to-end latency."""
+    API server's path, outside the GPU's steps), in every TTFT and end-to-end latency.
+
+    ``moe_fp8_hbm_efficiency`` and ``moe_fp8_compute_utilization``: the shares of HBM
+    bandwidth and of dense FP8 peak FLOP/s that routed-expert (fused-MoE, grouped) GEMMs
+    with FP8 weights reach on a GPU with FP8 math (0, 1]; BF16 experts and GPUs without
+    FP8 use ``hbm_efficiency`` and ``compute_utilization``."""
 
     name: str = "default"
     hbm_efficiency: float = 0.85
@@ -54,10 +60,13 @@ class ClockConstants:
     seq_overhead_s: float = 20e-6
     layer_overhead_s: float = 5e-6
     allreduce_latency_s: float = 10e-6
-    request_latency_s: float = 0.0
+    request_latency_s: float = 0.012
+    moe_fp8_hbm_efficiency: float = 0.66
+    moe_fp8_compute_utilization: float = 0.11
 
     def __post_init__(self) -> None:
-        for key in ("hbm_efficiency", "compute_utilization"):
+        for key in ("hbm_efficiency", "compute_utilization", "moe_fp8_hbm_efficiency",
+                    "moe_fp8_compute_utilization"):
             v = getattr(self, key)
             if not _is_number(v) or not 0.0 < v <= 1.0:
                 raise InvalidArgumentError(
@@ -80,17 +89,20 @@ def _is_number(v: object) -> bool:
 
 
 #: Named sets. ``default``: the zero-fit defaults; ``ideal``: the hardware bound (peak
-#: bandwidth and FLOP/s, no overheads) — every real step is slower.
+#: bandwidth and FLOP/s, no overheads, no request latency) — every real step is slower.
 CONSTANT_SETS: Mapping[str, ClockConstants] = {
     "default": ClockConstants(),
     "ideal": ClockConstants(name="ideal", hbm_efficiency=1.0, compute_utilization=1.0,
                             util_half_tokens=0.0, step_overhead_s=0.0, seq_overhead_s=0.0,
-                            layer_overhead_s=0.0, allreduce_latency_s=0.0),
+                            layer_overhead_s=0.0, allreduce_latency_s=0.0,
+                            request_latency_s=0.0, moe_fp8_hbm_efficiency=1.0,
+                            moe_fp8_compute_utilization=1.0),
 }
 
 _KEYS = ("name", "hbm_efficiency", "compute_utilization", "util_half_tokens",
          "step_overhead_s", "seq_overhead_s", "layer_overhead_s", "allreduce_latency_s",
-         "request_latency_s", "fit")
+         "request_latency_s", "moe_fp8_hbm_efficiency", "moe_fp8_compute_utilization",
+         "fit")
 
 
 def load_constants(text: str | None) -> ClockConstants:

@@ -2,12 +2,16 @@
 real batch (every scheduled request's computed context).
 
 Per step of ``T`` tokens over ``S`` sequences (vLLM runs one fused GEMM pass over the
-mixed batch and separate attention kernels, so the parts add)::
+mixed batch, grouped-GEMM kernels for routed experts and separate attention kernels,
+so the parts add)::
 
-    dense     = max(FLOPs / (peak x u(T)),  weight bytes / (HBM x e))
-                FLOPs = 2 x (active params - head) x T + 2 x head x S
-                weight bytes = (dense params + touched experts(T) x expert) x bytes/param
+    dense     = max(FLOPs / (peak x u(T)),  dense weight bytes / (HBM x e))
+                FLOPs = 2 x (dense params - head) x T + 2 x head x S
                 u(T) = u x T / (T + half)
+    experts   = max(2 x top-k x expert x T / (peak x u_moe(T)),
+                    touched experts(T) x expert bytes / (HBM x e_moe))   (MoE only)
+                FP8 weights on an FP8 GPU: e_moe, u_moe = the fused-MoE kernels' own
+                shares (ClockConstants.moe_fp8_*); otherwise e, u
     attention = sum over KV kinds of max(pair FLOPs / (KV-dtype peak x u), KV bytes / (HBM x e))
                 full: a decode reads the whole context, a prefill chunk of n after c0
                       cached tokens does n x c0 + n(n+1)/2 pairs;
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pagedkv.planner.gpus import GpuSpec
 from pagedkv.sim.clock.constants import CONSTANT_SETS, ClockConstants
@@ -50,6 +54,58 @@ class _Running(Protocol):
     computed: int
 
 
+class _Rates(NamedTuple):
+    """What a step's time is built from that does not change from step to step."""
+
+    half_tokens: float
+    dense_weight_s: float        # all dense weights once (seconds)
+    dense_flops_per_token: float
+    head_flops_per_seq: float
+    dense_flops_s: float         # peak x u (before the ramp)
+    expert_weight_s: float       # one routed expert once (seconds)
+    expert_flops_per_token: float
+    expert_flops_s: float
+    inv_bw: float                # seconds per byte of KV
+    inv_attn_flops_s: float
+    allreduce_fixed_s: float
+    allreduce_token_s: float
+    overhead_fixed_s: float
+    seq_overhead_s: float
+
+
+def _rates(s: ModelShape, gpu: GpuSpec, c: ClockConstants) -> _Rates:
+    bw = gpu.hbm_bytes_s * c.hbm_efficiency
+    peak = gpu.peak_flops(weight_bytes_per_param=s.weight_bytes_per_param)
+    fp8_math = s.weight_bytes_per_param <= 1.0 and gpu.fp8_tflops is not None
+    # routed experts run in grouped-GEMM (fused-MoE) kernels: FP8 ones reach their own,
+    # lower shares of the peaks (ClockConstants); BF16 ones a dense GEMM's
+    moe_bw = gpu.hbm_bytes_s * (c.moe_fp8_hbm_efficiency if fp8_math else c.hbm_efficiency)
+    moe_flops_s = peak * (c.moe_fp8_compute_utilization if fp8_math
+                          else c.compute_utilization)
+    # attention multiplies queries by the cached K and V: it runs at the KV dtype's
+    # rate (BF16 unless the cache is FP8), whatever the weights are
+    attn_flops_s = gpu.peak_flops(
+        weight_bytes_per_param=float(s.kv_dtype_bytes)) * c.compute_utilization
+    ar_calls = 2 * s.num_layers
+    link = gpu.interconnect_bytes_s
+    return _Rates(
+        half_tokens=c.util_half_tokens,
+        dense_weight_s=s.dense_params * s.weight_bytes_per_param / bw,
+        dense_flops_per_token=2.0 * (s.dense_params - s.head_params),
+        head_flops_per_seq=2.0 * s.head_params,
+        dense_flops_s=peak * c.compute_utilization,
+        expert_weight_s=s.expert_params * s.weight_bytes_per_param / moe_bw,
+        expert_flops_per_token=2.0 * s.top_k * s.expert_params,
+        expert_flops_s=moe_flops_s,
+        inv_bw=1.0 / bw,
+        inv_attn_flops_s=1.0 / attn_flops_s,
+        allreduce_fixed_s=ar_calls * c.allreduce_latency_s,
+        allreduce_token_s=(ar_calls * 2.0 * (s.tp - 1) / s.tp * s.hidden_size * 2 / link
+                           if s.tp > 1 else 0.0),
+        overhead_fixed_s=c.step_overhead_s + s.num_layers * c.layer_overhead_s,
+        seq_overhead_s=c.seq_overhead_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RooflineStepModel(StepTimeModel):
     """The roofline clock (module docstring) for ``shape`` on ``gpu`` with ``constants``.
@@ -64,6 +120,11 @@ class RooflineStepModel(StepTimeModel):
     gpu: GpuSpec
     constants: ClockConstants = field(default_factory=lambda: CONSTANT_SETS["default"])
     typical_context_tokens: int = 2048
+    _k: _Rates = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        StepTimeModel.__post_init__(self)
+        object.__setattr__(self, "_k", _rates(self.shape, self.gpu, self.constants))
 
     @classmethod
     def build(cls, shape: ModelShape, gpu: GpuSpec, constants: ClockConstants | None = None,
@@ -113,36 +174,32 @@ class RooflineStepModel(StepTimeModel):
         """The step time of decodes at ``decode_contexts`` (tokens already computed) and
         prefill chunks ``(cached tokens, new tokens)``."""
         s = self.shape
-        c = self.constants
+        k = self._k
         num_decode = len(decode_contexts)
         num_seqs = num_decode + len(prefill_chunks)
         tokens = num_decode + sum(n for _, n in prefill_chunks)
-        bw = self.gpu.hbm_bytes_s * c.hbm_efficiency
-        peak = self.gpu.peak_flops(weight_bytes_per_param=s.weight_bytes_per_param)
-        util = c.compute_utilization * tokens / (tokens + c.util_half_tokens) if tokens else 1.0
-        flops = 2.0 * ((s.active_params - s.head_params) * tokens + s.head_params * num_seqs)
-        touched = s.dense_params + s.touched_experts(tokens) * s.expert_params
-        weights_s = touched * s.weight_bytes_per_param / bw
-        compute_s = flops / (peak * util) if tokens else 0.0
         terms = [0.0] * 5
+        ramp = tokens / (tokens + k.half_tokens) if tokens else 1.0
+        # dense GEMMs (attention projections, shared experts, the output head)
+        weights_s = k.dense_weight_s
+        compute_s = (k.dense_flops_per_token * tokens + k.head_flops_per_seq * num_seqs
+                     ) / (k.dense_flops_s * ramp) if tokens else 0.0
         terms[_W if weights_s >= compute_s else _C] += max(weights_s, compute_s)
-        # attention multiplies queries by the cached K and V: it runs at the KV dtype's
-        # rate (BF16 unless the cache is FP8), whatever the weights are
-        attn_peak = self.gpu.peak_flops(
-            weight_bytes_per_param=float(s.kv_dtype_bytes)) * c.compute_utilization
+        if s.num_experts:  # routed experts: their own grouped-GEMM kernels
+            weights_s = s.touched_experts(tokens) * k.expert_weight_s
+            compute_s = k.expert_flops_per_token * tokens / (k.expert_flops_s * ramp) \
+                if tokens else 0.0
+            terms[_W if weights_s >= compute_s else _C] += max(weights_s, compute_s)
         for kind in s.attention:
-            pairs, kv_bytes = _attention_work(kind.kind, kind.span, decode_contexts,
-                                              prefill_chunks)
-            a_bytes_s = (kv_bytes * kind.kv_bytes_per_token
-                         + 2 * num_seqs * kind.state_bytes) / bw
-            a_flops_s = pairs * kind.flops_per_pair / attn_peak
+            pairs, kv_tokens = _attention_work(kind.kind, kind.span, decode_contexts,
+                                               prefill_chunks)
+            a_bytes_s = (kv_tokens * kind.kv_bytes_per_token
+                         + 2 * num_seqs * kind.state_bytes) * k.inv_bw
+            a_flops_s = pairs * kind.flops_per_pair * k.inv_attn_flops_s
             terms[_KV if a_bytes_s >= a_flops_s else _C] += max(a_bytes_s, a_flops_s)
         if s.tp > 1:
-            link = self.gpu.interconnect_bytes_s
-            msg = 2.0 * (s.tp - 1) / s.tp * tokens * s.hidden_size * 2
-            terms[_COMM] = 2 * s.num_layers * (c.allreduce_latency_s + msg / link)
-        terms[_O] = (c.step_overhead_s + s.num_layers * c.layer_overhead_s
-                     + num_seqs * c.seq_overhead_s)
+            terms[_COMM] = k.allreduce_fixed_s + k.allreduce_token_s * tokens
+        terms[_O] = k.overhead_fixed_s + num_seqs * k.seq_overhead_s
         if ledger is not None:
             for i in range(5):
                 ledger[i] += terms[i]
