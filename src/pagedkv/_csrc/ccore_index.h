@@ -128,6 +128,15 @@ fail:
     return NULL;
 }
 
+/* list.append(i). 0, or -1 with an exception. */
+static int ix_append_index(PyObject *list, Py_ssize_t i) {
+    PyObject *pos = PyLong_FromSsize_t(i);
+    if (pos == NULL) return -1;
+    int rc = PyList_Append(list, pos);
+    Py_DECREF(pos);
+    return rc;
+}
+
 PyDoc_STRVAR(index_register_doc,
 "index_register(blocks, hashes, start, stop, index, dups, block_hash, block_group, group,"
 " evict) -> list\n\n"
@@ -163,12 +172,7 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
         int truth = PyObject_IsTrue(b_obj);
         if (truth < 0) goto fail;
         if (!truth) {
-            PyObject *pos = PyLong_FromSsize_t(i);
-            if (pos == NULL || PyList_Append(skipped, pos) < 0) {
-                Py_XDECREF(pos);
-                goto fail;
-            }
-            Py_DECREF(pos);
+            if (ix_append_index(skipped, i) < 0) goto fail;
             continue;
         }
         Py_ssize_t b = ix_block(b_obj, size);
@@ -184,12 +188,7 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
             if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(bg, b), group, Py_EQ);
             if (same < 0) goto fail;
             if (same) {
-                PyObject *pos = PyLong_FromSsize_t(i);
-                if (pos == NULL || PyList_Append(skipped, pos) < 0) {
-                    Py_XDECREF(pos);
-                    goto fail;
-                }
-                Py_DECREF(pos);
+                if (ix_append_index(skipped, i) < 0) goto fail;
                 continue;
             }
             PyObject *r = PyObject_CallOneArg(evict, b_obj);
