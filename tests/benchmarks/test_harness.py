@@ -76,6 +76,23 @@ def test_replay_on_fresh_managers_gives_the_same_block_ids() -> None:
     assert first["final_free_blocks"] == 299  # everything freed (block 0 is the null block)
 
 
+@pytest.mark.parametrize("preset", ["shared-prompt", "heavy-eviction", "new-requests"])
+def test_both_cores_give_the_same_block_ids(preset: str) -> None:
+    """The harness's digests (every hit length, hit block id and new block id) on the
+    compiled core and on the pure one, in one process; without the compiled core both
+    sides are pure and the test still checks determinism."""
+    from pagedkv.core import native
+
+    flags = ("--preset", preset, "--num-requests", "150", "--hash-algo", "sha256_cbor")
+    compiled = _run(*flags)
+    with native.forced_pure():
+        pure = _run(*flags)
+    assert compiled["digest_lookup"] == pure["digest_lookup"]
+    assert compiled["digest_alloc"] == pure["digest_alloc"]
+    assert compiled["final_free_blocks"] == pure["final_free_blocks"]
+    assert compiled["ops"]["allocate_decode"]["count"] > 1000  # the per-step path ran
+
+
 @pytest.mark.parametrize("name", ["kv_workload", "conformance.codec", "conformance.transcript"])
 def test_docstring_examples(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
