@@ -140,7 +140,8 @@ static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
     PyObject *small[16];
-    PyObject **stack = total + 1 <= 16 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
+    PyObject **stack =
+        total + 1 <= 16 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
     if (stack == NULL) {
         Py_DECREF(mgr);
         return PyErr_NoMemory();
@@ -202,12 +203,20 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
         }
         PyObject *n_obj = PyLong_FromSsize_t(need);
         if (n_obj == NULL) goto error;
+        Py_INCREF(table); /* held across the pool's Python code */
         new_ids = PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj);
         Py_DECREF(n_obj);
-        if (new_ids == NULL) goto error;
+        if (new_ids == NULL) {
+            Py_DECREF(table);
+            goto error;
+        }
         Py_ssize_t len = PyList_GET_SIZE(table);
-        if (!PyList_CheckExact(new_ids)
-            || PyList_SetSlice(table, len, len, new_ids) < 0) {
+        int rc = PyList_CheckExact(new_ids) ? PyList_SetSlice(table, len, len, new_ids) : -1;
+        Py_DECREF(table);
+        if (rc < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "get_new_blocks returned a non-list");
+            }
             Py_DECREF(new_ids);
             goto error;
         }

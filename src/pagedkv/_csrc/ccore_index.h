@@ -56,6 +56,7 @@ static PyObject *pool_take(PyObject *self, PyObject *args) {
     PyObject *one = PyLong_FromLong(1);
     PyObject *list = PyList_New(0);
     PyObject *group = PyLong_FromLong(0); /* the group of the hashes in `list` */
+    PyObject *g_held = NULL; /* the group of the block being evicted */
     Py_ssize_t num_evicted = 0;
     if (one == NULL || list == NULL || group == NULL) goto fail;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ids); k++) {
@@ -65,6 +66,8 @@ static PyObject *pool_take(PyObject *self, PyObject *args) {
         PyObject *h = PyList_GET_ITEM(bh, b);
         if (h != Py_None) {
             PyObject *g = PyList_GET_ITEM(bg, b);
+            Py_INCREF(g); /* held across the recorder's Python code below */
+            Py_XSETREF(g_held, g);
             Py_ssize_t gi = ix_block(g, PyList_GET_SIZE(index));
             if (gi < 0 || gi >= PyList_GET_SIZE(dups)) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "group out of range");
@@ -117,11 +120,13 @@ static PyObject *pool_take(PyObject *self, PyObject *args) {
         PyList_SetItem(ref, b, one);
     }
     if (ix_flush(removed, &list, group) < 0) goto fail;
+    Py_XDECREF(g_held);
     Py_DECREF(one);
     Py_DECREF(list);
     Py_DECREF(group);
     return PyLong_FromSsize_t(num_evicted);
 fail:
+    Py_XDECREF(g_held);
     Py_XDECREF(one);
     Py_XDECREF(list);
     Py_XDECREF(group);
