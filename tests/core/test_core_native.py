@@ -308,6 +308,36 @@ def test_free_queue_equals_pure(num_blocks: int, ops: list[tuple[str, int]]) -> 
         c.append(num_blocks)  # outside the pool: refused, never written
 
 
+def test_free_queue_restore_refuses_corrupt_links() -> None:
+    """A pickled queue comes back equal; tampered links are refused before any use."""
+    import struct
+
+    assert ccore is not None
+    q = ccore.FreeQueue(8, first_id=1)
+    q.remove(3)
+    q.append(3)
+    restore, (n, nxt, prv, num_free) = q.__reduce__()
+    assert restore(n, nxt, prv, num_free).to_list() == q.to_list() == pickle.loads(
+        pickle.dumps(q)).to_list()
+
+    def with_link(links: bytes, slot: int, value: int) -> bytes:
+        out = bytearray(links)
+        struct.pack_into("=i", out, 4 * slot, value)
+        return bytes(out)
+
+    corrupt = [
+        (with_link(nxt, 1, 10**6), prv, num_free),  # a link far outside the arrays
+        (with_link(nxt, 1, -5), prv, num_free),
+        (nxt, with_link(prv, 2, 10**6), num_free),
+        (with_link(nxt, 2, 1), prv, num_free),  # a cycle: 1 -> 2 -> 1
+        (nxt, prv, num_free + 1),  # a wrong count
+        (nxt, prv, -1),
+    ]
+    for links_next, links_prev, count in corrupt:
+        with pytest.raises(ValueError, match="corrupt"):
+            restore(n, links_next, links_prev, count)
+
+
 def test_compiled_allocate_slots_survives_copy_and_pickle() -> None:
     """The compiled ``allocate_slots`` is rebuilt for a copy (deepcopy, pickle) and binds
     the copy, whose allocations then equal the original's."""

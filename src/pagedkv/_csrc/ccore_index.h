@@ -19,6 +19,12 @@ static Py_ssize_t ix_block(PyObject *b, Py_ssize_t size) {
     return v;
 }
 
+/* list[i] = value (a new reference taken here, the old item released); 0 or -1. */
+static int ix_set(PyObject *list, Py_ssize_t i, PyObject *value) {
+    Py_INCREF(value);
+    return PyList_SetItem(list, i, value); /* steals value, also when it fails */
+}
+
 /* removed(list, group) when the list is not empty; a fresh list in *list. 0 or -1. */
 static int ix_flush(PyObject *removed, PyObject **list, PyObject *group) {
     if (PyList_GET_SIZE(*list) == 0) return 0;
@@ -96,8 +102,10 @@ static PyObject *pool_take(PyObject *self, PyObject *args) {
                     Py_DECREF(h);
                     goto fail;
                 }
-                Py_INCREF(Py_None);
-                PyList_SetItem(bh, b, Py_None);
+                if (ix_set(bh, b, Py_None) < 0) {
+                    Py_DECREF(h);
+                    goto fail;
+                }
                 num_evicted++;
                 int same = PyObject_RichCompareBool(g, group, Py_EQ);
                 if (same < 0 || (!same && ix_flush(removed, &list, group) < 0)) {
@@ -116,8 +124,7 @@ static PyObject *pool_take(PyObject *self, PyObject *args) {
                 Py_DECREF(r);
             }
         }
-        Py_INCREF(one);
-        PyList_SetItem(ref, b, one);
+        if (ix_set(ref, b, one) < 0) goto fail;
     }
     if (ix_flush(removed, &list, group) < 0) goto fail;
     Py_XDECREF(g_held);
@@ -200,10 +207,7 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
             if (r == NULL) goto fail;
             Py_DECREF(r);
         }
-        Py_INCREF(h);
-        PyList_SetItem(bh, b, h);
-        Py_INCREF(group);
-        PyList_SetItem(bg, b, group);
+        if (ix_set(bh, b, h) < 0 || ix_set(bg, b, group) < 0) goto fail;
         PyObject *primary = PyDict_SetDefault(index, h, b_obj); /* borrowed */
         if (primary == NULL) goto fail;
         if (primary != b_obj) {

@@ -272,6 +272,26 @@ static PyObject *fq_reduce(FreeQueue *q, PyObject *unused) {
                          (const char *)q->prev, size, q->num_free);
 }
 
+/* Whether restored arrays are a state the queue could have reached: every link in
+ * range (no later unlink or append of a queued id writes outside the arrays), and
+ * the walk from head reaches tail through num_free distinct ids with matching back links. */
+static int fq_restored_ok(FreeQueue *q) {
+    if (q->num_free < 0 || q->num_free > q->head) return 0;
+    for (Py_ssize_t i = 0; i < q->head; i++) {
+        if (q->next[i] < 0 || q->next[i] > q->tail || q->prev[i] < -1 || q->prev[i] > q->tail)
+            return 0;
+    }
+    if (q->next[q->head] < 0 || q->next[q->head] > q->tail || q->prev[q->tail] < 0 ||
+        q->prev[q->tail] > q->head)
+        return 0;
+    Py_ssize_t count = 0;
+    int32_t p = (int32_t)q->head;
+    for (int32_t b = q->next[q->head]; b != q->tail; p = b, b = q->next[b]) {
+        if (b >= q->head || q->prev[b] != p || ++count > q->num_free) return 0;
+    }
+    return q->prev[q->tail] == p && count == q->num_free;
+}
+
 static PyObject *fq_restore(PyObject *cls, PyObject *args) {
     Py_ssize_t n, num_free, len_next, len_prev;
     const char *nxt, *prv;
@@ -287,6 +307,13 @@ static PyObject *fq_restore(PyObject *cls, PyObject *args) {
     memcpy(q->next, nxt, (size_t)len_next);
     memcpy(q->prev, prv, (size_t)len_prev);
     q->num_free = num_free;
+    if (!fq_restored_ok(q)) {
+        Py_DECREF(obj);
+        PyErr_SetString(PyExc_ValueError,
+                        "FreeQueue._restore: the pickled links are corrupt (an id out of "
+                        "range, a broken or cyclic list, or a wrong count)");
+        return NULL;
+    }
     return obj;
 }
 

@@ -245,17 +245,6 @@ class LookupExplanation:
                 out[s.label] = out.get(s.label, 0) + s.end - s.start
         return out
 
-    def reason_at(self, token: int) -> Segment:
-        """The segment holding token index ``token``.
-
-        Raises:
-            IndexError: ``token`` is outside ``[0, num_tokens)``.
-        """
-        for s in self.segments:
-            if s.start <= token < s.end:
-                return s
-        raise IndexError(f"token {token} is outside [0, {self.num_tokens})")
-
     def __repr__(self) -> str:
         return (f"LookupExplanation({self.request_id!r}, num_tokens={self.num_tokens}, "
                 f"num_hit_tokens={self.num_hit_tokens}, segments={self.segments!r})")
@@ -277,7 +266,3 @@ class MissStats:
     preempted_hits: int
     preempted_missed_tokens: Mapping[str, int]
 
-    def miss_fractions(self) -> dict[str, float]:
-        """Each label's share of the missed tokens of fresh lookups (empty with none)."""
-        total = sum(self.missed_tokens.values())
-        return {k: v / total for k, v in self.missed_tokens.items()} if total else {}
