@@ -183,7 +183,11 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     table = da_get(self->tables, rid);
     cached = da_get(self->cached, rid);
     if (table == NULL || !PyList_CheckExact(table) || cached == NULL
-        || !PyLong_CheckExact(cached)) goto fallback;
+        || !PyLong_CheckExact(cached)) {
+        table = NULL; /* not held yet */
+        goto fallback;
+    }
+    Py_INCREF(table); /* held to the end: the pool's Python code runs below */
 
     Py_ssize_t end = computed + num_new; /* <= num_tokens <= max_model_len */
     Py_ssize_t need = (end + self->block_size - 1) / self->block_size - PyList_GET_SIZE(table);
@@ -198,21 +202,17 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
             goto fallback;
         }
         if (need > num_free) { /* out of blocks: a normal no, nothing changed */
+            Py_DECREF(table);
             Py_DECREF(rid);
             Py_RETURN_NONE;
         }
         PyObject *n_obj = PyLong_FromSsize_t(need);
         if (n_obj == NULL) goto error;
-        Py_INCREF(table); /* held across the pool's Python code */
         new_ids = PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj);
         Py_DECREF(n_obj);
-        if (new_ids == NULL) {
-            Py_DECREF(table);
-            goto error;
-        }
+        if (new_ids == NULL) goto error;
         Py_ssize_t len = PyList_GET_SIZE(table);
         int rc = PyList_CheckExact(new_ids) ? PyList_SetSlice(table, len, len, new_ids) : -1;
-        Py_DECREF(table);
         if (rc < 0) {
             if (!PyErr_Occurred()) {
                 PyErr_SetString(PyExc_TypeError, "get_new_blocks returned a non-list");
@@ -243,6 +243,7 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
         }
         Py_DECREF(r);
     }
+    Py_DECREF(table);
     Py_DECREF(rid);
     PyObject *out = PyTuple_New(1);
     if (out == NULL) {
@@ -253,9 +254,11 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     return out;
 
 fallback:
+    Py_XDECREF(table);
     Py_DECREF(rid);
     return da_fallback(self, args, nargsf, kwnames);
 error:
+    Py_XDECREF(table);
     Py_DECREF(rid);
     return NULL;
 }
