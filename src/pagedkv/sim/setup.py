@@ -211,9 +211,7 @@ def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
         return None
     if v["mode"] != "engine":
         raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
-    for flag, bad in (("--rate-scale", v["rate_scale"] != 1.0),
-                      ("--arrivals at-once", v["arrivals"] != "trace"),
-                      ("--find-capacity", v["find_capacity"]),
+    for flag, bad in (("--find-capacity", v["find_capacity"]),
                       ("--capacity-sweep", bool(v["capacity_sweep"])),
                       ("--kv-events-endpoint", bool(v["kv_events_endpoint"]))):
         if bad:

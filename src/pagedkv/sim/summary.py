@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -63,16 +64,18 @@ class UsageSample:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Latency:
-    """Percentiles in seconds (None without samples)."""
+    """Percentiles and the mean in seconds (None without samples)."""
 
     p50: float | None
     p90: float | None
     p99: float | None
+    mean: float | None = None
 
     @classmethod
     def of(cls, values: list[float]) -> Latency:
         return cls(p50=percentile(values, 50), p90=percentile(values, 90),
-                   p99=percentile(values, 99))
+                   p99=percentile(values, 99),
+                   mean=math.fsum(values) / len(values) if values else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
