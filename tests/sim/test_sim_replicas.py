@@ -111,3 +111,24 @@ def test_bad_arguments():
     with pytest.raises(InvalidArgumentError, match="--mode engine"):
         run_replicas(workload(), SimConfig(num_blocks=100, mode="pure-cache"),
                      num_replicas=2, policy="round-robin")
+
+
+def test_progress_is_a_line_every_few_seconds_when_not_a_terminal():
+    import io
+
+    from pagedkv.sim.progress import PLAIN_EVERY_S, PROGRESS_AFTER_S, ProgressReporter
+
+    out = io.StringIO()
+    progress = ProgressReporter(stream=out)
+    progress.phase("replaying 10 requests over 2 replicas (round-robin)")
+    progress(1, 10)
+    assert out.getvalue() == ""  # a short phase shows nothing
+    progress.t0 -= PROGRESS_AFTER_S + 1
+    progress(2, 10)
+    progress(3, 10)  # within PLAIN_EVERY_S of the last line: nothing
+    progress._last_plain -= PLAIN_EVERY_S
+    progress(4, 10)
+    progress(10, 10)
+    lines = out.getvalue().splitlines()
+    assert [line.split(": ")[1].split(" ")[0] for line in lines] == ["2/10", "4/10", "10/10"]
+    assert "\r" not in out.getvalue()
