@@ -31,19 +31,22 @@ from pagedkv.sim.setup import CalibrateRequest, SimulateRequest, simulate_reques
 from pagedkv.sim.summary import Latency, SimReport
 from pagedkv.sim.workloads import Workload
 
-__all__ = ["DEFAULT_ROUTER", "METRICS", "SWEEP_DEFAULTS", "point_options", "point_request",
-           "run_point"]
+__all__ = ["DEFAULT_ROUTER", "METRICS", "STOP_OPTION", "SWEEP_DEFAULTS", "point_options",
+           "point_request", "run_point"]
 
 #: What every point sets unless the grid says otherwise.
 SWEEP_DEFAULTS: dict[str, Any] = {"no_bounds": True, "no_plots": True, "no_progress": True,
                                   "jobs": 1}
+#: A point option that is no ``simulate`` flag: stop the replay once its TTFT p99 is sure
+#: to exceed this many seconds (the capacity search's early exit; TTFT p99 then None).
+STOP_OPTION = "stop_above_ttft_p99_s"
 #: The router of a replica point without one (``compare`` is several runs, not a point).
 DEFAULT_ROUTER = "round-robin"
 #: The figures of a point, in row order (None where the run has no such figure).
 METRICS = ("requests", "rejected", "num_blocks", "hit_rate", "ttft_mean_s", "ttft_p50_s",
            "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s", "e2e_mean_s", "e2e_p50_s",
            "e2e_p99_s", "output_tokens_per_s", "preemptions", "kv_usage_mean",
-           "kv_usage_max", "retention_hit_rate", "host_hit_rate", "gpus")
+           "kv_usage_max", "retention_hit_rate", "host_hit_rate", "gpus", "stopped_early")
 
 
 def point_options(fixed: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,14 +82,15 @@ def run_point(workload: Workload, options: Mapping[str, Any]) -> dict[str, Any]:
         PagedKVError: the point cannot be simulated (it does not fit, a bad value).
     """
     opts = point_options({}, options)
+    stop_s = opts.pop(STOP_OPTION, None)
     req = point_request(opts)
     config = req.config
     if config.mode == "engine":
         config = with_clock(config, workload)
     gpus = config.tp * (req.replicas.replicas if req.replicas is not None else 1)
-    if req.replicas is not None:
+    if req.replicas is not None or stop_s is not None:
         router = opts.get("router") or DEFAULT_ROUTER
-        out = _replica_metrics(workload, config, req.replicas.replicas, router)
+        out = _replica_metrics(workload, config, gpus // config.tp, router, stop_s)
     else:
         out = _report_metrics(run(workload, config))
     out["gpus"] = gpus
@@ -126,10 +130,13 @@ def _latency_metrics(ttft: Latency, tpot: Latency, e2e: Latency) -> dict[str, An
 
 
 def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
-                     router: str) -> dict[str, Any]:
+                     router: str, stop_s: float | None) -> dict[str, Any]:
     from pagedkv.sim.replicas import run_replicas
 
-    r = run_replicas(workload, config, num_replicas=replicas, policy=router)
+    r = run_replicas(workload, config, num_replicas=replicas, policy=router,
+                     stop_above_ttft_p99_s=stop_s)
+    if r.stopped_early:  # the TTFT p99 is over stop_s: its figures are the run so far
+        return {"requests": r.num_requests, "ttft_p99_s": math.inf, "stopped_early": True}
     return {
         "requests": r.num_requests, "rejected": r.num_rejected,
         "num_blocks": r.report.num_blocks, "hit_rate": r.hit_rate,

@@ -96,10 +96,15 @@ def run_replicas(
     policy: str,
     weights: CostWeights | None = None,
     progress: Progress | None = None,
+    stop_above_ttft_p99_s: float | None = None,
 ) -> PolicyResult:
     """Replay ``workload`` over ``num_replicas`` single engines configured by ``config``
     (each the engine ``simulate`` runs on its capacity), routed by ``policy`` (one of
     :data:`~pagedkv.cluster.router.POLICIES`).
+
+    ``stop_above_ttft_p99_s``: stop as soon as the TTFT p99 is sure to exceed it (more
+    than 1 % of the requests, plus 2, already waited longer for their first token); the
+    result then has ``stopped_early`` set and figures of the run so far.
 
     Raises:
         InvalidArgumentError: fewer than 1 or more than :data:`MAX_REPLICAS` replicas,
@@ -125,10 +130,13 @@ def run_replicas(
                                     num_blocks=cap.num_blocks, config=sched,
                                     manager_factory=cap.factory))
     router = Router(index, specs=sims[0].manager.config.groups, policy=chosen)
-    owner = _Clock(workload, sims, names, router, progress).run()
+    clock = _Clock(workload, sims, names, router, progress)
+    clock.stop_above_s = stop_above_ttft_p99_s
+    owner = clock.run()
     results = [s.result(close=True) for s in sims]
-    return policy_result(policy, workload, cfg, cap, results, owner,
-                         wall_s=time.perf_counter() - wall0)
+    out = policy_result(policy, workload, cfg, cap, results, owner,
+                        wall_s=time.perf_counter() - wall0)
+    return replace(out, stopped_early=clock.stopped) if clock.stopped else out
 
 
 class _Clock:
@@ -153,6 +161,9 @@ class _Clock:
             s.sample_every_s = max(last, 1.0) / max(cfg.num_samples, 1)
             s.on_child = self._child
         self.owner = [-1] * len(workload.requests)
+        self.routed_at = [0.0] * len(workload.requests)
+        self.stop_above_s: float | None = None
+        self.stopped = False
         self.uses_index = router.policy.uses_index
         self.needs_load = router.policy.name != "round-robin"
 
@@ -184,11 +195,32 @@ class _Clock:
             due.step()
             done += len(due.finished)
             steps += 1
-            if self.progress is not None and steps % 1024 == 0:
-                self.progress(done, total)
+            if steps % 1024 == 0:
+                if self.progress is not None:
+                    self.progress(done, total)
+                if self.stop_above_s is not None and self._slo_lost(self.stop_above_s):
+                    self.stopped = True
+                    break
         if self.progress is not None:
             self.progress(done, total)
         return self.owner
+
+    def _slo_lost(self, limit_s: float) -> bool:
+        """Whether more than 1 % of the requests (plus 2) already waited over
+        ``limit_s`` for their first token: the TTFT p99 cannot end below it."""
+        late = 0
+        need = 0.01 * len(self.owner) + 2
+        for i, k in enumerate(self.owner):
+            if k < 0:
+                continue
+            sim = self.sims[k]
+            first = sim.res.first_token_s[i]
+            end = sim.now_s if first is None else first
+            if end - self.routed_at[i] > limit_s:
+                late += 1
+                if late >= need:
+                    return True
+        return False
 
     def _route(self, i: int, at_s: float) -> None:
         r = self.workload.requests[i]
@@ -206,6 +238,7 @@ class _Clock:
         choice = self.router.route(hashes, num_tokens=r.num_prompt_tokens, loads=loads)
         k = self.names.index(choice.replica)
         self.owner[i] = k
+        self.routed_at[i] = at_s
         self.sims[k].submit(i, at_s=at_s)
 
 

@@ -90,6 +90,8 @@ class PolicyResult:
     makespan_s: float
     wall_s: float
     report: SimReport = field(repr=False, compare=False)
+    stopped_early: bool = False
+    """Stopped once the TTFT p99 was sure to miss its limit (figures: the run so far)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
