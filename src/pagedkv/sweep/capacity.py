@@ -19,6 +19,12 @@ The search (bounded: at most ``max_points`` replays):
 * a replay stops as soon as its TTFT p99 is sure to miss (``STOP_OPTION`` of
   :mod:`pagedkv.sweep.point`), so a hopeless candidate costs seconds.
 
+* a pair is skipped without a replay when even an idle replica cannot meet the TTFT
+  target: the p99 over requests of the time to prefill, alone, the prompt tokens no
+  earlier request shares (an infinite cache's miss), chunked to the token budget and
+  timed by the pair's clock, plus the request latency (:func:`alone_ttft_p99_s`). No
+  replica count lowers it.
+
 A pair the model does not fit (its replay raises) is dropped. The answer is the cheapest
 deployment that met the SLO, with the next-cheaper one that was replayed and missed.
 """
@@ -29,9 +35,11 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from pagedkv.sim.workloads import Workload
+from pagedkv.sim.results import percentile
+from pagedkv.sim.workloads import Workload, request_block_hashes
 from pagedkv.sweep.backends import Backend, LocalBackend
 from pagedkv.sweep.point import STOP_OPTION
 from pagedkv.sweep.rows import DEFAULT_PRICES_USD_PER_GPU_HOUR, Slo
@@ -105,6 +113,8 @@ class CapacityAnswer:
     tried: tuple[Tried, ...]
     bounded: bool
     wall_s: float
+    #: (GPU, TP, TTFT p99 lower bound in seconds or None) of every pair considered
+    floors: tuple[tuple[str, int, float | None], ...] = ()
 
     def command(self, base_args: Sequence[str]) -> str | None:
         """The ``pagedkv simulate`` command that replays ``best`` alone."""
@@ -121,6 +131,10 @@ class CapacityAnswer:
             why = ("the search bound was reached first" if self.bounded else
                    f"none of {len(TP_CHOICES)} TP sizes x the priced GPUs x up to the "
                    "replica bound meets it")
+            known = [f for _, _, f in self.floors if f is not None]
+            if known and len(known) == len(self.floors) and min(known) > self.slo.ttft_p99_s:
+                why = (f"the prompts' prefill alone gives a TTFT p99 of at least "
+                       f"{min(known):.3g} s on every priced GPU and TP size")
             return [f"{head}: no deployment meets {target}: {why}"]
         out = [f"{head}: cheapest deployment meeting {target}: "
                f"{self.best.deployment.describe()}: {self.best.figures()}",
@@ -184,13 +198,19 @@ def find_deployment(
         tried.extend(out)
         return out
 
+    floors: dict[tuple[str, int], float | None] = {}
     for unit, gpu, tp in pairs:
         if best is not None and unit >= best.deployment.usd_per_hour:
             break
         if len(tried) >= max_points:
             break
-        found = _smallest(lambda n, g=gpu, t=tp, u=unit: Deployment(u * n, n, t, g), replay,
-                          max_replicas, best, lambda: len(tried) >= max_points)
+        floor = floors[gpu, tp] = alone_ttft_p99_s(workload, {**base, "gpu": gpu, "tp": tp})
+        if floor is not None and floor > slo.ttft_p99_s:
+            say(f"find capacity: {gpu} TP {tp}: prefill alone gives TTFT p99 >= "
+                f"{floor:.3g} s, skipped")
+            continue
+        found = _smallest(partial(_deployment, unit, tp, gpu), replay, max_replicas, best,
+                          lambda: len(tried) >= max_points)
         if found is not None and (best is None or found.deployment < best.deployment):
             best = found
     bounded = len(tried) >= max_points
@@ -199,7 +219,68 @@ def find_deployment(
         cheaper = [t for t in tried if not t.meets and t.deployment < best.deployment]
         nxt = max(cheaper, key=lambda t: t.deployment, default=None)
     return CapacityAnswer(slo=slo, best=best, next_cheaper=nxt, tried=tuple(tried),
-                          bounded=bounded, wall_s=time.perf_counter() - t0)
+                          bounded=bounded, wall_s=time.perf_counter() - t0,
+                          floors=tuple((g, t, f) for (g, t), f in floors.items()))
+
+
+def _uncached(workload: Workload, block_size: int) -> list[tuple[int, int]] | None:
+    """(first uncached token, prompt tokens) per request under an infinite cache (None:
+    token-id prompts, hashed by the manager)."""
+    seen: set[bytes] = set()
+    out = []
+    for i, r in enumerate(workload.requests):
+        hashes = request_block_hashes(r, block_size, index=i,
+                                      source_block_size=workload.source_block_size)
+        if hashes is None:
+            return None
+        hit = 0
+        while hit < len(hashes) and hashes[hit] in seen:
+            hit += 1
+        seen.update(hashes)
+        out.append((min(hit * block_size, r.num_prompt_tokens - 1), r.num_prompt_tokens))
+    return out
+
+
+_SPANS: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
+
+
+def alone_ttft_p99_s(workload: Workload, options: Mapping[str, Any]) -> float | None:
+    """A lower bound of the TTFT p99 ``options`` give on ``workload`` whatever the
+    replica count (module docstring); None when it cannot be computed (no roofline
+    clock, token-id prompts, a model that does not fit: the replay then decides)."""
+    from pagedkv.errors import PagedKVError
+    from pagedkv.sim.api import with_clock
+    from pagedkv.sim.clock import RooflineStepModel
+    from pagedkv.sweep.point import point_options, point_request
+
+    try:
+        config = with_clock(point_request(point_options({}, options)).config, workload)
+    except PagedKVError:
+        return None
+    clock = config.scheduler.step_time
+    if not isinstance(clock, RooflineStepModel):
+        return None
+    budget = config.scheduler.token_budget
+    key = (id(workload), config.block_size)
+    if key not in _SPANS:
+        _SPANS.clear()  # one workload at a time
+        _SPANS[key] = _uncached(workload, config.block_size)
+    spans = _SPANS[key]
+    if spans is None:
+        return None
+    times: list[float] = []
+    for ctx, end in spans:
+        t = clock.request_latency_s
+        while ctx < end:
+            n = min(budget, end - ctx)
+            t += clock.time_of(decode_contexts=[], prefill_chunks=[(ctx, n)])
+            ctx += n
+        times.append(t)
+    return percentile(times, 99)
+
+
+def _deployment(unit_usd_per_hour: float, tp: int, gpu: str, replicas: int) -> Deployment:
+    return Deployment(unit_usd_per_hour * replicas, replicas, tp, gpu)
 
 
 def _smallest(make: Callable[[int], Deployment], replay: Callable[[list[Deployment]],
