@@ -72,10 +72,10 @@ def main_run(args: argparse.Namespace) -> int:
         report = run(wl, config, description=what, progress=progress, phase=progress.phase,
                      observer=observing.observer if observing is not None else None)
         search = None
-        if request.ttft_p99_target_s is not None:
+        if request.ttft_p99_target_s is not None or _searches_by_default(request, report):
             progress.close()
             search = search_deployment(
-                wl, vars(args), ttft_p99_s=request.ttft_p99_target_s,
+                wl, vars(args), ttft_p99_s=request.ttft_p99_target_s or 2.0,
                 tpot_p99_s=request.tpot_p99_target_s or 0.1,
                 log=None if not out.progress else lambda s: print(s, file=sys.stderr))
     except BaseException:
@@ -91,6 +91,16 @@ def main_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _searches_by_default(request: SimulateRequest, report: SimReport) -> bool:
+    """Whether the verdict itself names the cheapest deployment for the default SLO:
+    the bundled default workload (any ``--limit``) found saturated on the roofline clock
+    (so the search has its prefill floor and stays bounded)."""
+    spec = request.workload
+    return (spec.trace is None and spec.generator is None and report.verdict is not None
+            and report.verdict.state == "saturated" and report.clock is not None
+            and report.clock.get("clock") == "roofline")
+
+
 def _render(request: SimulateRequest, report: SimReport, search: CapacityAnswer | None,
             observing: SimObserving | None, base_args: list[str]) -> None:
     """Print the report (tables or JSON), then write the plots."""
@@ -98,7 +108,7 @@ def _render(request: SimulateRequest, report: SimReport, search: CapacityAnswer 
     out = report.to_dict()
     if search is not None:
         out["find_capacity"] = search.to_dict(base_args)
-    if search is None and report.verdict is not None and report.verdict.advice:
+    if report.verdict is not None and report.verdict.advice:
         out["next_command"] = next_command(base_args)
     out["plots"] = [] if opts.plot_dir is None else [
         str(p) for p in plot_files(report, opts.plot_dir)]
@@ -114,7 +124,7 @@ def _render(request: SimulateRequest, report: SimReport, search: CapacityAnswer 
         print(f"capacity: {cap.source}" + (f"; {cap.note}" if cap.note else ""))
         if search is not None:
             print("\n".join(search.lines(base_args)))
-        elif report.verdict is not None and report.verdict.advice:
+        if report.verdict is not None and report.verdict.advice:
             print(f"next: {next_command(base_args)}")
         sys.stdout.flush()
         if observing is not None:
