@@ -5,11 +5,10 @@ here the durations are parsed and the run's own options become the search's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.sim.durations import parse_seconds
 from pagedkv.sim.workloads import Workload
 
 if TYPE_CHECKING:
@@ -26,28 +25,6 @@ _OUTPUT_FLAGS = ("--find-capacity", "--ttft-p99", "--tpot-p99", "--json", "--no-
 #: Options that shape the run's output (not passed to the search's replays).
 _NOT_SEARCHED = ("find_capacity", "ttft_p99", "tpot_p99", "json", "plot_dir", "no_plots",
                  "no_progress", "no_bounds", "jobs", "func", "command", "argv")
-
-
-def parse_seconds(text: str, flag: str = "--ttft-p99") -> float:
-    """Seconds in ``text``: ``2s``, ``500ms``, ``2`` (seconds).
-
-    Raises:
-        InvalidArgumentError: not a positive duration.
-    """
-    t = text.strip().lower()
-    scale = 1.0
-    if t.endswith("ms"):
-        t, scale = t[:-2], 1e-3
-    elif t.endswith("s"):
-        t = t[:-1]
-    try:
-        value = float(t) * scale
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise InvalidArgumentError(f"{flag} {text!r} is not a positive duration; write "
-                                   "e.g. 2s or 500ms")
-    return value
 
 
 def reproducing_args(argv: Sequence[str]) -> list[str]:

@@ -27,12 +27,12 @@ from typing import Any
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.api import SimConfig
+from pagedkv.sim.durations import parse_seconds
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_tier import DEFAULT_BANDWIDTH_GBPS, HostMemoryConfig
 from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.options import check_option_value, defaults
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
-from pagedkv.sim.search import parse_seconds
 from pagedkv.sim.workloads import Workload, bundled_trace_path
 
 __all__ = ["DEFAULT_SWEEP_TOKENS", "GENERATOR_PARAMS", "CalibrateRequest", "ObserveOptions",
