@@ -4,7 +4,8 @@ the two in each round, median of ``--runs`` rounds, and the same-round ratio.
 
     python benchmarks/replicas_speed.py --replicas 4 --runs 3
 
-Both runs skip the bounds (``--no-bounds``: the replay alone is compared) and plots;
+Both runs skip the bounds (``--no-bounds``) and the capacity search (``--no-find-capacity``):
+the replays alone are compared, and plots;
 the replica run routes round-robin (one policy, not the three of ``compare``).
 """
 
@@ -31,7 +32,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("extra", nargs="*", help="more simulate arguments (after --)")
     a = p.parse_args()
-    base = ["--no-plots", "--no-progress", "--no-bounds", *a.extra]
+    base = ["--no-plots", "--no-progress", "--no-bounds", "--no-find-capacity", *a.extra]
     many = [*base, "--replicas", str(a.replicas), "--router", "round-robin"]
     single_s: list[float] = []
     replicas_s: list[float] = []

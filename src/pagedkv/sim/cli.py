@@ -72,7 +72,8 @@ def main_run(args: argparse.Namespace) -> int:
         report = run(wl, config, description=what, progress=progress, phase=progress.phase,
                      observer=observing.observer if observing is not None else None)
         search = None
-        if request.ttft_p99_target_s is not None or _searches_by_default(request, report):
+        if request.ttft_p99_target_s is not None or (
+                not args.no_find_capacity and _searches_by_default(request, report)):
             progress.close()
             search = search_deployment(
                 wl, vars(args), ttft_p99_s=request.ttft_p99_target_s or 2.0,

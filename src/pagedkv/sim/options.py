@@ -218,6 +218,8 @@ OPTIONS: tuple[Option, ...] = (
            default="2s", metavar="DURATION"),
     Option("--tpot-p99", "TPOT p99 target for --find-capacity (default 100ms)", "output",
            default="100ms", metavar="DURATION"),
+    Option("--no-find-capacity", "skip the search a saturated bundled default run does "
+           "by itself", "output", action=_FLAG),
     Option("--warmup-fraction", "'after warm-up' rates count requests from this fraction "
            "on (default 0.5)", "output",
            type=number_arg("--warmup-fraction", minimum=0, maximum=1,

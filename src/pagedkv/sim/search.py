@@ -20,11 +20,12 @@ __all__ = ["SEARCHED_FLAGS", "parse_seconds", "reproducing_args", "search_deploy
 SEARCHED_FLAGS = ("--gpu", "--tp", "--replicas", "--router", "--gpu-memory",
                   "--num-blocks")
 #: Flags of the run's output, not of what it simulates (left out too).
-_OUTPUT_FLAGS = ("--find-capacity", "--ttft-p99", "--tpot-p99", "--json", "--no-plots",
-                 "--no-progress", "--no-bounds", "--plot-dir", "--jobs")
+_OUTPUT_FLAGS = ("--find-capacity", "--no-find-capacity", "--ttft-p99", "--tpot-p99",
+                 "--json", "--no-plots", "--no-progress", "--no-bounds", "--plot-dir", "--jobs")
 #: Options that shape the run's output (not passed to the search's replays).
-_NOT_SEARCHED = ("find_capacity", "ttft_p99", "tpot_p99", "json", "plot_dir", "no_plots",
-                 "no_progress", "no_bounds", "jobs", "func", "command", "argv")
+_NOT_SEARCHED = ("find_capacity", "no_find_capacity", "ttft_p99", "tpot_p99", "json",
+                 "plot_dir", "no_plots", "no_progress", "no_bounds", "jobs", "func", "command",
+                 "argv")
 
 
 def reproducing_args(argv: Sequence[str]) -> list[str]:
@@ -38,8 +39,8 @@ def reproducing_args(argv: Sequence[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in SEARCHED_FLAGS or name in _OUTPUT_FLAGS:
-            takes_value = name not in ("--find-capacity", "--json", "--no-plots",
-                                       "--no-progress", "--no-bounds")
+            takes_value = name not in ("--find-capacity", "--no-find-capacity", "--json",
+                                       "--no-plots", "--no-progress", "--no-bounds")
             skip = takes_value and "=" not in arg
             continue
         out.append(arg)
