@@ -1,10 +1,10 @@
 """Multi-replica simulation: round-robin vs least-loaded vs cache-aware on a trace.
 
-Prints the comparison table per cluster size and writes a PNG. Example (the figures in
-docs/cluster.md)::
+Every replica is the engine ``pagedkv simulate`` runs (the planner's capacity for the
+model, the roofline clock). Prints the comparison table per cluster size and writes a
+PNG. Example::
 
-    python benchmarks/cluster_replicas.py --trace data/traces/conversation_trace.jsonl.gz \\
-        --replicas 4 8 --plot cluster_replicas.png
+    python benchmarks/cluster_replicas.py --limit 2000 --replicas 4 8 --plot replicas.png
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import argparse
 import sys
 import time
 
-from pagedkv.cluster.replica_engine import EngineConfig
-from pagedkv.cluster.replica_report import plot_replica_reports, render_replica_report
-from pagedkv.cluster.replicas import compare_policies
-from pagedkv.sim import bundled_trace_path, load_trace
+from pagedkv.sim import SimConfig, bundled_trace_path, load_trace
+from pagedkv.sim.replicas import compare_policies, plot_replica_reports, render_replica_report
 
 
 def main() -> int:
@@ -24,18 +22,15 @@ def main() -> int:
     p.add_argument("--trace", default=None, help="trace file (default: the bundled head)")
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--replicas", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--num-blocks", type=int, default=6412,
-                   help="blocks per replica (default 6412 x 64 = 410k tokens: the "
-                   "planner's Llama-3.1-8B on one 80 GB GPU)")
+    p.add_argument("--model", default=None, help="model (default: the simulator's)")
     p.add_argument("--plot", default=None, help="write the PNG here")
     args = p.parse_args()
     workload = load_trace(args.trace or bundled_trace_path(), limit=args.limit)
-    engine = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size)
+    config = SimConfig(model=args.model, bounds=False, jobs=1)
     reports = []
     for n in args.replicas:
         t0 = time.perf_counter()
-        report = compare_policies(workload, num_replicas=n, engine=engine,
+        report = compare_policies(workload, config, num_replicas=n,
                                   phase=lambda p: print(f"  {p}...", file=sys.stderr))
         print(render_replica_report(report))
         print(f"(simulated in {time.perf_counter() - t0:.0f} s wall)\n", flush=True)

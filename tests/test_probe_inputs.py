@@ -26,7 +26,6 @@ import pytest
 from pagedkv import CacheConfig, FullAttentionSpec, PagedKVError
 from pagedkv.bench import BenchConfig
 from pagedkv.cli import main
-from pagedkv.cluster.replica_engine import EngineConfig
 from pagedkv.cluster.router import CostWeights, ReplicaLoad
 from pagedkv.events import KVEventsConfig
 from pagedkv.host import HostTierConfig
@@ -169,7 +168,7 @@ CONFIGS: dict[type, dict[str, Any]] = {
     CacheConfig: {"groups": (SPEC,), "num_blocks": 10, "max_model_len": 64},
     RetentionConfig: {}, ObserveConfig: {}, KVEventsConfig: {},
     HostTierConfig: {"num_blocks": 4}, HostMemoryConfig: {"memory_bytes": 1 << 30},
-    SchedulerConfig: {}, StepTimeModel: {}, SimConfig: {}, EngineConfig: {"num_blocks": 10},
+    SchedulerConfig: {}, StepTimeModel: {}, SimConfig: {},
     BenchConfig: {}, ReplicaLoad: {}, CostWeights: {},
 }
 

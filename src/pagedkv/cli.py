@@ -87,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for commands that echo it
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

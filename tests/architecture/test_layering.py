@@ -17,7 +17,10 @@ The layers, bottom to top (``docs/architecture.md`` draws them):
 
 Every import counts: module level, inside functions and under ``TYPE_CHECKING``. Within
 a layer imports may go either way, but no two modules may import each other through any
-chain (no circles).
+chain (no circles), and a few apps never import a sibling (:data:`FORBIDDEN`): what runs
+in production (``pagedkv.cluster``: index, ingest, router, service) knows nothing of the
+simulator; the multi-replica simulation lives in ``pagedkv.sim.replicas`` and imports the
+cluster's router, never the other way.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ LAYERS: dict[str, int] = {
     "pagedkv.cli": 4,
     "pagedkv.__main__": 4,
 }
+#: Same-layer packages that must not import each other: importer -> forbidden targets.
+FORBIDDEN: dict[str, tuple[str, ...]] = {"pagedkv.cluster": ("pagedkv.sim",)}
 #: The package itself (its ``__init__``): the public surface, at the core's layer.
 ROOT_LAYER = 1
 
@@ -109,6 +114,31 @@ def test_no_upward_import(module: str) -> None:
     mine = layer_of(module)
     upward = sorted(t for t in GRAPH[module] if layer_of(t) > mine)
     assert not upward, f"{module} (layer {mine}) imports from above: {upward}"
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_forbidden_sibling_import(module: str) -> None:
+    for importer, targets in FORBIDDEN.items():
+        if _within(module, importer):
+            bad = sorted(t for t in GRAPH[module] if any(_within(t, p) for p in targets))
+            assert not bad, f"{module} imports {bad}: {importer} must not import {targets}"
+
+
+def test_the_sibling_rule_can_fail() -> None:
+    """The multi-replica simulation imports the cluster's router; the rule sees the
+    edge when it points the forbidden way."""
+    assert "pagedkv.cluster.router" in GRAPH["pagedkv.sim.replicas.driver"]
+    saved = GRAPH["pagedkv.cluster.router"]
+    try:
+        GRAPH["pagedkv.cluster.router"] = {*saved, "pagedkv.sim.engine"}
+        with pytest.raises(AssertionError, match="must not import"):
+            test_no_forbidden_sibling_import("pagedkv.cluster.router")
+    finally:
+        GRAPH["pagedkv.cluster.router"] = saved
 
 
 def _find_cycle() -> list[str] | None:

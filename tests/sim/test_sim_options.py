@@ -14,7 +14,6 @@ import pytest
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import SimConfig
 from pagedkv.sim.options import GROUPS, OPTIONS, add_simulate_options, parse_option_value
-from pagedkv.sim.search import CapacitySearch
 from pagedkv.sim.setup import (
     DEFAULT_SWEEP_TOKENS,
     CalibrateRequest,
@@ -151,7 +150,8 @@ def test_calibrate_values_become_a_calibration() -> None:
     ({"generator": "agent", "groups": 2}, "--groups does not apply to --generator agent"),
     ({"generator": "agent", "trace": "a.jsonl"}, "--trace and --generator are alternatives"),
     ({"router": "round-robin"}, "--router needs --replicas N"),
-    ({"replicas": 2, "rate_scale": 2.0}, "--rate-scale does not apply to --replicas"),
+    ({"replicas": 2, "kv_events_endpoint": "tcp://127.0.0.1:5557"},
+     "--kv-events-endpoint does not apply to --replicas"),
     ({"metrics_linger_s": 1.0}, "--metrics-linger-s goes with --metrics-port"),
     ({"explain_misses": True, "mode": "pure-cache"}, "--explain-misses observes the "
      "simulated engine"),
@@ -183,12 +183,3 @@ def test_sweep_capacities() -> None:
         sweep_capacities("1e999")
 
 
-def test_capacity_search_json() -> None:
-    s = CapacitySearch(ttft_p99_target_s=2.0, memory_scale=2.0, num_blocks=800, replicas=3,
-                       tried=(("x1 memory", float("inf")), ("x2 memory", 1.5),
-                              ("3 replicas", None)))
-    assert s.to_dict() == {
-        "ttft_p99_target_s": 2.0, "memory_scale": 2.0, "num_blocks": 800, "replicas": 3,
-        "tried": [{"what": "x1 memory", "ttft_p99_s": None},
-                  {"what": "x2 memory", "ttft_p99_s": 1.5},
-                  {"what": "3 replicas", "ttft_p99_s": None}]}

@@ -31,31 +31,30 @@ def test_replicas_bad_values_are_one_line() -> None:
 
 
 def test_one_replica_equals_the_single_engine() -> None:
-    # --replicas 1 is the same replay as the single engine, so the same figures, to the
-    # last bit (KV usage was a per-step mean, 81 % against the engine's sampled 88.9 % on
-    # the default run; a preempted request's recompute was timed as a decode).
-    trace = ["--limit", "150", "--num-blocks", "4000", "--no-plots", "--no-progress",
-             "--json"]
+    # The bundled default (its first 300 requests, the planner's capacity, the roofline
+    # clock): --replicas 1 --router round-robin is the same replay, every figure equal.
+    trace = ["--limit", "300", "--no-plots", "--no-progress", "--no-bounds", "--json"]
     one = _sim(*trace)
     rep = _sim(*trace, "--replicas", "1", "--router", "round-robin")
     assert one.returncode == 0 and rep.returncode == 0, (one.stderr, rep.stderr)
     engine = json.loads(one.stdout)
-    replicas = json.loads(rep.stdout)
-    (result,) = replicas["results"]
-    assert replicas["engine"]["num_blocks"] == engine["num_blocks"]
-    assert result["num_rejected"] == engine["rejected_requests"] > 0
+    (result,) = json.loads(rep.stdout)["results"]
     assert engine["preemptions"] > 0
     assert result["num_preemptions"] == engine["preemptions"]
+    assert result["num_rejected"] == engine["rejected_requests"]
     assert result["hit_rate"] == engine["hit_rate"]
-    assert result["mean_usage_per_replica"] == [engine["usage_mean"]]
+    assert (result["usage_mean"], result["usage_max"]) == (engine["usage_mean"],
+                                                           engine["usage_max"])
+    assert result["output_tokens_per_s"] == engine["output_tokens_per_s"]
     latency = engine["latency_s"]
-    assert (result["ttft_p50_s"], result["ttft_p99_s"]) == (latency["ttft_s"]["p50"],
-                                                            latency["ttft_s"]["p99"])
-    assert (result["queue_p50_s"], result["queue_p99_s"]) == (
-        latency["queue_delay_s"]["p50"], latency["queue_delay_s"]["p99"])
+    for name, key in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s"),
+                      ("queue_delay", "queue_delay_s")):
+        assert result[name] == latency[key], name
+        assert set(result[name]) == {"mean", "p50", "p90", "p99"}
 
 
 def test_one_replica_table_wording() -> None:
     p = _sim(*GEN, "--replicas", "1", "--router", "round-robin")
     assert p.returncode == 0, p.stderr
-    assert "over 1 replica, each 499 blocks = " in p.stdout and "1 replicas" not in p.stdout
+    assert "over 1 replica, each the engine" in p.stdout and "1 replicas" not in p.stdout
+    assert "TTFT mean" in p.stdout

@@ -49,6 +49,31 @@ def test_a_point_is_what_simulate_reports(tmp_path: Path) -> None:
     assert row["preemptions"] == sim["preemptions"]
 
 
+def test_a_one_replica_point_is_what_simulate_reports(tmp_path: Path) -> None:
+    # The replicas axis goes through the same engine and clock: its 1-replica row is
+    # simulate's, figure for figure (the bundled default's first 200 requests, the
+    # planner's capacity, the roofline clock).
+    grid = {"limit": 200, "replicas": [1, 2], "router": ["round-robin"]}
+    res = _sweep(tmp_path, grid, jobs=1)
+    assert [r["status"] for r in res.rows] == ["ok", "ok"]
+    proc = run_cli("simulate", "--limit", "200", "--json", "--no-plots", "--no-progress",
+                   "--no-bounds", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sim = json.loads(proc.stdout)
+    row = res.rows[0]
+    lat = sim["latency_s"]
+    expected = {
+        "requests": sim["requests"], "rejected": sim["rejected_requests"],
+        "num_blocks": sim["num_blocks"], "hit_rate": sim["hit_rate"],
+        "preemptions": sim["preemptions"], "output_tokens_per_s": sim["output_tokens_per_s"],
+        "kv_usage_mean": sim["usage_mean"], "kv_usage_max": sim["usage_max"],
+        **{f"{n}_{q}_s": lat[f"{n}_s"][q] for n in ("ttft", "tpot", "e2e")
+           for q in ("mean", "p50", "p99")},
+    }
+    assert {k: row[k] for k in expected} == expected
+    assert sim["preemptions"] > 0 and res.rows[1]["gpus"] == 2
+
+
 def test_a_rerun_computes_only_new_points(tmp_path: Path) -> None:
     first = _sweep(tmp_path, small_grid(num_blocks=[300, 2000]), jobs=1)
     assert (first.computed, first.cached) == (2, 0)

@@ -1,4 +1,4 @@
-"""Many replicas: a cluster prefix index, a cache-aware router, a multi-replica simulation.
+"""Many replicas in production: a cluster prefix index, its ingest, a cache-aware router.
 
 * :mod:`~pagedkv.cluster.index` — replicas, block references, the index interface and the
   in-process backend :class:`MemoryIndex`;
@@ -8,12 +8,10 @@
 * :mod:`~pagedkv.cluster.hit_rules` — the engine's per-group hit rules over the index;
 * :mod:`~pagedkv.cluster.router` — round-robin, least-loaded, cache-aware;
 * :mod:`~pagedkv.cluster.service` — the ``pagedkv index serve`` loop;
-* :mod:`~pagedkv.cluster.replicas` — N simulated engines behind a router
-  (:mod:`~pagedkv.cluster.replica_engine` one engine stepped from outside,
-  :mod:`~pagedkv.cluster.replica_report` the table and plot);
 * :mod:`~pagedkv.cluster.cli` — ``pagedkv index serve`` and ``pagedkv index query``.
 
-See docs/cluster.md.
+The multi-replica *simulation* (N simulated engines behind this router) is
+:mod:`pagedkv.sim.replicas`; nothing here imports the simulator. See docs/cluster.md.
 """
 
 from pagedkv.cluster.index import (

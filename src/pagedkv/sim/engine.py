@@ -4,43 +4,35 @@ One step, as vLLM's v1 scheduler does it:
 
 1. **Arrivals**: requests whose arrival time has come join the back of the waiting queue.
    Arrival times are the workload's (divided by ``rate_scale``), or all 0 with
-   ``arrivals="at-once"``; a request with a ``parent`` (next chat turn) arrives
-   ``think_s`` after its parent finished.
+   ``arrivals="at-once"``; a chat turn with a ``parent`` arrives ``think_s`` after it.
 2. **Running requests first**, oldest admission first, while the step's token budget
    lasts: each gets ``min(tokens not yet computed, budget left)`` tokens — a prefill chunk
-   (chunked prefill) or one decode token. If ``allocate_slots`` says there is no room, the
-   **newest running request is preempted** (freed, its computed tokens dropped, put at the
-   *front* of the waiting queue) and the allocation is retried; when the request itself is
-   the newest, it is the one preempted. This is vLLM's recompute preemption: the oldest
-   request always makes progress.
+   or one decode token. If ``allocate_slots`` says there is no room, the **newest running
+   request is preempted** (freed, its computed tokens dropped, put at the *front* of the
+   waiting queue; itself if newest) and the allocation retried (recompute preemption).
 3. **Admissions** (only in a step without preemption): from the front of the waiting queue
    while fewer than ``max_running`` run and budget is left: a fresh prefix-cache lookup,
    then ``allocate_slots`` for the rest of the prompt (chunked to the budget). No room
    stops admission for this step (first come, first served), and the blocked request is
-   tried again only once more blocks are free than at its failure (a futile lookup per
-   step would dominate the run time of an overloaded replay; a hit that grew meanwhile
-   because another request cached the blocks it needs is thereby noticed a little late).
-   A preempted request comes back through here: it looks up its own blocks again, which
-   may still be cached.
+   tried again only once more blocks are free than at its failure (no futile lookup per
+   step; a hit that grew meanwhile is noticed a little late). A preempted request comes
+   back through here and looks up its own blocks again.
 4. **Clock**: the step takes the roofline clock's time for its batch
    (:mod:`pagedkv.sim.clock`: every scheduled request's context and new tokens), or with
    the linear model ``StepTimeModel.step_time_s(prefill tokens, decode sequences)``; then
-   every scheduled request advances, a request whose last scheduled token completes its
-   known tokens samples one output token (the first one is its time to first token), and
-   a request with all its output tokens finishes and is freed.
+   every scheduled request advances; one that completes its known tokens samples an
+   output token (the first: its time to first token) or, with all of them, finishes.
 
 The clock jumps to the next arrival when nothing runs or waits. A request that could not
-fit even in an empty cache (the blocks its groups' specs need for prompt + output - 1
-tokens, ``ceil((prompt + output - 1) / block_size)`` for one full-attention group, exceed
-the capacity) is rejected on arrival and counted.
+fit even in an empty cache (the blocks its groups need for prompt + output - 1 tokens
+exceed the capacity) is rejected on arrival and counted.
 
-**One replica stepped from outside** (a multi-replica simulation): build an
-:class:`EngineSimulator`, :meth:`~EngineSimulator.submit` requests (workload indices) at
-their arrival times as the router assigns them, and call :meth:`~EngineSimulator.step`
-while ``sim.next_event_s`` is before the external clock (:meth:`~EngineSimulator.run_until`
-does exactly that); ``sim.finished`` lists the indices finished in the last step, and
-:meth:`~EngineSimulator.result` gives the measurements so far. :meth:`~EngineSimulator.run`
-is ``submit`` of every workload root request, then ``step`` until idle::
+**One replica stepped from outside** (:mod:`pagedkv.sim.replicas`: N of these on one
+clock): :meth:`~EngineSimulator.submit` requests (workload indices) at their arrival times
+as the router assigns them, :meth:`~EngineSimulator.step` while ``sim.next_event_s`` is due
+(:meth:`~EngineSimulator.run_until`); ``on_child(index, at_s)``, when set, takes a chained
+turn instead of the replica's own queue. :meth:`~EngineSimulator.run` is ``submit`` of
+every root request, then ``step`` until idle::
 
     >>> from pagedkv.sim import EngineSimulator, system_prompts
     >>> wl = system_prompts(num_groups=1, questions_per_group=3)
@@ -51,10 +43,8 @@ is ``submit`` of every workload root request, then ``step`` until idle::
     >>> sim.has_work, sim.result().num_finished
     (False, 3)
 
-Skipped calls: with one full-attention group, a decode step whose token lands in a block
-the request already holds needs no allocation: if it fills no block the scheduler makes no
-manager call at all (a measured 3-4x speed-up), and if it fills the block it only calls
-``cache_blocks`` (what ``allocate_slots`` would do after finding nothing to allocate). The
+Skipped calls (one full-attention group): a decode token inside a held block makes no
+manager call (3-4x faster), or only ``cache_blocks`` when it fills the block; the
 manager's state is identical either way.
 """
 
@@ -63,6 +53,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
+from collections.abc import Callable
 
 from pagedkv import FullAttentionSpec, KVCacheManager
 from pagedkv.sim.results import SimResult
@@ -136,7 +127,9 @@ class EngineSimulator:
         #: Workload indices finished (or rejected) in the last :meth:`step`.
         self.finished: list[int] = []
         self.num_done = 0
-        self._sample_every = 1.0
+        self.sample_every_s = 1.0
+        #: where a chained turn goes when its parent ends (None: this replica's queue)
+        self.on_child: Callable[[int, float], None] | None = None
         self._next_sample = 0.0
         self._wall_s = 0.0
         self._publish = cfg.kv_events is not None
@@ -152,8 +145,13 @@ class EngineSimulator:
     # ------------------------------------------------------------ driving from outside
 
     def submit(self, index: int, *, at_s: float) -> None:
-        """Let workload request ``index`` arrive at ``at_s`` seconds (not before now)."""
-        heapq.heappush(self._pending, (max(at_s, self.now_s) + self._latency_s, index))
+        """Let request ``index`` arrive at ``at_s`` s (if past: taken at the next step)."""
+        heapq.heappush(self._pending, (at_s + self._latency_s, index))
+
+    @property
+    def pending(self) -> list[tuple[float, int]]:
+        """Submitted requests not arrived yet: (engine-side time, index), a heap."""
+        return self._pending
 
     @property
     def has_work(self) -> bool:
@@ -190,7 +188,7 @@ class EngineSimulator:
                 self._pending.append((t + self._latency_s, i))
                 last = max(last, t)
         heapq.heapify(self._pending)
-        self._sample_every = max(last, 1.0) / max(cfg.num_samples, 1)
+        self.sample_every_s = max(last, 1.0) / max(cfg.num_samples, 1)
         n = len(self.workload.requests)
         steps = 0
         while self.has_work:
@@ -435,14 +433,17 @@ class EngineSimulator:
         self.finished.append(index)
         reqs = self.workload.requests
         for c in self._children.get(index, ()):
-            heapq.heappush(self._pending,
-                           (t + reqs[c].think_s * self._scale + self._latency_s, c))
+            at_s = t + reqs[c].think_s * self._scale
+            if self.on_child is not None:
+                self.on_child(c, at_s)
+            else:
+                heapq.heappush(self._pending, (at_s + self._latency_s, c))
 
     def _sample(self, *, force: bool = False) -> None:
         if self.now_s < self._next_sample and not force:
             return
         res = self.res
-        self._next_sample = self.now_s + self._sample_every
+        self._next_sample = self.now_s + self.sample_every_s
         res.sample_time_s.append(self.now_s)
         res.sample_usage.append(self.manager.usage)
         res.sample_running.append(len(self.running))

@@ -212,10 +212,14 @@ OPTIONS: tuple[Option, ...] = (
            nargs="?", const="default", metavar="TOKENS,..."),
     Option("--jobs", "processes for capacity-sweep points and bounds (default: CPU count)",
            "output", type=int, metavar="N"),
-    Option("--find-capacity", "also search the KV memory or replicas that meet --ttft-p99",
-           "output", action=_FLAG),
+    Option("--find-capacity", "also search the cheapest deployment (GPU, TP, replicas) "
+           "meeting --ttft-p99 and --tpot-p99", "output", action=_FLAG),
     Option("--ttft-p99", "TTFT p99 target for --find-capacity (default 2s)", "output",
            default="2s", metavar="DURATION"),
+    Option("--tpot-p99", "TPOT p99 target for --find-capacity (default 100ms)", "output",
+           default="100ms", metavar="DURATION"),
+    Option("--no-find-capacity", "skip the search a saturated bundled default run does "
+           "by itself", "output", action=_FLAG),
     Option("--warmup-fraction", "'after warm-up' rates count requests from this fraction "
            "on (default 0.5)", "output",
            type=number_arg("--warmup-fraction", minimum=0, maximum=1,

@@ -1,5 +1,6 @@
 """A progress bar for long simulation phases (``rich`` when importable, else a plain
-``\\r``-rewritten line on stderr), shown only once a phase has run a while."""
+``\\r``-rewritten line on stderr), shown only once a phase has run a while; when stderr
+is not a terminal (a pipe, a log), a whole line every few seconds instead."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["PROGRESS_AFTER_S", "ProgressReporter", "rich_console"]
+__all__ = ["PLAIN_EVERY_S", "PROGRESS_AFTER_S", "ProgressReporter", "rich_console"]
 
 #: Runs shorter than this show no progress bar.
 PROGRESS_AFTER_S = 2.0
+#: Not a terminal: one progress line this often (seconds).
+PLAIN_EVERY_S = 5.0
 
 
 class ProgressReporter:
@@ -29,7 +32,10 @@ class ProgressReporter:
         self._rich: Any = None
         self._task: Any = None
         self._last_plain = 0.0
+        self._last_done = -1
         self._plain_shown = False
+        #: a terminal gets a bar; a pipe or a file gets a line every few seconds
+        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def phase(self, label: str) -> None:
         self.close()
@@ -38,6 +44,9 @@ class ProgressReporter:
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled or time.monotonic() - self.t0 < PROGRESS_AFTER_S:
+            return
+        if not self._tty:
+            self._line(done, total)
             return
         if self._rich is None and self._task is None:
             try:
@@ -67,6 +76,21 @@ class ProgressReporter:
             self.stream.write(f"\r{self.label}: {done}/{total} ({pct:.0f}%)   ")
             self.stream.flush()
             self._plain_shown = True
+
+    def _line(self, done: int, total: int) -> None:
+        """Not a terminal: a whole line every :data:`PLAIN_EVERY_S` seconds (and the
+        last), which a pipe or a log shows as it comes."""
+        now = time.monotonic()
+        if now - self._last_plain < PLAIN_EVERY_S and done < total:
+            return
+        if done >= total and self._last_done == done:
+            return
+        self._last_plain = now
+        self._last_done = done
+        pct = 100.0 * done / total if total else 100.0
+        elapsed = now - self.t0
+        self.stream.write(f"{self.label}: {done:,}/{total:,} ({pct:.0f}%), {elapsed:.0f} s\n")
+        self.stream.flush()
 
     def close(self) -> None:
         if self._rich is not None:

@@ -15,6 +15,10 @@ from pagedkv.sim.summary import SimReport
 __all__ = ["ProgressReporter", "clock_line", "print_report", "render_text", "verdict_line"]
 
 
+#: The latency figures a report prints, in order.
+STATS = ("mean", "p50", "p90", "p99")
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f} %"
 
@@ -85,13 +89,12 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
                             f"{s['preempted_relookup_hit_tokens']:,} of "
                             f"{s['preempted_relookup_tokens']:,} tokens)"),
             ("rejected (longer than the cache)", f"{s['rejected_requests']:,}"),
-            ("queue delay p50 / p90 / p99",
-             " / ".join(_sec(q.get(k)) for k in ("p50", "p90", "p99"))),
-            ("TTFT p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in ("p50", "p90", "p99"))),
-            ("TPOT p50 / p90 / p99", " / ".join(_ms(lat.get("tpot_s", {}).get(k))
-                                                for k in ("p50", "p90", "p99"))),
-            ("end-to-end p50 / p90 / p99", " / ".join(_sec(lat.get("e2e_s", {}).get(k))
-                                                      for k in ("p50", "p90", "p99"))),
+            ("queue delay mean / p50 / p90 / p99", " / ".join(_sec(q.get(k)) for k in STATS)),
+            ("TTFT mean / p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in STATS)),
+            ("TPOT mean / p50 / p90 / p99",
+             " / ".join(_ms(lat.get("tpot_s", {}).get(k)) for k in STATS)),
+            ("end-to-end mean / p50 / p90 / p99",
+             " / ".join(_sec(lat.get("e2e_s", {}).get(k)) for k in STATS)),
             ("output tokens/s", "—" if s.get("output_tokens_per_s") is None
              else f"{s['output_tokens_per_s']:,.0f}"),
         ]))

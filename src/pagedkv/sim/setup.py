@@ -27,12 +27,12 @@ from typing import Any
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.api import SimConfig
+from pagedkv.sim.durations import parse_seconds
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_tier import DEFAULT_BANDWIDTH_GBPS, HostMemoryConfig
 from pagedkv.sim.loaders import load_trace
 from pagedkv.sim.options import check_option_value, defaults
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
-from pagedkv.sim.search import parse_seconds
 from pagedkv.sim.workloads import Workload, bundled_trace_path
 
 __all__ = ["DEFAULT_SWEEP_TOKENS", "GENERATOR_PARAMS", "CalibrateRequest", "ObserveOptions",
@@ -143,6 +143,7 @@ class SimulateRequest:
     observe: ObserveOptions | None = None
     replicas: ReplicaOptions | None = None
     ttft_p99_target_s: float | None = None
+    tpot_p99_target_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,12 +171,12 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
         InvalidArgumentError: an unknown option, or options that contradict each other.
     """
     v = defaults()
-    unknown = sorted(set(values) - set(v) - {"func", "command"})
+    unknown = sorted(set(values) - set(v) - {"func", "command", "argv"})
     if unknown:
         raise InvalidArgumentError(f"{unknown[0]!r} is not a simulate option; see "
                                    "`pagedkv simulate --help`")
     for dest, value in values.items():
-        if dest not in ("func", "command"):
+        if dest not in ("func", "command", "argv"):
             check_option_value(dest, value)
     v.update(values)
     if v["limit"] is not None and v["limit"] < 1:
@@ -193,6 +194,7 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
     replicas = _replicas(v)
     observe = _observe(v)
     target = parse_seconds(v["ttft_p99"]) if v["find_capacity"] else None
+    tpot = parse_seconds(v["tpot_p99"], "--tpot-p99") if v["find_capacity"] else None
     if v["find_capacity"] and v["mode"] != "engine":
         raise InvalidArgumentError("--find-capacity needs --mode engine (TTFT is an engine "
                                    "figure)")
@@ -201,7 +203,8 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
         config=config, workload=_workload(v),
         output=OutputOptions(json=v["json"], plot_dir=None if v["no_plots"] else v["plot_dir"],
                              progress=not v["no_progress"]),
-        observe=observe, replicas=replicas, ttft_p99_target_s=target)
+        observe=observe, replicas=replicas, ttft_p99_target_s=target,
+        tpot_p99_target_s=tpot)
 
 
 def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
@@ -211,9 +214,7 @@ def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
         return None
     if v["mode"] != "engine":
         raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
-    for flag, bad in (("--rate-scale", v["rate_scale"] != 1.0),
-                      ("--arrivals at-once", v["arrivals"] != "trace"),
-                      ("--find-capacity", v["find_capacity"]),
+    for flag, bad in (("--find-capacity", v["find_capacity"]),
                       ("--capacity-sweep", bool(v["capacity_sweep"])),
                       ("--kv-events-endpoint", bool(v["kv_events_endpoint"]))):
         if bad:

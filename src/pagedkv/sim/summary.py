@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +45,9 @@ __all__ = [
 SATURATED_QUEUE_S = 1.0
 #: KV usage never above this counts as idle.
 IDLE_USAGE = 0.3
+#: The end of every verdict advice: the CLI prints the command after it (``next:``).
+FIND_CAPACITY_ADVICE = ("the next command searches the cheapest GPU, TP and replica count "
+                        "meeting TTFT p99 2 s and TPOT p99 100 ms.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,16 +67,18 @@ class UsageSample:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Latency:
-    """Percentiles in seconds (None without samples)."""
+    """Percentiles and the mean in seconds (None without samples)."""
 
     p50: float | None
     p90: float | None
     p99: float | None
+    mean: float | None = None
 
     @classmethod
     def of(cls, values: list[float]) -> Latency:
         return cls(p50=percentile(values, 50), p90=percentile(values, 90),
-                   p99=percentile(values, 99))
+                   p99=percentile(values, 99),
+                   mean=math.fsum(values) / len(values) if values else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,18 +258,16 @@ def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:
     if queue99 > SATURATED_QUEUE_S or preemptions:
         kv_bound = preemptions > 0 or usage_max >= 0.98
         if kv_bound:
-            advice = ("The KV cache is the limit: give it more memory (a bigger GPU, "
-                      "TP, fp8 KV) or spread the load over more replicas; "
-                      "--find-capacity --ttft-p99 2s says how much.")
+            advice = ("The KV cache is the limit: it needs more memory (a bigger GPU, TP) "
+                      f"or more replicas; {FIND_CAPACITY_ADVICE}")
         else:
-            advice = ("Compute is the limit (the cache has room while requests wait): "
-                      "more replicas or faster steps; --find-capacity --ttft-p99 2s says "
-                      "how many")
+            advice = ("Compute is the limit (the cache has room while requests wait): it "
+                      f"needs more replicas or faster steps; {FIND_CAPACITY_ADVICE}")
         return Verdict(state="saturated", evidence=figures, advice=advice,
                        limit="kv-cache" if kv_bound else "compute")
     if usage_max <= IDLE_USAGE and engine.max_waiting == 0:
         return Verdict(state="idle", evidence=figures,
-                       advice="A smaller GPU or more traffic per replica would do.")
+                       advice=f"A smaller deployment may do; {FIND_CAPACITY_ADVICE}")
     return Verdict(state="healthy", evidence=figures)
 
 

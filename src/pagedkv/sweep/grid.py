@@ -41,7 +41,8 @@ __all__ = ["FIXED_ONLY", "MAX_POINTS", "NOT_SWEEPABLE", "Axis", "Grid", "Point",
 #: Options that shape the output of one ``simulate`` run, not the simulated deployment.
 NOT_SWEEPABLE = frozenset({
     "calibrate", "save_calibration", "json", "plot_dir", "no_plots", "no_progress", "jobs",
-    "capacity_sweep", "find_capacity", "ttft_p99", "kv_events_endpoint",
+    "capacity_sweep", "find_capacity", "no_find_capacity", "ttft_p99", "tpot_p99",
+    "kv_events_endpoint",
     "kv_events_replay_endpoint", "kv_events_topic", "kv_events_form",
     "kv_events_allow_remote", "metrics_port", "metrics_linger_s", "explain_misses",
     "ghost_entries"})

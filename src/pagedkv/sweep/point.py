@@ -6,7 +6,8 @@ progress, one process, no device-only host baseline). They become a run through
 :func:`pagedkv.sim.setup.simulate_request`, exactly as ``pagedkv simulate`` with those
 flags: the same rules, the same clock, the same seeds. With ``replicas`` the point is the
 multi-replica simulation of ``simulate --replicas N --router R``
-(:mod:`pagedkv.sim.replicas_cli`), one policy: ``router`` (default round-robin).
+(:mod:`pagedkv.sim.replicas`: N of the same engine on one clock), one policy: ``router``
+(default round-robin); a point with one replica and round-robin gives ``simulate``'s row.
 
 :func:`run_point` returns the figures (:data:`METRICS`), all deterministic: a point
 replayed anywhere gives the same ones.
@@ -26,24 +27,26 @@ from typing import Any
 
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.api import SimConfig, run, with_clock
-from pagedkv.sim.replicas_cli import replica_engine_config
 from pagedkv.sim.setup import CalibrateRequest, SimulateRequest, simulate_request
-from pagedkv.sim.summary import SimReport
+from pagedkv.sim.summary import Latency, SimReport
 from pagedkv.sim.workloads import Workload
 
-__all__ = ["DEFAULT_ROUTER", "METRICS", "SWEEP_DEFAULTS", "point_options", "point_request",
-           "run_point"]
+__all__ = ["DEFAULT_ROUTER", "METRICS", "STOP_OPTION", "SWEEP_DEFAULTS", "point_options",
+           "point_request", "run_point"]
 
 #: What every point sets unless the grid says otherwise.
 SWEEP_DEFAULTS: dict[str, Any] = {"no_bounds": True, "no_plots": True, "no_progress": True,
                                   "jobs": 1}
+#: A point option that is no ``simulate`` flag: stop the replay once its TTFT p99 is sure
+#: to exceed this many seconds (the capacity search's early exit; TTFT p99 then None).
+STOP_OPTION = "stop_above_ttft_p99_s"
 #: The router of a replica point without one (``compare`` is several runs, not a point).
 DEFAULT_ROUTER = "round-robin"
 #: The figures of a point, in row order (None where the run has no such figure).
-METRICS = ("requests", "rejected", "num_blocks", "hit_rate", "ttft_p50_s", "ttft_p99_s",
-           "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "output_tokens_per_s",
-           "preemptions", "kv_usage_mean", "kv_usage_max", "retention_hit_rate",
-           "host_hit_rate", "gpus")
+METRICS = ("requests", "rejected", "num_blocks", "hit_rate", "ttft_mean_s", "ttft_p50_s",
+           "ttft_p99_s", "tpot_mean_s", "tpot_p50_s", "tpot_p99_s", "e2e_mean_s", "e2e_p50_s",
+           "e2e_p99_s", "output_tokens_per_s", "preemptions", "kv_usage_mean",
+           "kv_usage_max", "retention_hit_rate", "host_hit_rate", "gpus", "stopped_early")
 
 
 def point_options(fixed: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,14 +82,15 @@ def run_point(workload: Workload, options: Mapping[str, Any]) -> dict[str, Any]:
         PagedKVError: the point cannot be simulated (it does not fit, a bad value).
     """
     opts = point_options({}, options)
+    stop_s = opts.pop(STOP_OPTION, None)
     req = point_request(opts)
     config = req.config
     if config.mode == "engine":
         config = with_clock(config, workload)
     gpus = config.tp * (req.replicas.replicas if req.replicas is not None else 1)
-    if req.replicas is not None:
+    if req.replicas is not None or stop_s is not None:
         router = opts.get("router") or DEFAULT_ROUTER
-        out = _replica_metrics(workload, config, req.replicas.replicas, router)
+        out = _replica_metrics(workload, config, gpus // config.tp, router, stop_s)
     else:
         out = _report_metrics(run(workload, config))
     out["gpus"] = gpus
@@ -108,8 +112,7 @@ def _report_metrics(report: SimReport) -> dict[str, Any]:
         "preemptions": report.preemptions,
     }
     if e is not None:
-        out.update(ttft_p50_s=e.ttft.p50, ttft_p99_s=e.ttft.p99, tpot_p50_s=e.tpot.p50,
-                   tpot_p99_s=e.tpot.p99, e2e_p50_s=e.e2e.p50, e2e_p99_s=e.e2e.p99,
+        out.update(_latency_metrics(e.ttft, e.tpot, e.e2e),
                    output_tokens_per_s=e.output_tokens_per_s, kv_usage_mean=e.usage_mean,
                    kv_usage_max=e.usage_max)
     if report.retention is not None:
@@ -120,20 +123,24 @@ def _report_metrics(report: SimReport) -> dict[str, Any]:
     return out
 
 
-def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
-                     router: str) -> dict[str, Any]:
-    from pagedkv.cluster.replicas import run_replicas
+def _latency_metrics(ttft: Latency, tpot: Latency, e2e: Latency) -> dict[str, Any]:
+    return {f"{name}_{stat}_s": getattr(lat, stat)
+            for name, lat in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
+            for stat in ("mean", "p50", "p99")}
 
-    engine, _note = replica_engine_config(workload, config)
-    r = run_replicas(workload, num_replicas=replicas, policy=router, engine=engine)
-    usage = r.mean_usage_per_replica
+
+def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
+                     router: str, stop_s: float | None) -> dict[str, Any]:
+    from pagedkv.sim.replicas import run_replicas
+
+    r = run_replicas(workload, config, num_replicas=replicas, policy=router,
+                     stop_above_ttft_p99_s=stop_s)
+    if r.stopped_early:  # the TTFT p99 is over stop_s: its figures are the run so far
+        return {"requests": r.num_requests, "ttft_p99_s": math.inf, "stopped_early": True}
     return {
         "requests": r.num_requests, "rejected": r.num_rejected,
-        "num_blocks": engine.num_blocks, "hit_rate": r.hit_rate,
-        "ttft_p50_s": r.ttft_p50_s, "ttft_p99_s": r.ttft_p99_s,
-        "tpot_p50_s": r.tpot_p50_s, "tpot_p99_s": r.tpot_p99_s,
-        "e2e_p50_s": r.e2e_p50_s, "e2e_p99_s": r.e2e_p99_s,
+        "num_blocks": r.report.num_blocks, "hit_rate": r.hit_rate,
+        **_latency_metrics(r.ttft, r.tpot, r.e2e),
         "output_tokens_per_s": r.output_tokens_per_s, "preemptions": r.num_preemptions,
-        "kv_usage_mean": sum(usage) / len(usage) if usage else None,
-        "kv_usage_max": r.usage_max,
+        "kv_usage_mean": r.usage_mean, "kv_usage_max": r.usage_max,
     }

@@ -111,9 +111,10 @@ class RooflineStepModel(StepTimeModel):
     """The roofline clock (module docstring) for ``shape`` on ``gpu`` with ``constants``.
 
     It is a :class:`StepTimeModel` whose three linear figures are the roofline's slopes at
-    ``typical_context_tokens`` (what a consumer that knows only token counts — the
-    replica engine, the host-tier load policy — uses); the engine calls
-    :meth:`batch_time_s` with the real batch. Build it with :meth:`build`.
+    ``typical_context_tokens`` (for a consumer that knows only token counts: the
+    host-tier load policy's estimate, the clock's summary line); every engine step —
+    one replica or many — is timed by :meth:`batch_time_s` on its real batch. Build it
+    with :meth:`build`.
     """
 
     shape: ModelShape

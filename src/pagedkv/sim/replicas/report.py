@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pagedkv.cluster.replicas import PolicyResult, ReplicaReport
 from pagedkv.errors import require
+from pagedkv.sim.replicas.merge import PolicyResult, ReplicaReport
 
 __all__ = ["plot_replica_reports", "render_replica_report", "replica_report_json"]
 
@@ -22,35 +22,35 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def render_replica_report(report: ReplicaReport) -> str:
-    """The comparison table, with the setup and the step-time model stated.
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
 
-    One row per policy: hit rate, TTFT p50/p99, queueing p50/p99 (arrival to first
-    step), requests per replica (min-max), load imbalance (max/mean prefill tokens
-    computed per replica), mean KV usage over replicas, preemptions."""
-    e = report.engine
-    st = e.step_time
+
+def render_replica_report(report: ReplicaReport) -> str:
+    """The comparison table: per policy the hit rate, TTFT mean/p50/p99, TPOT mean/p99,
+    E2E mean/p99, output tokens/s, requests per replica (min-max), load imbalance (max
+    over mean uncached prompt tokens per replica), mean KV usage and preemptions."""
     lines = [
         f"{report.workload}: {report.num_requests:,} requests over "
-        f"{_replicas(report.num_replicas)}, each {e.num_blocks - 1:,} blocks = "
-        f"{(e.num_blocks - 1) * e.block_size:,} tokens of KV cache (block size "
-        f"{e.block_size}), budget {e.token_budget:,} tokens/step, max {e.max_running} running",
-        f"step time = {st.step_overhead_s * 1e3:g} ms + {st.prefill_token_s * 1e6:g} us x "
-        f"prefill tokens + {st.decode_seq_s * 1e3:g} ms x decoding seqs; cache-aware cost = "
+        f"{_replicas(report.num_replicas)}, each the engine `pagedkv simulate` runs "
+        f"(same capacity, scheduler and clock); cache-aware cost = "
         f"{report.weights.prefill_token:g} x (uncovered + queued prefill tokens) + "
         f"{report.weights.decode_seq:g} x running seqs",
         "",
-        f"{'policy':<14}{'hit rate':>9}{'TTFT p50':>10}{'TTFT p99':>10}{'queue p50':>10}"
-        f"{'queue p99':>10}{'req/replica':>14}{'imbalance':>10}{'KV usage':>9}{'preempt':>8}",
+        f"{'policy':<14}{'hit rate':>9}{'TTFT mean':>10}{'p50':>8}{'p99':>9}"
+        f"{'TPOT mean':>10}{'p99':>7}{'E2E mean':>9}{'p99':>9}{'out tok/s':>10}"
+        f"{'req/replica':>13}{'imbalance':>10}{'KV usage':>9}{'preempt':>8}",
+        f"{'':<14}{'':>9}{'s':>10}{'s':>8}{'s':>9}{'ms':>10}{'ms':>7}{'s':>9}{'s':>9}",
     ]
     for r in report.results:
         spread = f"{min(r.requests_per_replica)}-{max(r.requests_per_replica)}"
-        usage = sum(r.mean_usage_per_replica) / len(r.mean_usage_per_replica)
+        usage = "-" if r.usage_mean is None else f"{r.usage_mean:.1%}"
+        tps = "-" if r.output_tokens_per_s is None else f"{r.output_tokens_per_s:,.0f}"
         lines.append(
-            f"{r.policy:<14}{r.hit_rate:>8.1%} {_s(r.ttft_p50_s):>9}s{_s(r.ttft_p99_s):>9}s"
-            f"{_s(r.queue_p50_s):>9}s{_s(r.queue_p99_s):>9}s{spread:>14}"
-            f"{r.load_imbalance:>10.2f}{usage:>9.1%}{r.num_preemptions:>8,}"
-        )
+            f"{r.policy:<14}{r.hit_rate:>9.1%}{_s(r.ttft.mean):>10}{_s(r.ttft.p50):>8}"
+            f"{_s(r.ttft.p99):>9}{_ms(r.tpot.mean):>10}{_ms(r.tpot.p99):>7}"
+            f"{_s(r.e2e.mean):>9}{_s(r.e2e.p99):>9}{tps:>10}{spread:>13}"
+            f"{r.load_imbalance:>10.2f}{usage:>9}{r.num_preemptions:>8,}")
     rejected = max((r.num_rejected for r in report.results), default=0)
     if rejected:
         lines.append(f"rejected (longer than a replica's cache): {rejected:,} requests")
@@ -63,9 +63,16 @@ def _replicas(n: int) -> str:
 
 
 def replica_report_json(report: ReplicaReport) -> dict[str, Any]:
-    """The report as plain JSON-able data."""
-    data: dict[str, Any] = dataclasses.asdict(report)
-    return data
+    """The report as plain JSON-able data (each result without its full ``report``)."""
+    results = []
+    for r in report.results:
+        row = {f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "report"}
+        for name in ("ttft", "tpot", "e2e", "queue_delay"):
+            row[name] = dataclasses.asdict(row[name])
+        results.append(row)
+    return {"workload": report.workload, "num_requests": report.num_requests,
+            "num_replicas": report.num_replicas,
+            "weights": dataclasses.asdict(report.weights), "results": results}
 
 
 def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> Path:
@@ -82,14 +89,14 @@ def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> 
     width = 0.8 / max(len(policies), 1)
     panels: list[tuple[str, Callable[[PolicyResult], float]]] = [
         ("hit rate (%)", lambda r: 100 * r.hit_rate),
-        ("TTFT p50 (s)", lambda r: r.ttft_p50_s or 0.0),
-        ("TTFT p99 (s)", lambda r: r.ttft_p99_s or 0.0),
+        ("TTFT p50 (s)", lambda r: r.ttft.p50 or 0.0),
+        ("TTFT p99 (s)", lambda r: r.ttft.p99 or 0.0),
     ]
     for ax, (title, value) in zip(axes, panels, strict=True):
         for k, policy in enumerate(policies):
             xs, ys = [], []
             for x, report in enumerate(reports):
-                found: list[PolicyResult] = [r for r in report.results if r.policy == policy]
+                found = [r for r in report.results if r.policy == policy]
                 if found:
                     xs.append(x + (k - (len(policies) - 1) / 2) * width)
                     ys.append(value(found[0]))

@@ -1,0 +1,32 @@
+"""Figures the docs show from a command's output are that command's output today."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _sim_json(*args: str) -> dict:
+    p = subprocess.run([sys.executable, "-m", "pagedkv", "simulate", *args, "--json",
+                        "--no-plots", "--no-progress", "--no-bounds"], capture_output=True,
+                       text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_host_tier_device_only_row_is_the_linear_clock_run() -> None:
+    text = (DOCS / "host_tier.md").read_text(encoding="utf-8")
+    row = re.search(r"^\| device only \| 0 \| ([\d.]+) % \| [\d.]+ % \| [\d.]+ % \| "
+                    r"([\d,]+) ms \| ([\d,]+) ms \| ([\d,]+) \|$", text, re.M)
+    assert row is not None, "the device-only row of docs/host_tier.md"
+    run = _sim_json("--step-model", "linear")
+    ttft = run["latency_s"]["ttft_s"]
+    assert row.group(1) == f"{100 * run['hit_rate']:.1f}"
+    assert row.group(2) == f"{1e3 * ttft['p50']:,.0f}"
+    assert row.group(3) == f"{1e3 * ttft['p99']:,.0f}"
+    assert row.group(4) == f"{run['preemptions']:,}"
