@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError
-from pagedkv.json_input import parse_json
+from pagedkv.input_files import load_document
 
 __all__ = ["Measured", "load_measured"]
 
@@ -69,12 +69,9 @@ def load_measured(path: str | Path) -> list[Measured]:
             a value that is not a finite number >= 0 (names the file and key).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(p), f"cannot read the measurements ({exc})") from None
-    data: Any = parse_json(text, str(p), hint="; give a `vllm bench serve` --save-result "
-                           "file or a GuideLLM result JSON")
+    data: Any = load_document(p, what="measurements", fmt="json",
+                              hint="; give a `vllm bench serve` --save-result "
+                              "file or a GuideLLM result JSON")
     if isinstance(data, Mapping) and isinstance(data.get("benchmarks"), list):
         out = _guidellm(p, data["benchmarks"])
     elif isinstance(data, Mapping):
