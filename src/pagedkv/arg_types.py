@@ -139,8 +139,10 @@ def _guarded(flag: str, inner: Callable[[str], Any] | None) -> Callable[[str], A
         if len(text) > 1_000_000:
             raise argparse.ArgumentTypeError("longer than 1,000,000 characters")
         try:
-            return base(text)
-        except (ValueError, OverflowError) as exc:
+            value = base(text)
+        except OverflowError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is out of range") from None
+        except ValueError as exc:
             if isinstance(exc, argparse.ArgumentTypeError):
                 raise
             what = ("a whole number (at most 2**63 - 1)" if base is _whole
@@ -148,10 +150,23 @@ def _guarded(flag: str, inner: Callable[[str], Any] | None) -> Callable[[str], A
             if what is None:
                 raise
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        _check_result(text, value)
+        return value
 
     parse.__name__ = getattr(inner, "__name__", flag)
     setattr(parse, _GUARD, True)
     return parse
+
+
+def _check_result(text: str, value: Any) -> None:
+    """Refuse what any option's own type let through: a number beyond 64 bits or not
+    finite."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r:.40}")
+    if isinstance(value, (int, float)) and abs(value) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is beyond 2**63 - 1")
 
 
 def is_guarded(action: argparse.Action) -> bool:
