@@ -19,16 +19,19 @@ pagedkv.errors.InvalidArgumentError: endpoint 'tcp://127.0.0.1:99999': the port 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import math
+import types
+import typing
 from collections.abc import Callable
 from typing import Any
 
 from pagedkv.checks import ErrorClass, check_number, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["MAX_COUNT", "MAX_SECONDS", "check_endpoint", "check_port", "check_probability",
-           "check_seconds", "harden_parser", "is_guarded", "text_problem"]
+__all__ = ["MAX_COUNT", "MAX_SECONDS", "check_endpoint", "check_fields", "check_port",
+           "check_probability", "check_seconds", "harden_parser", "is_guarded", "text_problem"]
 
 #: The longest duration any option or field accepts: about 31 years.
 MAX_SECONDS = 1e9
@@ -185,3 +188,74 @@ def harden_parser(parser: argparse.ArgumentParser) -> None:
                 and (action.type is None or callable(action.type)):
             flag = action.option_strings[0] if action.option_strings else action.dest
             action.type = _guarded(flag, action.type)
+
+
+# ---------------------------------------------------------- config objects, every field
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is of the annotated type ``hint`` (shallow; bool is not a number;
+    an int is a float)."""
+    if hint is Any or hint is object:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_conforms(value, h) for h in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin is not None:
+        return not isinstance(origin, type) or isinstance(value, origin)
+    if hint is float:
+        return type(value) in (int, float)
+    if hint is int:
+        return type(value) is int
+    if hint is bool:
+        return type(value) is bool
+    try:
+        return not isinstance(hint, type) or isinstance(value, hint)
+    except TypeError:  # a protocol that cannot be checked at run time: not judged
+        return True
+
+
+def _field_problem(name: str, value: Any, hint: Any) -> str | None:
+    if not _conforms(value, hint):
+        return f"must be {getattr(hint, '__name__', str(hint))}, got {value!r:.60}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if abs(value) > MAX_COUNT:
+            return f"must be at most 2**63 - 1 in size, got {value!r:.40}"
+        if name.endswith("_s") and abs(value) > MAX_SECONDS:
+            return f"must be at most {MAX_SECONDS:.0e} seconds, got {value!r}"
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem is not None:
+            return problem
+    return None
+
+
+def check_fields(obj: Any, *, error: ErrorClass = InvalidArgumentError) -> None:
+    """Check every field of the dataclass instance ``obj`` against its annotation: of that
+    type (bool is not a number), numbers finite and within 64 bits, durations (``*_s``)
+    at most :data:`MAX_SECONDS`, text valid Unicode. Range rules stay the class's own.
+
+    Raises:
+        error: naming ``Class.field``, the rule, and the value.
+    """
+    cls = type(obj)
+    hints = _HINTS.get(cls)
+    if hints is None:
+        try:
+            hints = typing.get_type_hints(cls)
+        except NameError:  # an annotation imported for type checking only: not judged
+            hints = {}
+        _HINTS[cls] = hints
+    for field in dataclasses.fields(obj):
+        problem = _field_problem(field.name, getattr(obj, field.name),
+                                 hints.get(field.name, Any))
+        if problem is not None:
+            raise error(f"{cls.__name__}.{field.name} {problem}")

@@ -72,7 +72,10 @@ def _conforms(value: Any, hint: Any) -> bool:
     if hint is int:
         return type(value) is int
     if isinstance(hint, type):
-        return isinstance(value, hint)
+        try:
+            return isinstance(value, hint)
+        except TypeError:  # a protocol not checkable at run time
+            return True
     return True  # a callable, a TypeVar, a protocol: not judged here
 
 

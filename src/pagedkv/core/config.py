@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+from pagedkv.arg_types import check_fields
 from pagedkv.checks import check_fits_memory, check_flag, check_whole
 from pagedkv.core.components import ComponentSpec, PublisherSpec
 from pagedkv.core.hashing import HASH_ALGOS
@@ -145,6 +146,7 @@ class CacheConfig:
     components: tuple[ComponentSpec, ...] = ()
 
     def __post_init__(self) -> None:
+        check_fields(self)
         self._check_components()
         if type(self.num_hash_lookahead_tokens) is not int or self.num_hash_lookahead_tokens < 0:
             raise InvalidArgumentError(

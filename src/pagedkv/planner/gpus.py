@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InputFileError, InvalidArgumentError
 from pagedkv.input_files import load_document
 
@@ -50,6 +51,7 @@ class GpuSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_fields(self)
         for key in ("bf16_tflops", "hbm_tb_s", "memory_gib", "interconnect_gb_s"):
             _check_positive(key, getattr(self, key), self.name)
         if self.fp8_tflops is not None:

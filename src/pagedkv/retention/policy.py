@@ -26,7 +26,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pagedkv.arg_types import MAX_SECONDS
+from pagedkv.arg_types import MAX_SECONDS, check_fields
 from pagedkv.checks import check_clock, check_flag, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 
@@ -99,6 +99,7 @@ class TokenRangeRetention:
     duration_s: float | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self)
         if type(self.token_start) is not int or self.token_start < 0:
             raise InvalidArgumentError(
                 f"token_start must be an int >= 0, got {self.token_start!r}"
