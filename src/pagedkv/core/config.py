@@ -146,7 +146,6 @@ class CacheConfig:
     components: tuple[ComponentSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        check_fields(self)
         self._check_components()
         if type(self.num_hash_lookahead_tokens) is not int or self.num_hash_lookahead_tokens < 0:
             raise InvalidArgumentError(
@@ -186,6 +185,7 @@ class CacheConfig:
             raise InvalidArgumentError(
                 f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
             )
+        check_fields(self)  # what the rules above leave: 64-bit, finite, Unicode
 
     def _check_components(self) -> None:
         for name in _COMPONENT_FIELDS:
