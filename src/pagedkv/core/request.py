@@ -180,9 +180,12 @@ def token_ids_problem(token_ids: Sequence[Any]) -> str | None:
     >>> token_ids_problem([1, 2.5])
     'token 1 is 2.5; token ids are non-negative ints below 2**64'
     """
+    if isinstance(token_ids, (bytes, bytearray, memoryview, str)):
+        return (f"the token ids are {type(token_ids).__name__}, not a sequence of ints; "
+                "give a list of token ids")
     try:
         array("Q", token_ids)
-    except (TypeError, OverflowError):
+    except (TypeError, OverflowError, ValueError):
         for i, t in enumerate(token_ids):
             if type(t) is not int or not 0 <= t < 1 << 64:
                 return f"token {i} is {t!r}; token ids are non-negative ints below 2**64"
