@@ -422,12 +422,10 @@ class KVCacheManager:
                                        full_sequence_must_fit, num_in_flight_tokens,
                                        lenient_counts))
             raise
+        hit, local_computed = None, num_computed
         if new_computed_blocks is not None:
             hit, num_hit = self._adopted(new_computed_blocks, num_new_computed_tokens)
-            local_computed = num_computed + num_hit
-        else:
-            hit = None
-            local_computed = num_computed
+            local_computed += num_hit
         coordinator = self.coordinator
         max_len = self.max_model_len
         total_computed = local_computed + num_external_computed_tokens

@@ -318,9 +318,7 @@ def check_allocate(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
             f"{mgr.max_model_len}; finish it at max_model_len"
         )
-    hasher = getattr(request, "_hasher", None)
-    if hasher is not None and len(req.block_hashes) < num_tokens // hasher.block_size:
-        _refuse_unhashed(rid, num_tokens, len(req.block_hashes))
+    _check_hashed(req, rid, num_tokens)
     if _engine_counts(headroom, computed, rid):  # lenient_counts
         return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
     if live is None and computed:
@@ -350,11 +348,16 @@ def check_allocate(
     return live is None
 
 
-def _refuse_unhashed(rid: str, num_tokens: int, num_hashes: int) -> NoReturn:
-    raise InvalidArgumentError(
-        f"request {rid!r} has {num_tokens} tokens but block hashes for {num_hashes} blocks: "
-        "tokens were added to all_token_ids directly, which skips hashing; add them with "
-        "request.append_output_tokens (nothing was allocated)")
+def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
+    """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
+    facade: a pagedkv Request hashes every full block as its tokens are appended."""
+    hasher = getattr(req, "_hasher", None)
+    num_hashes = len(req.block_hashes)
+    if hasher is not None and num_hashes < num_tokens // hasher.block_size:
+        raise InvalidArgumentError(
+            f"request {rid!r} has {num_tokens} tokens but block hashes for {num_hashes} "
+            "blocks: tokens were added to all_token_ids directly, which skips hashing; add "
+            "them with request.append_output_tokens (nothing was allocated)")
 
 
 def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
