@@ -83,10 +83,6 @@ class KVCacheManager:
         #: Where the pool's events go: a buffer with events on, else the null recorder.
         self.recorder = parts.pool.recorder
         self.hasher = parts.hasher
-        # Tokens per block hash, for the per-call check that a request's hashes cover its
-        # tokens (tokens appended to all_token_ids behind the facade have none).
-        self._tokens_per_hash = parts.pool.hash_block_size if config.enable_caching \
-            else 1 << 62
         self.managers = parts.managers
         self.coordinator = parts.coordinator
         #: Whether hits may end inside a block (see :class:`PartialHitCoordinator`).
@@ -405,7 +401,7 @@ class KVCacheManager:
                 or num_new_tokens <= 0 or num_computed < 0
                 or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
                 or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
-                or len(request.block_hashes) < num_request_tokens // self._tokens_per_hash
+                or num_request_tokens != getattr(request, "_owned_tokens", num_request_tokens)
                 or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
                                              or not 0 < num_in_flight_tokens <= num_computed))
             ) and validation.check_allocate(

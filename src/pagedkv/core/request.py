@@ -69,6 +69,7 @@ class Request:
 
     __slots__ = (
         "_hasher",
+        "_owned_tokens",
         "all_token_ids",
         "block_extra_keys",
         "block_hashes",
@@ -106,6 +107,9 @@ class Request:
         self.request_id = request_id
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.all_token_ids)
+        #: len(all_token_ids) as the facade left it: a list that grew behind
+        #: append_output_tokens (unhashed tokens) is refused by allocate_slots.
+        self._owned_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.hash_extras = hash_extras
@@ -142,6 +146,7 @@ class Request:
             if why is not None:
                 raise InvalidArgumentError(f"request {self.request_id!r}: output {why}")
             self.all_token_ids.extend(new)
+        self._owned_tokens = len(self.all_token_ids)
         hasher = self._hasher
         if hasher is not None and len(self.all_token_ids) >= (
             len(self.block_hashes) + 1

@@ -351,13 +351,12 @@ def check_allocate(
 def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
     """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
     facade: a pagedkv Request hashes every full block as its tokens are appended."""
-    hasher = getattr(req, "_hasher", None)
-    num_hashes = len(req.block_hashes)
-    if hasher is not None and num_hashes < num_tokens // hasher.block_size:
+    owned = getattr(req, "_owned_tokens", None)
+    if owned is not None and owned != num_tokens:
         raise InvalidArgumentError(
-            f"request {rid!r} has {num_tokens} tokens but block hashes for {num_hashes} "
-            "blocks: tokens were added to all_token_ids directly, which skips hashing; add "
-            "them with request.append_output_tokens (nothing was allocated)")
+            f"request {rid!r} has {num_tokens} tokens but {owned} came through "
+            "append_output_tokens: all_token_ids was changed directly, which skips hashing; "
+            "add tokens with request.append_output_tokens (nothing was allocated)")
 
 
 def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
