@@ -64,7 +64,7 @@ BAD: list[tuple[str, list[str], int, str]] = [
     ("unknown-flag", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--frobnicate"], 2,
      "unrecognized arguments"),
     ("tp-not-int", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--tp", "two"], 2,
-     "invalid int value"),
+     "must be a whole number"),
     ("unknown-gpu", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--gpu", "tpu"], 2,
      "invalid choice"),
     ("unknown-ssm-dtype", ["Jamba", "--kv-cache-memory", "1GiB", "--mamba-ssm-cache-dtype",

@@ -51,11 +51,11 @@ class GpuSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
-        check_fields(self)
         for key in ("bf16_tflops", "hbm_tb_s", "memory_gib", "interconnect_gb_s"):
             _check_positive(key, getattr(self, key), self.name)
         if self.fp8_tflops is not None:
             _check_positive("fp8_tflops", self.fp8_tflops, self.name)
+        check_fields(self)
 
     @property
     def memory(self) -> str:
