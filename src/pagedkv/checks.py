@@ -132,10 +132,16 @@ def check_flag(name: str, value: object, *, error: ErrorClass = InvalidArgumentE
 
 def check_text(name: str, value: object, *, allow_empty: bool = True,
                error: ErrorClass = InvalidArgumentError) -> str:
-    """``value`` if it is a ``str`` (not ``bytes``) without NUL characters."""
+    """``value`` if it is a ``str`` (not ``bytes``) without NUL characters and valid
+    Unicode (no lone UTF-16 surrogate: such text cannot be encoded or sent)."""
     if type(value) is not str or "\x00" in value or (not allow_empty and not value):
         what = "a string" if allow_empty else "a non-empty string"
         raise error(f"{name} must be {what} without NUL characters, got {_shown(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{name} holds a lone UTF-16 surrogate (U+{ord(value[exc.start]):04X} at "
+                    f"character {exc.start}); give valid Unicode text") from None
     return value
 
 

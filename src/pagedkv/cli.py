@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from pagedkv import __version__
+from pagedkv.arg_types import harden_parser
 from pagedkv.core import native
 from pagedkv.errors import PagedKVError
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    harden_parser(parser)
     return parser
 
 

@@ -62,8 +62,8 @@ def test_publisher_on_an_endpoint_in_use_is_a_config_error(make_publisher):
     first = make_publisher(replay=False)
     with pytest.raises(ConfigError, match="in use"):
         ZmqEventPublisher(KVEventsConfig(endpoint=first.last_endpoint))
-    with pytest.raises(ConfigError, match="events endpoint"):
-        ZmqEventPublisher(KVEventsConfig(endpoint="bogus://x"))
+    with pytest.raises(ConfigError, match="endpoint 'bogus://x'"):
+        ZmqEventPublisher(KVEventsConfig(endpoint="bogus://x"))  # refused by the config
     with pytest.raises(ConfigError, match="events endpoint"):
         ZmqEventPublisher(KVEventsConfig(endpoint="tcp://127.0.0.1:1",
                                          replay_endpoint=first.last_endpoint))

@@ -45,7 +45,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("warm-up fraction", ["--warmup-fraction", "1.5"], 2, "[0, 1)"),
     ("unknown flag", ["--frobnicate"], 2, "unrecognized arguments"),
     ("bad mode", ["--mode", "fast"], 2, "invalid choice"),
-    ("non-integer blocks", ["--num-blocks", "many"], 2, "invalid int value"),
+    ("non-integer blocks", ["--num-blocks", "many"], 2, "must be a whole number"),
 ]
 
 

@@ -38,7 +38,7 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str], code: int = 1) -
     (["--axis", "tp=1,2", "--axis", "num-blocks=100,200", "--set", "model=Llama-3.1-8B"],
      "point 0 (tp=1 num_blocks=100): give either --num-blocks or --model"),
     (["--axis", "replicas=2", "--axis", "router=compare"], "router 'compare' runs every"),
-    (["--axis", "tp=1,2", "--prices", "nope.json"], "nope.json: cannot read the price table"),
+    (["--axis", "tp=1,2", "--prices", "nope.json"], "nope.json: cannot open the price table"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                args: list[str], needle: str) -> None:

@@ -105,13 +105,13 @@ def test_bad_files(tmp_path: Path) -> None:
              "bad.json": ('{"tp": [1,', "bad.json:1: not valid JSON"),
              "bad.yaml": ("tp: [1, 2\n", "bad.yaml"),
              "bad.toml": ("tp = [1", "not valid TOML"),
-             "bin.json": ("\x00\x01", "binary data")}
+             "bin.json": ("\x00\x01", "a binary file")}
     for name, (text, needle) in cases.items():
         (tmp_path / name).write_text(text)
         with pytest.raises(InputFileError) as info:
             load_grid_file(tmp_path / name)
         assert needle in str(info.value), name
-    with pytest.raises(InputFileError, match="cannot read the grid"):
+    with pytest.raises(InputFileError, match="cannot open the grid"):
         load_grid_file(tmp_path / "missing.json")
 
 

@@ -29,7 +29,7 @@ typedef struct {
 } DecodeAllocate;
 
 static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
-    *str_all_token_ids, *str_free_queue, *str_num_free, *str_get_new_blocks;
+    *str_all_token_ids, *str_owned_tokens, *str_free_queue, *str_num_free, *str_get_new_blocks;
 
 static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
@@ -92,6 +92,16 @@ static Py_ssize_t da_num_tokens(DecodeAllocate *self, PyObject *request) {
     }
     Py_ssize_t n = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens) : -1;
     Py_DECREF(tokens);
+    /* all_token_ids changed behind the facade (tokens without hashes): the Python method
+     * refuses it before allocating. One compare with the length the facade left. */
+    PyObject *owned = PyObject_GetAttr(request, str_owned_tokens);
+    if (owned == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (!PyLong_CheckExact(owned) || PyLong_AsSsize_t(owned) != n) n = -1;
+    Py_DECREF(owned);
+    if (n == -1 && PyErr_Occurred()) PyErr_Clear();
     return n;
 }
 
@@ -332,10 +342,12 @@ static int ccore_fast_add(PyObject *m) {
     str_num_computed_tokens = PyUnicode_InternFromString("num_computed_tokens");
     str_num_tokens = PyUnicode_InternFromString("num_tokens");
     str_all_token_ids = PyUnicode_InternFromString("all_token_ids");
+    str_owned_tokens = PyUnicode_InternFromString("_owned_tokens");
     str_free_queue = PyUnicode_InternFromString("free_queue");
     str_num_free = PyUnicode_InternFromString("num_free");
     str_get_new_blocks = PyUnicode_InternFromString("get_new_blocks");
     if (!str_request_id || !str_num_computed_tokens || !str_num_tokens || !str_all_token_ids
+        || !str_owned_tokens
         || !str_free_queue || !str_num_free || !str_get_new_blocks) return -1;
     DecodeAllocateType.tp_name = "pagedkv.core._ccore.DecodeAllocate";
     DecodeAllocateType.tp_basicsize = sizeof(DecodeAllocate);

@@ -18,7 +18,6 @@ from pagedkv import (
     BlockHasher,
     FullAttentionSpec,
     HashExtras,
-    InputFileError,
     InvalidArgumentError,
     KVCacheSpec,
     Request,
@@ -27,6 +26,7 @@ from pagedkv import (
 from pagedkv.cli_args import seconds_arg
 from pagedkv.cluster.index import ClusterIndex
 from pagedkv.cluster.router import CacheAware, Router
+from pagedkv.input_files import read_text
 
 __all__ = ["MAX_TOKEN_FILE_BYTES", "add_parser"]
 
@@ -209,19 +209,7 @@ def _prompt(args: argparse.Namespace) -> tuple[list[int], int]:
 def _read_token_file(path: Path) -> str:
     """The text of a ``--tokens @FILE`` file, read up to :data:`MAX_TOKEN_FILE_BYTES`
     (a device such as /dev/zero, or a huge file, is refused, not read into memory)."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputFileError(str(path), f"cannot read token ids: {exc.strerror}") from exc
-    if len(raw) > MAX_TOKEN_FILE_BYTES:
-        raise InputFileError(str(path), f"more than {MAX_TOKEN_FILE_BYTES // 2**20} MiB of "
-                             "token ids; a prompt's ids fit in far less")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputFileError(str(path), f"not UTF-8 text (byte offset {exc.start}); write "
-                             "token ids as decimal text") from None
+    return read_text(path, what="token-id file", max_bytes=MAX_TOKEN_FILE_BYTES)
 
 
 def _query(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from pagedkv.arg_types import check_fields
 from pagedkv.checks import check_number
 from pagedkv.cli_args import MAX_SECONDS
 from pagedkv.cluster.index import ClusterIndex, Replica
@@ -33,6 +34,9 @@ class SourceSpec:
     pod: str
     endpoint: str
     replay_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
 
 
 def parse_source(text: str) -> SourceSpec:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
+from pagedkv.arg_types import check_fields
 from pagedkv.checks import check_fits_memory, check_flag, check_whole
 from pagedkv.core.components import ComponentSpec, PublisherSpec
 from pagedkv.core.hashing import HASH_ALGOS
@@ -184,6 +185,7 @@ class CacheConfig:
             raise InvalidArgumentError(
                 f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
             )
+        check_fields(self)  # what the rules above leave: 64-bit, finite, Unicode
 
     def _check_components(self) -> None:
         for name in _COMPONENT_FIELDS:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, NoReturn
 
+from pagedkv.checks import check_text
 from pagedkv.core.cbor import canonical_cbor
 from pagedkv.errors import InvalidArgumentError
 
@@ -105,6 +106,8 @@ class HashExtras:
         salt = self.cache_salt
         if salt is not None and type(salt) is not str:
             _bad("cache_salt", salt, "a str (or None)")
+        if salt:
+            check_text("HashExtras.cache_salt", salt)  # a lone surrogate cannot be hashed
 
     @property
     def is_empty(self) -> bool:

@@ -401,6 +401,7 @@ class KVCacheManager:
                 or num_new_tokens <= 0 or num_computed < 0
                 or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
                 or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
+                or num_request_tokens != getattr(request, "_owned_tokens", num_request_tokens)
                 or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
                                              or not 0 < num_in_flight_tokens <= num_computed))
             ) and validation.check_allocate(
@@ -417,12 +418,10 @@ class KVCacheManager:
                                        full_sequence_must_fit, num_in_flight_tokens,
                                        lenient_counts))
             raise
+        hit, local_computed = None, num_computed
         if new_computed_blocks is not None:
             hit, num_hit = self._adopted(new_computed_blocks, num_new_computed_tokens)
-            local_computed = num_computed + num_hit
-        else:
-            hit = None
-            local_computed = num_computed
+            local_computed += num_hit
         coordinator = self.coordinator
         max_len = self.max_model_len
         total_computed = local_computed + num_external_computed_tokens

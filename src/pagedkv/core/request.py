@@ -69,6 +69,7 @@ class Request:
 
     __slots__ = (
         "_hasher",
+        "_owned_tokens",
         "all_token_ids",
         "block_extra_keys",
         "block_hashes",
@@ -106,6 +107,9 @@ class Request:
         self.request_id = request_id
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.all_token_ids)
+        #: len(all_token_ids) as the facade left it: a list that grew behind
+        #: append_output_tokens (unhashed tokens) is refused by allocate_slots.
+        self._owned_tokens = self.num_prompt_tokens
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.hash_extras = hash_extras
@@ -142,6 +146,7 @@ class Request:
             if why is not None:
                 raise InvalidArgumentError(f"request {self.request_id!r}: output {why}")
             self.all_token_ids.extend(new)
+        self._owned_tokens = len(self.all_token_ids)
         hasher = self._hasher
         if hasher is not None and len(self.all_token_ids) >= (
             len(self.block_hashes) + 1
@@ -180,9 +185,12 @@ def token_ids_problem(token_ids: Sequence[Any]) -> str | None:
     >>> token_ids_problem([1, 2.5])
     'token 1 is 2.5; token ids are non-negative ints below 2**64'
     """
+    if isinstance(token_ids, (bytes, bytearray, memoryview, str)):
+        return (f"the token ids are {type(token_ids).__name__}, not a sequence of ints; "
+                "give a list of token ids")
     try:
         array("Q", token_ids)
-    except (TypeError, OverflowError):
+    except (TypeError, OverflowError, ValueError):
         for i, t in enumerate(token_ids):
             if type(t) is not int or not 0 <= t < 1 << 64:
                 return f"token {i} is {t!r}; token ids are non-negative ints below 2**64"

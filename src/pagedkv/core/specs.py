@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar, TypeVar
 
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError, SpecMergeError
 
 __all__ = [
@@ -93,6 +94,7 @@ class KVCacheSpec:
     block_size: int
 
     def __post_init__(self) -> None:
+        check_fields(self)
         _positive("block_size", self.block_size)
 
     @property

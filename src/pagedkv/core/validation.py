@@ -318,6 +318,7 @@ def check_allocate(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
             f"{mgr.max_model_len}; finish it at max_model_len"
         )
+    _check_hashed(req, rid, num_tokens)
     if _engine_counts(headroom, computed, rid):  # lenient_counts
         return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
     if live is None and computed:
@@ -345,6 +346,17 @@ def check_allocate(
             "first (lookahead slots go in num_lookahead_tokens)"
         )
     return live is None
+
+
+def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
+    """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
+    facade: a pagedkv Request hashes every full block as its tokens are appended."""
+    owned = getattr(req, "_owned_tokens", None)
+    if owned is not None and owned != num_tokens:
+        raise InvalidArgumentError(
+            f"request {rid!r} has {num_tokens} tokens but {owned} came through "
+            "append_output_tokens: all_token_ids was changed directly, which skips hashing; "
+            "add tokens with request.append_output_tokens (nothing was allocated)")
 
 
 def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:

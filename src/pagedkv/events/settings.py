@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from pagedkv.arg_types import check_endpoint
 from pagedkv.checks import check_flag, check_text, check_whole
 from pagedkv.core.records import WireForm
 from pagedkv.errors import ConfigError
@@ -136,11 +137,10 @@ class KVEventsSettings:
     allow_remote: bool = False
 
     def __post_init__(self) -> None:
-        check_text("KVEventsConfig.endpoint", self.endpoint, allow_empty=False,
-                   error=ConfigError)
+        check_endpoint("KVEventsConfig.endpoint", self.endpoint, error=ConfigError)
         if self.replay_endpoint is not None:
-            check_text("KVEventsConfig.replay_endpoint", self.replay_endpoint,
-                       allow_empty=False, error=ConfigError)
+            check_endpoint("KVEventsConfig.replay_endpoint", self.replay_endpoint,
+                           error=ConfigError)
         check_text("KVEventsConfig.topic", self.topic, error=ConfigError)
         check_flag("KVEventsConfig.allow_remote", self.allow_remote, error=ConfigError)
         for name in ("endpoint", "replay_endpoint"):

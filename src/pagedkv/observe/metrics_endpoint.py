@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagedkv.arg_types import check_port
+
 __all__ = ["MetricsEndpoint"]
 
 
@@ -38,8 +40,10 @@ class MetricsEndpoint:
         thread; returns the bound port. Call :meth:`close` to stop.
 
         Raises:
+            InvalidArgumentError: ``port`` is not a whole number in [0, 65535].
             OSError: the port is taken.
         """
+        check_port("serve(port)", port, allow_zero=True)
         self._server, self._thread = self._prom.start_http_server(
             port, addr="127.0.0.1", registry=self.registry)
         bound: int = self._server.server_port

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import require
+from pagedkv.errors import InvalidArgumentError, require
 from pagedkv.observe.metrics_endpoint import MetricsEndpoint
 
 if TYPE_CHECKING:
@@ -146,7 +146,16 @@ class PrometheusExporter(MetricsEndpoint):
 
     def record(self, mgr: KVCacheManager) -> None:
         """Take ``mgr``'s current intervals (``make_prefix_cache_stats``, and for an
-        observed manager ``make_miss_stats`` and ``drain_residency``) and record them."""
+        observed manager ``make_miss_stats`` and ``drain_residency``) and record them.
+
+        Raises:
+            InvalidArgumentError: ``mgr`` is not a KVCacheManager (nothing recorded).
+        """
+        from pagedkv.core.manager import KVCacheManager
+
+        if not isinstance(mgr, KVCacheManager):
+            raise InvalidArgumentError(f"record() takes a KVCacheManager, got "
+                                       f"{type(mgr).__name__}")
         misses = None
         residency: list[ResidencySample] = []
         if mgr.observe is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import ConfigError, InputFileError
+from pagedkv.input_files import read_text
 from pagedkv.json_input import parse_json
 
 __all__ = ["bundled_model_names", "load_config"]
@@ -60,18 +61,6 @@ def _resolve_bundled(model: str) -> str | None:
     return matches[0] if matches else None
 
 
-def _read_text(path: Path) -> str:
-    data = path.read_bytes()
-    if b"\x00" in data[:4096]:
-        raise InputFileError(str(path), "is a binary file, not a JSON config; give the "
-                             "path of a config.json or a bundled config name")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputFileError(str(path), f"is not UTF-8 text (byte {exc.start}); give the "
-                             "path of a config.json or a bundled config name") from exc
-
-
 def load_config(model: str) -> tuple[dict[str, Any], str, str]:
     """Read a model's config: a path to a ``config.json`` (or a folder holding one), or a
     bundled name.
@@ -92,7 +81,7 @@ def load_config(model: str) -> tuple[dict[str, Any], str, str]:
                                  "path of a config.json file or a bundled config name")
         path = path / "config.json"
     if path.is_file():
-        text = _read_text(path)
+        text = read_text(path, what="model config (a config.json)")
         source = str(path)
         name = (path.resolve().parent.name if path.name == "config.json" else path.stem) \
             or path.stem
@@ -105,7 +94,7 @@ def load_config(model: str) -> tuple[dict[str, Any], str, str]:
                 + ", ".join(bundled_model_names()),
             )
         entry = _bundled_folder().joinpath(bundled + ".json")
-        text = entry.read_text(encoding="utf-8")
+        text = read_text(str(entry), what="bundled config")
         source = f"bundled:{bundled}.json"
         name = bundled
     data = parse_json(text, source)

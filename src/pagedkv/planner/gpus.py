@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InputFileError, InvalidArgumentError
-from pagedkv.json_input import parse_json
+from pagedkv.input_files import load_document
 
 __all__ = ["DEFAULT_GPU", "GPUS", "GpuSpec", "find_gpu", "gpu_names", "load_gpu_spec",
            "resolve_gpu"]
@@ -54,6 +55,7 @@ class GpuSpec:
             _check_positive(key, getattr(self, key), self.name)
         if self.fp8_tflops is not None:
             _check_positive("fp8_tflops", self.fp8_tflops, self.name)
+        check_fields(self)
 
     @property
     def memory(self) -> str:
@@ -163,11 +165,8 @@ def load_gpu_spec(path: str | Path) -> GpuSpec:
             not a finite positive number (NaN, negative, text).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(p), f"cannot read the GPU spec ({exc})") from None
-    data: Any = parse_json(text, str(p), hint="; the GPU spec must be a JSON object")
+    data: Any = load_document(p, what="GPU spec", fmt="json",
+                              hint="; the GPU spec must be a JSON object")
     if not isinstance(data, Mapping):
         raise InputFileError(str(p), f"a GPU spec is a JSON object with {', '.join(_REQUIRED)}")
     unknown = sorted(set(data) - set(_FIELDS))

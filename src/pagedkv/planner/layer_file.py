@@ -41,8 +41,8 @@ from pagedkv.core.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
-from pagedkv.json_input import parse_json
+from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.input_files import load_document
 from pagedkv.planner.model_spec import ModelSpec
 from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
 
@@ -65,22 +65,6 @@ class LayerFileModel:
     weight_dtype: str
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        import yaml  # type: ignore[import-untyped, unused-ignore]
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"{path}: reading a YAML layer-spec file needs PyYAML; install it with "
-            "'pip install pyyaml', or write the file as JSON"
-        ) from exc
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = None if mark is None else mark.line + 1
-        raise InputFileError(str(path), f"not valid YAML: {exc}", line=line) from exc
-
-
 def is_layer_file(path: Path, data: Mapping[str, Any] | None = None) -> bool:
     """Whether ``path`` (with its parsed JSON ``data``, if read) is a layer-spec file: a
     YAML file, or a JSON object with a ``layers`` list and no ``model_type``."""
@@ -97,12 +81,8 @@ def load_layer_file(path: str | Path, *, block_size: int = 16) -> LayerFileModel
         MissingDependencyError: a YAML file without PyYAML installed.
     """
     path = Path(path)
-    if not path.is_file():
-        raise InputFileError(str(path), "no such file")
-    if path.suffix.lower() in _YAML_SUFFIXES:
-        data = _read_yaml(path)
-    else:
-        data = parse_json(path.read_text(encoding="utf-8"), str(path))
+    fmt = "yaml" if path.suffix.lower() in _YAML_SUFFIXES else "json"
+    data = load_document(path, what="layer-spec file", fmt=fmt)
     return parse_layer_file(data, source=str(path), block_size=block_size)
 
 

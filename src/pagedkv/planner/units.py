@@ -43,6 +43,8 @@ def parse_bytes(text: str, *, what: str = "memory size") -> int:
     value = float(match.group(1)) * _UNIT_TO_BYTES[unit]
     if value < 0:
         raise InvalidArgumentError(f"{what} must not be negative, got {text!r}")
+    if not value < 2**63:  # also NaN and infinity (1e999)
+        raise InvalidArgumentError(f"{what} {text!r} is beyond 2**63 - 1 bytes")
     return int(value)
 
 

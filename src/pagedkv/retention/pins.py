@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from pagedkv.arg_types import MAX_SECONDS
 from pagedkv.errors import InvalidArgumentError, PinBudgetError
 
 __all__ = ["PinKey", "PinLease", "PinTable"]
@@ -82,9 +83,9 @@ class PinTable:
                 changed.
         """
         if (not isinstance(ttl_s, (int, float)) or isinstance(ttl_s, bool)
-                or not 0 < ttl_s < math.inf):
+                or not 0 < ttl_s <= MAX_SECONDS):
             raise InvalidArgumentError(
-                f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}; pins are "
+                f"ttl_s must be a positive number of seconds up to 1e9, got {ttl_s!r}; pins are "
                 "leases (an unbounded pin could hold the pool forever)"
             )
         unique = list(dict.fromkeys(keys))

@@ -26,6 +26,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pagedkv.arg_types import MAX_SECONDS, check_fields
 from pagedkv.checks import check_clock, check_flag, check_text, check_whole
 from pagedkv.errors import InvalidArgumentError
 
@@ -55,9 +56,10 @@ def _check_priority(what: str, p: object) -> None:
 def _check_duration(what: str, d: object) -> None:
     if d is None:
         return
-    if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d < math.inf:
+    if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 < d <= MAX_SECONDS:
         raise InvalidArgumentError(
-            f"{what} must be a positive finite number of seconds or None, got {d!r}"
+            f"{what} must be a positive number of seconds up to {MAX_SECONDS:.0e} or None, "
+            f"got {d!r}"
         )
 
 
@@ -97,12 +99,13 @@ class TokenRangeRetention:
     duration_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.token_start, int) or self.token_start < 0:
+        check_fields(self)
+        if type(self.token_start) is not int or self.token_start < 0:
             raise InvalidArgumentError(
                 f"token_start must be an int >= 0, got {self.token_start!r}"
             )
         if self.token_end is not None and (
-            not isinstance(self.token_end, int) or self.token_end <= self.token_start
+            type(self.token_end) is not int or self.token_end <= self.token_start
         ):
             raise InvalidArgumentError(
                 f"token_end must be None or an int > token_start ({self.token_start}), "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.sim.api import SimConfig
@@ -103,6 +104,9 @@ class WorkloadSpec:
                      f"{wl.first_skipped_problem})")
         return wl, what
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutputOptions:
@@ -112,6 +116,9 @@ class OutputOptions:
     json: bool = False
     plot_dir: str | None = "pagedkv-report"
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +130,9 @@ class ObserveOptions:
     metrics_port: int | None = None
     metrics_linger_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaOptions:
@@ -130,6 +140,9 @@ class ReplicaOptions:
 
     replicas: int
     router: str = "compare"
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv import __version__
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.input_files import load_document, open_binary
 from pagedkv.sim.loaders import trace_files
 from pagedkv.sim.workloads import bundled_trace_path
 
@@ -70,7 +71,7 @@ def workload_digest(options: Mapping[str, Any]) -> str:
     files = trace_files(trace) if trace else [bundled_trace_path()]
     for f in files:
         h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
+        with open_binary(f, what="trace") as fh:
             while chunk := fh.read(_CHUNK_BYTES):
                 h.update(chunk)
         h.update(b"\0")
@@ -85,6 +86,11 @@ def point_key(digest: str, options: Mapping[str, Any], *, version: str = __versi
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _is_seconds(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
 class ResultCache:
     """Results on disk under ``directory`` (created on first write), one file per key."""
 
@@ -97,11 +103,13 @@ class ResultCache:
     def get(self, key: str) -> dict[str, Any] | None:
         """The stored entry for ``key``, or None (absent, or not a whole entry)."""
         try:
-            data = json.loads(self.path(key).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = load_document(self.path(key), what="sweep cache entry", fmt="json")
+        except InputFileError:
             return None
-        if not isinstance(data, dict) or data.get("key") != key:
-            return None
+        if (not isinstance(data, dict) or data.get("key") != key
+                or not isinstance(data.get("metrics"), dict)
+                or not _is_seconds(data.get("wall_s", 0.0))):
+            return None  # not a whole entry: the point is run again and the entry rewritten
         return data
 
     def put(self, key: str, entry: Mapping[str, Any]) -> None:

@@ -21,16 +21,15 @@ pagedkv.errors.InvalidArgumentError: grid: unknown option 'colour'; sweepable op
 
 from __future__ import annotations
 
-import importlib
 import itertools
-import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import InputFileError, InvalidArgumentError, MissingDependencyError
+from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.input_files import load_document
 from pagedkv.sim.options import OPTIONS, option, parse_option_value
 from pagedkv.sim.setup import GENERATOR_PARAMS
 
@@ -206,38 +205,6 @@ def grid_from_mapping(data: Any, *, where: str) -> Grid:
     return Grid(fixed=fixed, axes=tuple(axes))
 
 
-def _read_toml(text: str, path: str) -> Any:
-    toml: Any
-    try:
-        toml = importlib.import_module("tomllib")
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            toml = importlib.import_module("tomli")
-        except ModuleNotFoundError:
-            raise MissingDependencyError(
-                "TOML grids need Python 3.11+ or the tomli package (pip install tomli); or "
-                "write the grid as JSON or YAML") from None
-    try:
-        return toml.loads(text)
-    except toml.TOMLDecodeError as exc:
-        raise InputFileError(path, f"not valid TOML ({exc})") from None
-
-
-def _read_yaml(text: str, path: str) -> Any:
-    try:
-        import yaml  # type: ignore[import-untyped, unused-ignore]
-    except ModuleNotFoundError:
-        raise MissingDependencyError("YAML grids need PyYAML: pip install 'pagedkv[yaml]' "
-                                     "(or write the grid as JSON or TOML)") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise InputFileError(path, f"not valid YAML ({getattr(exc, 'problem', exc)})",
-                             line=line) from None
-
-
 def load_grid_file(path: str | Path) -> Grid:
     """The grid in a ``.yaml``/``.yml``, ``.json`` or ``.toml`` file.
 
@@ -250,26 +217,7 @@ def load_grid_file(path: str | Path) -> Grid:
     suffix = p.suffix.lower()
     if suffix not in (".yaml", ".yml", ".json", ".toml"):
         raise InputFileError(str(p), "a grid file ends in .yaml, .yml, .json or .toml")
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise InputFileError(str(p), f"cannot read the grid ({exc.strerror or exc})") from None
-    if b"\x00" in raw:
-        raise InputFileError(str(p), "binary data, not a grid file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputFileError(str(p), "not UTF-8 text") from None
-    if suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputFileError(str(p), f"not valid JSON ({exc.msg})", line=exc.lineno) \
-                from None
-    elif suffix == ".toml":
-        data = _read_toml(text, str(p))
-    else:
-        data = _read_yaml(text, str(p))
+    data = load_document(p, what="grid")
     if data is None:
         raise InvalidArgumentError(f"{p}: the grid file is empty: give at least one axis")
     return grid_from_mapping(data, where=str(p))

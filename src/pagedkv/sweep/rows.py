@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError, InvalidArgumentError
+from pagedkv.input_files import load_document
 from pagedkv.planner.gpus import DEFAULT_GPU, resolve_gpu
 from pagedkv.sweep.point import METRICS
 
@@ -77,20 +78,8 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
     if path is None:
         return prices
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(p), f"cannot read the price table ({exc})") from None
-    if p.suffix.lower() == ".toml":
-        from pagedkv.sweep.grid import _read_toml
-
-        data = _read_toml(text, str(p))
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputFileError(str(p), f"not valid JSON ({exc.msg})", line=exc.lineno) \
-                from None
+    data = load_document(p, what="price table",
+                         fmt="toml" if p.suffix.lower() == ".toml" else "json")
     if not isinstance(data, dict):
         raise InputFileError(str(p), "a price table is an object of GPU name -> USD per "
                              'GPU-hour, e.g. {"H100-SXM": 2.99}')

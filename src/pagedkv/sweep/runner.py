@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv import __version__
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.sim.workloads import Workload
@@ -55,6 +56,9 @@ class SweepSpec:
     backend: Backend = field(default_factory=LocalBackend)
     progress: bool = False
     plot: bool = True
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

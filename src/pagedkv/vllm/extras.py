@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pagedkv.arg_types import MAX_SECONDS
 from pagedkv.errors import PagedKVError
 from pagedkv.retention import RequestRetention, TokenRangeRetention
 
@@ -55,7 +56,12 @@ def parse_retention(value: Any) -> RequestRetention:
     if unknown:
         raise InvalidArgumentError(f"unknown pagedkv retention keys {unknown}; use {sorted(known)}")
     ranges = []
-    for r in value.get("ranges", ()):
+    asked_ranges = value.get("ranges", [])
+    if not isinstance(asked_ranges, list):
+        raise InvalidArgumentError(
+            f"pagedkv retention ranges must be a list of {{start, end, priority, duration_s}}"
+            f", got {asked_ranges!r:.60}")
+    for r in asked_ranges:
         if not isinstance(r, dict) or set(r) - {"start", "end", "priority", "duration_s"}:
             raise InvalidArgumentError(
                 f"a retention range is {{start, end, priority, duration_s}}, got {r!r}")
@@ -110,8 +116,9 @@ def parse_pin(value: Any) -> PinAsk:
             f"a pagedkv pin is {{ttl_s, num_tokens, refresh_on_hit}}, got {value!r}")
     ttl = value.get("ttl_s")
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (
-            math.isfinite(ttl) and ttl > 0):
-        raise InvalidArgumentError(f"pin ttl_s must be a positive number, got {ttl!r}")
+            math.isfinite(ttl) and 0 < ttl <= MAX_SECONDS):
+        raise InvalidArgumentError(f"pin ttl_s must be a positive number of seconds up to "
+                                   f"1e9, got {ttl!r}")
     n = value.get("num_tokens")
     if n is not None and (type(n) is not int or n < 0):
         raise InvalidArgumentError(f"pin num_tokens must be an int >= 0, got {n!r}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError, InvalidArgumentError
-from pagedkv.json_input import parse_json
+from pagedkv.input_files import load_document
 
 __all__ = ["CONSTANT_SETS", "FITTED", "ClockConstants", "load_constants", "save_constants"]
 
@@ -122,11 +122,8 @@ def load_constants(text: str | None) -> ClockConstants:
         raise InvalidArgumentError(
             f"--calibration {text!r}: no such constant set or file; give one of "
             f"{', '.join(CONSTANT_SETS)} or a file written by --calibrate")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(path), f"cannot read the calibration ({exc})") from None
-    data: Any = parse_json(text, str(path), hint="; write it again with --calibrate")
+    data: Any = load_document(path, what="calibration", fmt="json",
+                              hint="; write it again with --calibrate")
     if not isinstance(data, Mapping):
         raise InputFileError(str(path), "a calibration is a JSON object of constants")
     for key in data:

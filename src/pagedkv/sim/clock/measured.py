@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InputFileError
-from pagedkv.json_input import parse_json
+from pagedkv.input_files import load_document
 
-__all__ = ["Measured", "load_measured"]
+__all__ = ["MAX_MEASURED_REQUESTS", "Measured", "load_measured"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +59,9 @@ class Measured:
 #: A chunked stream's TPOT is trusted from this many gaps on: the split of a short
 #: answer's tokens between its first chunk and the rest is unknown.
 _MIN_CHUNKS = 4
+#: The most requests one measured file may stand for (each is replayed in the simulator):
+#: an aggregate's ``completed`` counts, so ``completed: 1e9`` is refused, not built.
+MAX_MEASURED_REQUESTS = 100_000
 
 
 def load_measured(path: str | Path) -> list[Measured]:
@@ -69,12 +72,9 @@ def load_measured(path: str | Path) -> list[Measured]:
             a value that is not a finite number >= 0 (names the file and key).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(str(p), f"cannot read the measurements ({exc})") from None
-    data: Any = parse_json(text, str(p), hint="; give a `vllm bench serve` --save-result "
-                           "file or a GuideLLM result JSON")
+    data: Any = load_document(p, what="measurements", fmt="json",
+                              hint="; give a `vllm bench serve` --save-result "
+                              "file or a GuideLLM result JSON")
     if isinstance(data, Mapping) and isinstance(data.get("benchmarks"), list):
         out = _guidellm(p, data["benchmarks"])
     elif isinstance(data, Mapping):
@@ -84,6 +84,11 @@ def load_measured(path: str | Path) -> list[Measured]:
                              "GuideLLM)")
     if not out:
         raise InputFileError(str(p), "no successful request to fit to")
+    total = sum(m.count for m in out)
+    if total > MAX_MEASURED_REQUESTS:
+        raise InputFileError(str(p), f"{total:,} requests to replay, more than the limit of "
+                             f"{MAX_MEASURED_REQUESTS:,}; measure a shorter run (the fit needs "
+                             "far fewer)", key="completed")
     return out
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import zlib
 from dataclasses import replace
 from pathlib import Path
 
 from pagedkv.errors import InputFileError
+from pagedkv.input_files import open_binary
 from pagedkv.sim.workloads import SimRequest
 
 __all__ = ["Skips", "int_field", "open_text", "read_head", "shift_requests"]
@@ -46,17 +48,17 @@ def read_head(path: Path, size: int = 4096) -> str:
 def _read_raw_head(path: Path, size: int) -> tuple[bytes, bool]:
     """(first ``size`` bytes, decompressed when gzip; whether it is gzip)."""
     name = str(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(size)
-    except IsADirectoryError:
+    if os.path.isdir(path):
         raise InputFileError(name, "is a directory; give a trace file, or a directory of "
-                             "session files") from None
-    except OSError as exc:
-        raise InputFileError(name, f"cannot open: {exc.strerror or exc}") from None
+                             "session files")
+    with open_binary(path, what="trace") as f:
+        try:
+            raw = f.read(size)
+        except OSError as exc:
+            raise InputFileError(name, f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] == _GZIP_MAGIC:
         try:
-            with gzip.open(path, "rb") as g:
+            with open_binary(path, what="trace", gunzip=True) as g:
                 return g.read(size), True
         except (OSError, EOFError, zlib.error) as exc:
             raise InputFileError(name, f"a corrupt gzip file ({exc})") from None
@@ -74,12 +76,7 @@ def open_text(path: Path) -> io.TextIOBase:
     """
     raw, is_gzip = _read_raw_head(path, 4096)
     _check_text(path, raw)
-    try:
-        if is_gzip:
-            return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-        return open(path, encoding="utf-8")
-    except OSError as exc:
-        raise InputFileError(str(path), f"cannot open: {exc.strerror or exc}") from None
+    return io.TextIOWrapper(open_binary(path, what="trace", gunzip=is_gzip), encoding="utf-8")
 
 
 def read_all_text(path: Path) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim.workloads import MOONCAKE_BLOCK_SIZE, Workload
 
@@ -27,6 +28,9 @@ class LoadOptions:
     skip_bad_lines: bool = False
     limit: int | None = None
     source_block_size: int = MOONCAKE_BLOCK_SIZE
+
+    def __post_init__(self) -> None:
+        check_fields(self)  # types, finiteness, 64-bit and duration bounds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
