@@ -359,3 +359,23 @@ def test_compiled_allocate_slots_survives_copy_and_pickle() -> None:
     gone = weakref.ref(mgr)
     del mgr, req, twin, twin_req
     assert gone() is None
+
+
+def test_allocate_slots_after_its_manager_is_freed_is_a_documented_error() -> None:
+    """A kept ``mgr.allocate_slots`` outliving its manager raises the documented
+    InvalidArgumentError naming the fix, not a raw ReferenceError (the compiled attribute
+    holds its manager weakly so that a manager is freed with its last name)."""
+    from pagedkv.errors import InvalidArgumentError
+
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    mgr = KVCacheManager.from_spec(spec, num_blocks=12, max_model_len=64)
+    req = mgr.new_request("a", prompt_token_ids=list(range(6)))
+    assert mgr.allocate_slots(req, 6) is not None
+    req.num_computed_tokens = 6
+    req.append_output_tokens([1])
+    allocate = mgr.allocate_slots
+    assert type(allocate).__name__ == "DecodeAllocate"
+    del mgr
+    for call in (lambda: allocate(req, 1), lambda: allocate(req, 1, num_lookahead_tokens=0)):
+        with pytest.raises(InvalidArgumentError, match="keep a reference to the manager"):
+            call()

@@ -125,6 +125,23 @@ static Py_ssize_t da_num_free(DecodeAllocate *self) {
     return n;
 }
 
+/* The documented error for a call through an allocate_slots whose manager was freed:
+ * pagedkv.errors.InvalidArgumentError naming the fix (a raw ReferenceError if even the
+ * import fails). */
+static void da_manager_gone(void) {
+    PyObject *errors = PyImport_ImportModule("pagedkv.errors");
+    PyObject *cls = errors ? PyObject_GetAttrString(errors, "InvalidArgumentError") : NULL;
+    Py_XDECREF(errors);
+    if (cls == NULL) {
+        PyErr_Clear();
+        cls = Py_NewRef(PyExc_ReferenceError);
+    }
+    PyErr_SetString(cls, "allocate_slots was called after its KVCacheManager was freed (the "
+                         "compiled core's bound allocate_slots holds its manager weakly); keep "
+                         "a reference to the manager for as long as you call it");
+    Py_DECREF(cls);
+}
+
 /* The manager (a new reference), or NULL with an exception when it is gone. */
 static PyObject *da_manager(DecodeAllocate *self) {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -137,7 +154,7 @@ static PyObject *da_manager(DecodeAllocate *self) {
     Py_XINCREF(mgr);
 #endif
     if (mgr == NULL) {
-        PyErr_SetString(PyExc_ReferenceError, "allocate_slots: its manager no longer exists");
+        da_manager_gone();
     }
     return mgr;
 }
@@ -169,6 +186,9 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2) {
         return da_fallback(self, args, nargsf, kwnames);
     }
+    PyObject *mgr = da_manager(self); /* a freed manager fails every call, not only some */
+    if (mgr == NULL) return NULL;
+    Py_DECREF(mgr); /* alive: the caller's request and this call's state keep what we use */
     PyObject *request = args[0], *num_new_obj = args[1];
     if (!PyLong_CheckExact(num_new_obj)) return da_fallback(self, args, nargsf, kwnames);
     Py_ssize_t num_new = PyLong_AsSsize_t(num_new_obj);
