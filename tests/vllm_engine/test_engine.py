@@ -109,3 +109,68 @@ def test_a_pinned_prefix_survives_what_lru_evicts(sync_run: dict[str, Any]) -> N
           f"pagedkv pinned {paged['again']['0']}")
     assert stock["again"]["0"] == 0 and paged["again"]["0"] == 128
     assert stock["again_tokens"] == paged["again_tokens"]  # the hit changes no token
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the server exited {proc.returncode} before serving"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except (urllib.error.URLError, OSError):
+            time.sleep(1.0)
+    raise AssertionError(f"no answer from {url} in {timeout_s:.0f} s")
+
+
+def test_the_openai_server_serves_a_completion_on_pagedkv(
+        model: str, sync_run: dict[str, Any], tmp_path: Path) -> None:
+    sys.path.insert(0, str(DRIVER.parent))
+    try:
+        from engine_driver import shared_prefix_requests
+    finally:
+        sys.path.remove(str(DRIVER.parent))
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+         "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
+         "--scheduler-cls", "pagedkv.vllm.PagedKVScheduler", "--enable-prefix-caching",
+         "--block-size", "32", "--max-model-len", "512", "--num-gpu-blocks-override", "32",
+         "--enforce-eager", "--dtype", "float32", "--seed", "0"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path))
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, 240)
+        prompt = shared_prefix_requests()[0]
+        out = _post(f"http://127.0.0.1:{port}/v1/completions", {
+            "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True})
+    finally:
+        proc.terminate()  # stopped by its pid
+        proc.wait(timeout=60)
+        log.close()
+    tokens = out["choices"][0]["token_ids"]
+    print(f"server (pid {proc.pid}, port {port}): {tokens}")
+    assert tokens == sync_run["phases"]["stock"]["shared"]["tokens"]["0"]
