@@ -177,7 +177,7 @@ class Engine:
     """One ``LLMEngine`` with its engine core in this process."""
 
     def __init__(self, model: str, *, use_async: bool, num_blocks: int,
-                 extra: dict[str, Any] | None) -> None:
+                 extra: dict[str, Any] | None, dense: bool = False) -> None:
         from vllm import EngineArgs, LLMEngine
 
         args = EngineArgs(
@@ -187,6 +187,12 @@ class Engine:
             enable_chunked_prefill=True, async_scheduling=use_async, seed=0,
             disable_log_stats=False, dtype="float32", additional_config=extra or {},
             enforce_eager=True,
+            # on the CPU backend the fraction of host memory that must be free at start
+            # (vLLM's default, 0.92, fails beside any other process)
+            gpu_memory_utilization=0.05,
+            # dense: every window checkpoint kept (vLLM's default, 0, keeps only the
+            # latest replay boundary of sliding-window and Mamba groups)
+            **({"prefix_cache_retention_interval": None} if dense else {}),
         )
         self.engine = LLMEngine.from_engine_args(args)
         self.core = self.engine.engine_core.engine_core
@@ -266,9 +272,10 @@ def _evictions(sched: Any) -> int:
     return -1  # stock: compared through the block tables and the hits instead
 
 
-def run(model: str, phases: list[str], *, use_async: bool, num_blocks: int) -> dict[str, Any]:
+def run(model: str, phases: list[str], *, use_async: bool, num_blocks: int,
+        dense: bool = False) -> dict[str, Any]:
     extra = {"pagedkv": {"retention": {"pin_budget_fraction": 0.25}}}
-    eng = Engine(model, use_async=use_async, num_blocks=num_blocks, extra=extra)
+    eng = Engine(model, use_async=use_async, num_blocks=num_blocks, extra=extra, dense=dense)
     out: dict[str, Any] = {"vllm": __import__("vllm").__version__, "phases": {}}
     for name in phases:
         eng.use(name)
@@ -277,7 +284,28 @@ def run(model: str, phases: list[str], *, use_async: bool, num_blocks: int) -> d
             res["pressure"] = eng.run(pressure_requests(), 48, f"{name}-pressure")
             res["retention"] = retention_run(eng, name)
         out["phases"][name] = res
+    if dense:
+        out["sparse_refusal"] = sparse_refusal(eng)
     return out
+
+
+def sparse_refusal(eng: Engine) -> str:
+    """pagedkv's scheduler built on this engine's layout with vLLM's default sparse
+    retention (``prefix_cache_retention_interval=0``): the one-line refusal."""
+    import copy
+
+    from pagedkv.vllm import PagedKVScheduler
+    from pagedkv.vllm.layout import UnsupportedLayoutError
+
+    build = dict(eng._build)
+    kv = copy.copy(build["kv_cache_config"])
+    kv.prefix_cache_retention_interval = 0
+    build["kv_cache_config"] = kv
+    try:
+        PagedKVScheduler(**build)
+    except UnsupportedLayoutError as e:
+        return str(e)
+    return "built"
 
 
 def retention_run(eng: Engine, name: str) -> dict[str, Any]:
@@ -306,11 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--async", dest="use_async", action="store_true")
     r.add_argument("--num-blocks", type=int, default=40)
     r.add_argument("--out", required=True, help="the JSON result's path")
+    r.add_argument("--dense-retention", action="store_true",
+                   help="prefix_cache_retention_interval=None (every window checkpoint)")
     a = ap.parse_args(argv)
     if a.cmd == "write-model":
         write_model(a.dir, a.sliding_window)
         return 0
-    res = run(a.dir, a.phases.split(","), use_async=a.use_async, num_blocks=a.num_blocks)
+    res = run(a.dir, a.phases.split(","), use_async=a.use_async, num_blocks=a.num_blocks,
+              dense=a.dense_retention)
     with open(a.out, "w") as f:
         json.dump(res, f)
     return 0

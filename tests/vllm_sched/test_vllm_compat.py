@@ -82,3 +82,12 @@ def test_0_32_keeps_a_sliding_window_tables_leading_nulls() -> None:
         mgr.release_blocks(popped[release][::-1])  # the null block is skipped
         mgr.check_invariants()
     assert popped == {"0.32": [0, 2, 3, 4], "0.33": [2, 3, 4]}
+
+
+def test_the_docs_print_the_compatibility_table() -> None:
+    from pathlib import Path
+
+    from pagedkv.vllm.compat import differences_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    assert differences_table() in doc

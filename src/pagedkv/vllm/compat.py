@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 from pagedkv.errors import MissingDependencyError
 
-__all__ = ["DIFFERENCES", "SUPPORTED_VLLM", "Difference", "release_of", "require_vllm"]
+__all__ = ["DIFFERENCES", "SUPPORTED_VLLM", "Difference", "differences_table", "release_of",
+           "require_vllm"]
 
 #: The vLLM release series the scheduler classes are written and tested against, oldest
 #: first; the newest is ``CacheConfig.vllm_release``'s default.
@@ -55,13 +56,14 @@ DIFFERENCES: tuple[Difference, ...] = (
                "num_tokens // block_size", "min(num_tokens, hashed tokens) // block_size",
                "equal without lookahead (every full block is hashed), so equal under 0.32"),
     Difference("sparse SWA retention: EAGLE junction boundary (shared_prefix_boundary - bs)",
-               "absent", "an extra reachable boundary", "not reachable: pagedkv refuses "
-               "sparse retention intervals and Mamba shared-prefix checkpoints"),
+               "absent", "an extra reachable boundary", "no branch in pagedkv: it needs "
+               "EAGLE on a Mamba junction under sparse retention, which neither the "
+               "transcripts nor the engine test run (not verified)"),
     Difference("MambaManager: assert mamba_cache_mode == 'align' with caching", "absent",
                "assertion", "pagedkv refuses any other mode under both releases"),
     Difference("Mamba cache_partial_block of a block already keyed at that length",
-               "keyed again", "skipped", "not reachable: partial Mamba keys come with "
-               "shared-prefix checkpoints, refused under both"),
+               "keyed again", "skipped", "no branch in pagedkv; both releases' "
+               "full+mamba/unit4 transcripts (partial Mamba keys) replay equal"),
     Difference("KVCacheCoordinator.drop_eagle_group_ids", "eagle_group_ids",
                "eagle_group_ids, or none with lookahead hashes",
                "equal without lookahead, so equal under 0.32"),
@@ -71,6 +73,13 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference("Scheduler.num_hash_lookahead_tokens", "no such attribute", "int",
                "read under 0.33 only"),
 )
+
+
+def differences_table() -> str:
+    """:data:`DIFFERENCES` as the Markdown table docs/vllm.md prints (a test checks it)."""
+    rows = ["| vLLM member or behaviour | 0.32 | 0.33 | pagedkv |", "| --- | --- | --- | --- |"]
+    rows += [f"| `{d.where}` | {d.in_032} | {d.in_033} | {d.pagedkv} |" for d in DIFFERENCES]
+    return "\n".join(rows)
 
 
 def release_of(version: str) -> str | None:

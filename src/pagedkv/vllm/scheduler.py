@@ -86,6 +86,24 @@ def _check_options(s: Any) -> None:
                      "hybrid model")
     if s.has_mamba_layers and s.connector is not None:
         raise refuse("a KV connector on a Mamba hybrid model (boundary-state offloads)")
+    _check_retention_interval(s)
+
+
+def _check_retention_interval(s: Any) -> None:
+    """vLLM's sparse prefix-cache retention (``prefix_cache_retention_interval``, 0 by
+    default in ``CacheConfig``; the planner copies it into the ``KVCacheConfig``) keeps a
+    sliding-window or Mamba group's blocks cached only at chosen boundaries; pagedkv keeps
+    them densely (``None``), so it refuses the sparse setting on such a model."""
+    interval = getattr(s.kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None or not s.cache_config.enable_prefix_caching:
+        return
+    kinds = {type(g.kv_cache_spec).__name__ for g in s.kv_cache_config.kv_cache_groups}
+    sparse = sorted(k for k in kinds if "SlidingWindow" in k or "Mamba" in k)
+    if sparse:
+        raise refuse(f"sparse prefix-cache retention (prefix_cache_retention_interval="
+                     f"{interval}) on {', '.join(sparse)} groups: start vLLM with "
+                     "--prefix-cache-retention-interval None (dense retention, which "
+                     "pagedkv runs exactly)")
 
 
 def install_pagedkv(s: Any) -> VLLMKVCacheManager:
