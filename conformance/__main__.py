@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay:
         from conformance.runs import replay_layouts
 
-        return replay_layouts(args.replay, layouts, ignore)
+        return replay_layouts(args.replay, None if args.layouts == "all" else layouts, ignore)
     from conformance.vllm_side import vllm_available
 
     reason = vllm_available()
@@ -135,7 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             "with vLLM 0.33's recorded transcripts",
             1,
         )
+    import vllm
+
+    from conformance.layouts import layouts_for, release_of
     from conformance.runs import RunOptions, live_layouts, record_layouts
+
+    runnable = layouts_for(release_of(vllm.__version__), layouts)
+    if args.layouts != "all" and runnable != layouts:
+        skipped = sorted(x.name for x in layouts if x not in runnable)
+        return _fail(f"vLLM {vllm.__version__} cannot run layouts {skipped} (hash lookahead "
+                     "is vLLM 0.33's); leave them out", 2)
+    layouts = runnable
 
     opts = RunOptions(
         seeds=range(args.first_seed, args.first_seed + args.seeds),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["LAYOUTS", "GroupDesc", "Layout", "layout_by_name"]
+__all__ = ["LAYOUTS", "GroupDesc", "Layout", "layout_by_name", "layouts_for", "release_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,3 +92,16 @@ def layout_by_name(name: str) -> Layout:
         if layout.name == name:
             return layout
     raise KeyError(f"unknown layout {name!r}; known: {', '.join(x.name for x in LAYOUTS)}")
+
+
+def release_of(version: str) -> str:
+    """The vLLM release series of a version string (``"vLLM 0.32.0"`` -> ``"0.32"``)."""
+    number = version.split()[-1] if version.split() else version
+    return ".".join(number.split(".")[:2])
+
+
+def layouts_for(release: str, layouts: tuple[Layout, ...] = LAYOUTS) -> tuple[Layout, ...]:
+    """The layouts vLLM ``release`` can run: hash lookahead is 0.33's (vLLM 0.32 has none)."""
+    if release == "0.32":
+        return tuple(x for x in layouts if not x.num_hash_lookahead_tokens)
+    return layouts

@@ -30,7 +30,9 @@ class PagedSide:
 
     name = "pagedkv"
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, release: str = "0.33") -> None:
+        """``release``: the vLLM series whose manager this side must match
+        (``CacheConfig.vllm_release``)."""
         specs = [self._spec(g) for g in layout.groups]
         self.mgr = pagedkv.KVCacheManager(
             pagedkv.CacheConfig(
@@ -42,8 +44,10 @@ class PagedSide:
                 watermark=WATERMARK,
                 max_in_flight_tokens=MAX_IN_FLIGHT_TOKENS,
                 num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
+                vllm_release=release,
             )
         )
+        self.release = release
         self.reqs: dict[str, Any] = {}
         self._hits: dict[str, Any] = {}
         self._deferred: list[list[int]] = []
@@ -174,6 +178,8 @@ class PagedSide:
         }
         events = self.mgr.take_events()
         payload = encode_batch(events, timestamp_s=0.0, data_parallel_rank=0) if events else b""
+        if self.release == "0.32":
+            payload = fixmap_headers(payload)
         return Snapshot(
             num_free=self.mgr.num_free_blocks,
             usage=round(self.mgr.usage, 9),
@@ -183,3 +189,22 @@ class PagedSide:
             tables={k: tuple(list(g) for g in v) for k, v in tables.items()},
             events=payload,
         )
+
+
+_STORED_KEY = b"\xa4type\xabBlockStored"
+
+
+def fixmap_headers(payload: bytes) -> bytes:
+    """``payload`` with each ``BlockStored`` map's map16 header written as a fixmap, as
+    vLLM 0.32's encoder writes it (its ``BlockStored`` has 15 fields, 0.33's 16: msgspec
+    sizes the header by the struct's field count). pagedkv's wire encoder writes 0.33's
+    form; any msgpack reader decodes both to the same event."""
+    parts = payload.split(b"\xde\x00")
+    out = [parts[0]]
+    for part in parts[1:]:
+        n = part[0] if part else 16
+        if n < 16 and part[1:1 + len(_STORED_KEY)] == _STORED_KEY:
+            out.append(bytes((0x80 | n,)) + part[1:])
+        else:
+            out.append(b"\xde\x00" + part)
+    return b"".join(out)

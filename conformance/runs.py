@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.layouts import Layout
+from conformance.layouts import LAYOUTS, Layout, layouts_for, release_of
 from conformance.pagedkv_side import PagedSide
 from conformance.transcript import (
     FORMAT,
@@ -59,10 +59,13 @@ def _verdict(failed: int, total: int) -> int:
 
 def live_layouts(layouts: tuple[Layout, ...], opts: RunOptions) -> int:
     """vLLM's manager and pagedkv's side by side; 1 when a layout diverged."""
+    import vllm
+
     from conformance.vllm_side import VllmSide
 
+    release = release_of(vllm.__version__)
     # Warm both sides up (imports, first-call caches) so the speed column is steady state.
-    run_seed(layouts[0], 10**6, 50, VllmSide(layouts[0]), PagedSide(layouts[0]))
+    run_seed(layouts[0], 10**6, 50, VllmSide(layouts[0]), PagedSide(layouts[0], release))
     failed = 0
     for lay in layouts:
         t0 = time.perf_counter()
@@ -72,7 +75,7 @@ def live_layouts(layouts: tuple[Layout, ...], opts: RunOptions) -> int:
         ops = 0
         for seed in opts.seeds:
             res = run_seed(
-                lay, seed, opts.num_ops, VllmSide(lay), PagedSide(lay),
+                lay, seed, opts.num_ops, VllmSide(lay), PagedSide(lay, release),
                 extras=opts.extras, ignore=opts.ignore, bursts=opts.bursts,
             )
             ops += res.num_ops
@@ -152,12 +155,17 @@ def record_layouts(directory: str, layouts: tuple[Layout, ...], opts: RunOptions
     return 0
 
 
-def replay_layouts(directory: str, layouts: tuple[Layout, ...], ignore: frozenset[str]) -> int:
-    """Compare pagedkv with the transcripts under ``directory``; 1 when a layout diverged
-    or its transcript is missing, stale or unreadable (one line on stderr)."""
+def replay_layouts(directory: str, layouts: tuple[Layout, ...] | None,
+                   ignore: frozenset[str]) -> int:
+    """Compare pagedkv with the transcripts under ``directory`` (``layouts`` None: every
+    layout the release they were recorded with runs); 1 when a layout diverged or its
+    transcript is missing, stale or unreadable (one line on stderr). pagedkv runs with the
+    profile of the release each transcript names (``CacheConfig.vllm_release``)."""
     if not os.path.isdir(directory):
         print(f"conformance: no transcript directory {directory!r}", file=sys.stderr)
         return 1
+    if layouts is None:
+        layouts = layouts_for(directory_release(directory))
     failed = 0
     counts: dict[str, int] = {"operations": 0}
     for lay in layouts:
@@ -181,7 +189,8 @@ def replay_layouts(directory: str, layouts: tuple[Layout, ...], ignore: frozense
         bad: list[int] = []
         first = None
         for record in transcript.seeds:
-            res = replay_seed(lay, transcript, record, PagedSide(lay), ignore)
+            side = PagedSide(lay, release_of(transcript.header.get("recorded_with", "0.33")))
+            res = replay_seed(lay, transcript, record, side, ignore)
             if res.divergence is not None:
                 bad.append(record["seed"])
                 first = first or res.divergence
@@ -194,3 +203,16 @@ def replay_layouts(directory: str, layouts: tuple[Layout, ...], ignore: frozense
         failed += first is not None
     print(_coverage_line(len(layouts), counts))
     return _verdict(failed, len(layouts))
+
+
+def directory_release(directory: str) -> str:
+    """The vLLM series the transcripts under ``directory`` were recorded with (read from
+    the first one found; "0.33" when none is readable: the replay then names the file)."""
+    for lay in LAYOUTS:
+        path = transcript_path(directory, lay)
+        if os.path.exists(path):
+            try:
+                return release_of(str(read_transcript(path).header.get("recorded_with", "")))
+            except ValueError:
+                break
+    return "0.33"

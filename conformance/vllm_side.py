@@ -72,6 +72,11 @@ class VllmSide:
         cfg = KVCacheConfig(
             num_blocks=layout.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
         )
+        lookahead = (
+            {"num_hash_lookahead_tokens": layout.num_hash_lookahead_tokens}
+            if layout.num_hash_lookahead_tokens
+            else {}
+        )
         self.mgr = KVCacheManager(
             cfg,
             max_model_len=layout.max_model_len,
@@ -82,10 +87,11 @@ class VllmSide:
             enable_kv_cache_events=True,
             watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
             max_in_flight_tokens=16,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
-            num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
+            # vLLM 0.32 has no hash lookahead (its layouts leave it out: layouts_for)
+            **lookahead,
         )
         self.hasher = get_request_block_hasher(
-            layout.hash_block_size, hash_fn, layout.num_hash_lookahead_tokens
+            layout.hash_block_size, hash_fn, *lookahead.values()
         )
         self.sp = SamplingParams(max_tokens=1 << 20)
         self.reqs: dict[str, Any] = {}

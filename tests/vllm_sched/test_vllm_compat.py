@@ -20,15 +20,74 @@ def test_a_missing_vllm_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_another_vllm_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.32.1"))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.31.1"))
     from pagedkv.vllm.compat import require_vllm
 
-    with pytest.raises(MissingDependencyError, match=r"supports vLLM 0\.33\.\*, found 0\.32\.1"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"supports vLLM 0\.32\.\* or 0\.33\.\*, found 0\.31\.1"):
         require_vllm()
 
 
-def test_importing_the_package_needs_no_vllm_and_unknown_names_fail() -> None:
-    import pagedkv.vllm
+@pytest.mark.parametrize(("version", "series"), [("0.32.0", "0.32"), ("0.33.0", "0.33"),
+                                                 ("0.33.1rc1", "0.33")])
+def test_both_releases_are_accepted_and_named(monkeypatch: pytest.MonkeyPatch, version: str,
+                                              series: str) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=version))
+    from pagedkv.vllm.compat import require_vllm
 
-    with pytest.raises(AttributeError):
-        pagedkv.vllm.NoSuchThing  # noqa: B018
+    assert require_vllm() == series
+
+
+def test_the_compatibility_table_names_every_difference() -> None:
+    from pagedkv.vllm.compat import DIFFERENCES
+
+    where = " ".join(d.where for d in DIFFERENCES)
+    for member in ("num_hash_lookahead_tokens", "max_cache_hit_length", "pop_blocks_for_free",
+                   "touch", "EAGLE junction", "mamba_cache_mode", "drop_eagle_group_ids",
+                   "aux_output_connector"):
+        assert member in where, member
+    assert all(d.in_032 and d.in_033 and d.pagedkv for d in DIFFERENCES)
+
+
+def test_the_release_profile_is_checked() -> None:
+    import pagedkv
+    from pagedkv.errors import InvalidArgumentError
+
+    spec = pagedkv.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
+    assert pagedkv.CacheConfig(groups=(spec,), num_blocks=8, max_model_len=64).vllm_release \
+        == "0.33"
+    with pytest.raises(InvalidArgumentError, match=r"vllm_release must be one of 0\.32, 0\.33"):
+        pagedkv.CacheConfig(groups=(spec,), num_blocks=8, max_model_len=64,
+                            vllm_release="0.31")
+    with pytest.raises(InvalidArgumentError, match="hash lookahead"):
+        pagedkv.CacheConfig(groups=(spec,), num_blocks=8, max_model_len=64,
+                            vllm_release="0.32", num_hash_lookahead_tokens=2)
+
+
+def test_0_32_keeps_a_sliding_window_tables_leading_nulls() -> None:
+    import pagedkv
+
+    spec = pagedkv.SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=8,
+                                     dtype_bytes=2, sliding_window=4)
+    popped = {}
+    for release in ("0.32", "0.33"):
+        mgr = pagedkv.KVCacheManager(pagedkv.CacheConfig(
+            groups=(spec,), num_blocks=12, max_model_len=256, vllm_release=release))
+        req = mgr.new_request("x", list(range(20)))
+        assert mgr.allocate_slots(req, 8) is not None
+        req.num_computed_tokens = 8
+        assert mgr.allocate_slots(req, 8) is not None  # window 4: tokens 0..4 skipped
+        assert mgr.get_block_ids("x")[0] == [0, 2, 3, 4]
+        popped[release] = mgr.pop_blocks_for_free("x")
+        mgr.release_blocks(popped[release][::-1])  # the null block is skipped
+        mgr.check_invariants()
+    assert popped == {"0.32": [0, 2, 3, 4], "0.33": [2, 3, 4]}
+
+
+def test_the_docs_print_the_compatibility_table() -> None:
+    from pathlib import Path
+
+    from pagedkv.vllm.compat import differences_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    assert differences_table() in doc

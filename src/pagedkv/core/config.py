@@ -20,7 +20,7 @@ from pagedkv.core.hashing import HASH_ALGOS
 from pagedkv.core.specs import KVCacheSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError
 
-__all__ = ["HOST_BYTES_PER_BLOCK", "CacheConfig"]
+__all__ = ["HOST_BYTES_PER_BLOCK", "VLLM_RELEASES", "CacheConfig"]
 
 #: Host memory the pool's bookkeeping takes per block (measured: ~104 bytes,
 #: benchmarks/scaling.py), rounded up.
@@ -52,6 +52,22 @@ def _check_fields(config: CacheConfig) -> None:
     if config.secret_seed is not None and type(config.secret_seed) is not bytes:
         raise InvalidArgumentError(
             f"CacheConfig.secret_seed must be bytes or None, got {config.secret_seed!r:.60}")
+
+
+#: The vLLM release series a manager can match block for block (``CacheConfig.vllm_release``).
+VLLM_RELEASES = ("0.32", "0.33")
+
+
+def _check_release(release: object, lookahead: int) -> None:
+    """``vllm_release`` names a known series, and 0.32 runs without hash lookahead."""
+    if release not in VLLM_RELEASES:
+        raise InvalidArgumentError(
+            f"CacheConfig.vllm_release must be one of {', '.join(VLLM_RELEASES)}, got "
+            f"{release!r:.40}; leave it out for the newest")
+    if release == "0.32" and lookahead:
+        raise InvalidArgumentError(
+            "num_hash_lookahead_tokens needs vllm_release='0.33' (vLLM 0.32 has no hash "
+            "lookahead); set it to 0 or use 0.33")
 
 
 class _PlanGroup(Protocol):
@@ -113,12 +129,17 @@ class CacheConfig:
     (vLLM's ``num_hash_lookahead_tokens``, for EAGLE/MTP drafters whose KV at a block's
     last position depends on the next L tokens); a block is hashed, hence cached, only once
     L more tokens are known; see :mod:`pagedkv.core.hashing_lookahead`. 0 (default): off.
+    ``vllm_release``: the vLLM release series whose manager this one matches block for
+    block (``VLLM_RELEASES``; default the newest). ``"0.32"``: no hash lookahead, and
+    :meth:`~pagedkv.KVCacheManager.pop_blocks_for_free` keeps a table's leading null
+    blocks (0.33 trims them); see ``pagedkv.vllm.compat.DIFFERENCES``.
 
     Raises:
         InvalidArgumentError: no groups, ``num_blocks`` not an int >= 2, a non-positive
             ``max_model_len``, an unknown ``hash_algo``, a ``watermark`` outside [0, 1], a
             ``max_in_flight_tokens`` that is not a positive int, a non-bool
-            ``zero_new_blocks``, or a ``num_hash_lookahead_tokens`` that is not an int >= 0.
+            ``zero_new_blocks``, a ``num_hash_lookahead_tokens`` that is not an int >= 0,
+            a ``vllm_release`` not in ``VLLM_RELEASES``, or hash lookahead under 0.32.
         ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
             ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
             machine's memory.
@@ -141,6 +162,7 @@ class CacheConfig:
     max_in_flight_tokens: int | None = None
     zero_new_blocks: bool | None = None
     num_hash_lookahead_tokens: int = 0
+    vllm_release: str = "0.33"
     observe: ComponentSpec | None = None
     host_tier: ComponentSpec | None = None
     components: tuple[ComponentSpec, ...] = ()
@@ -152,6 +174,7 @@ class CacheConfig:
                 f"num_hash_lookahead_tokens must be an int >= 0, got "
                 f"{self.num_hash_lookahead_tokens!r}; 0 turns hash lookahead off"
             )
+        _check_release(self.vllm_release, self.num_hash_lookahead_tokens)
         if not self.groups:
             raise InvalidArgumentError("CacheConfig.groups needs at least one layer spec")
         _check_fields(self)

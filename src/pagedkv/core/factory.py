@@ -100,6 +100,9 @@ def build_parts(config: CacheConfig) -> ManagerParts:
     ]
     if lookahead:
         apply_to_managers(managers, lookahead)
+    if config.vllm_release == "0.32":
+        for m in managers:
+            m.keep_null_head = True
     zero = config.zero_new_blocks
     if zero is None:
         zero = any(s.zeroes_kv_by_default for s in specs)

@@ -21,6 +21,9 @@ def register() -> None:
     """The plugin function vLLM calls (idempotent)."""
     if os.environ.get(ENV_VAR, "") not in ("1", "true", "yes"):
         return
+    from pagedkv.vllm.compat import require_vllm
+
+    require_vllm()
     from vllm.config.scheduler import SchedulerConfig
 
     original = SchedulerConfig.get_scheduler_cls

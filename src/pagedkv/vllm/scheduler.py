@@ -1,4 +1,4 @@
-"""vLLM 0.33's own schedulers with pagedkv as their KV-cache manager.
+"""vLLM's own schedulers (0.32 or 0.33) with pagedkv as their KV-cache manager.
 
 ``--scheduler-cls pagedkv.vllm.PagedKVScheduler`` (``PagedKVAsyncScheduler`` with
 ``--async-scheduling``), or ``SchedulerConfig(scheduler_cls=...)``. After vLLM's own
@@ -13,6 +13,10 @@ through ``extra_args``, :mod:`pagedkv.vllm.extras`), ``"observe": {ObserveConfig
 fields}`` (miss attribution, residency) and ``"metrics_port": N`` (pagedkv's Prometheus
 metrics on 127.0.0.1:N). They are reached as ``scheduler.kv_cache_manager.pagedkv``
 (and ``.exporter``).
+
+The running vLLM's release is checked once, when this module is imported, and picks the
+core's profile (``CacheConfig(vllm_release=...)``) and the release's constructor
+arguments (:data:`pagedkv.vllm.compat.DIFFERENCES`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from pagedkv.vllm.compat import require_vllm
 from pagedkv.vllm.layout import refuse
 from pagedkv.vllm.manager import VLLMKVCacheManager
 
-__all__ = ["PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
+__all__ = ["VLLM_RELEASE", "PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
+
+#: The running vLLM's release series, checked once at import (``"0.32"`` or ``"0.33"``).
+VLLM_RELEASE = require_vllm()
 
 
 def _feature_fields(vllm_config: Any) -> dict[str, Any]:
@@ -78,6 +86,24 @@ def _check_options(s: Any) -> None:
                      "hybrid model")
     if s.has_mamba_layers and s.connector is not None:
         raise refuse("a KV connector on a Mamba hybrid model (boundary-state offloads)")
+    _check_retention_interval(s)
+
+
+def _check_retention_interval(s: Any) -> None:
+    """vLLM's sparse prefix-cache retention (``prefix_cache_retention_interval``, 0 by
+    default in ``CacheConfig``; the planner copies it into the ``KVCacheConfig``) keeps a
+    sliding-window or Mamba group's blocks cached only at chosen boundaries; pagedkv keeps
+    them densely (``None``), so it refuses the sparse setting on such a model."""
+    interval = getattr(s.kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None or not s.cache_config.enable_prefix_caching:
+        return
+    kinds = {type(g.kv_cache_spec).__name__ for g in s.kv_cache_config.kv_cache_groups}
+    sparse = sorted(k for k in kinds if "SlidingWindow" in k or "Mamba" in k)
+    if sparse:
+        raise refuse(f"sparse prefix-cache retention (prefix_cache_retention_interval="
+                     f"{interval}) on {', '.join(sparse)} groups: start vLLM with "
+                     "--prefix-cache-retention-interval None (dense retention, which "
+                     "pagedkv runs exactly)")
 
 
 def install_pagedkv(s: Any) -> VLLMKVCacheManager:
@@ -92,9 +118,11 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
     fields: dict[str, Any] = dict(
         hash_block_size=s.hash_block_size,
         max_in_flight_tokens=cfg.max_in_flight_tokens,
-        num_hash_lookahead_tokens=s.num_hash_lookahead_tokens,
         drop_last_hit=bool(s.use_eagle_block_drop),
+        vllm_release=VLLM_RELEASE,
     )
+    if VLLM_RELEASE != "0.32":
+        fields["num_hash_lookahead_tokens"] = s.num_hash_lookahead_tokens
     if s.hash_block_size == s.block_size:
         del fields["hash_block_size"]
     fields.update(_feature_fields(cfg))
@@ -109,7 +137,8 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
     s.kv_cache_manager = mgr
     if s.connector is not None:
         s.connector.bind_kv_cache_manager(mgr)
-    if s.aux_output_connector is not None:
+    if s.aux_output_connector is not None and VLLM_RELEASE != "0.32":
+        # 0.33 builds it over the manager (0.32's takes no arguments: kept as built).
         from vllm.distributed.aux_output_connector.connector import (
             AuxOutputSchedulerConnector,
         )
@@ -123,7 +152,7 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
 
 
 class PagedKVScheduler(Scheduler):  # type: ignore[misc]
-    """vLLM 0.33's ``Scheduler`` with pagedkv as its KV-cache manager (module docstring)."""
+    """vLLM's ``Scheduler`` with pagedkv as its KV-cache manager (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -131,7 +160,7 @@ class PagedKVScheduler(Scheduler):  # type: ignore[misc]
 
 
 class PagedKVAsyncScheduler(AsyncScheduler):  # type: ignore[misc]
-    """vLLM 0.33's ``AsyncScheduler`` with pagedkv as its KV-cache manager."""
+    """vLLM's ``AsyncScheduler`` with pagedkv as its KV-cache manager."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

