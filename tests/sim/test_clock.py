@@ -369,7 +369,6 @@ def test_published_point(point: object) -> None:
 #: Points the zero-fit clock misses (docs/simulator.md, "Validation"): relative error.
 MISSES = {
     "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.203,
-    "Mistral-7B RTX 4090 c=16 mean TTFT": -0.565,
     "Qwen3-8B H100 ShareGPT c=4 mean TTFT": -0.680,
     "Llama-3.1-70B FP8 TP4 H100 median TPOT": -0.323,
 }
@@ -465,3 +464,22 @@ def test_bad_clock_input_is_one_line_exit_1_nothing_written(
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert words in lines[0], lines[0]
     assert not any(work.iterdir())  # nothing written (no calibration file, no plots)
+
+
+def test_eos_lengths_keep_the_published_mean_under_the_cap() -> None:
+    """Answers that stop at EOS or at the cap: the mean asked for, none over the cap, the
+    same lengths on every call; a run with such lengths starts its streams together, as
+    ``vllm bench serve --max-concurrency`` does."""
+    from pagedkv.sim.clock.validation import Run, closed_loop, eos_lengths
+
+    lengths = eos_lengths(256, 128, 100.5, 300)
+    outs = [o for _, o in lengths]
+    assert sum(outs) / len(outs) == pytest.approx(100.5, rel=0.02)
+    assert max(outs) == 128 and min(outs) >= 1 and len(set(outs)) > 20
+    assert lengths == eos_lengths(256, 128, 100.5, 300)
+    assert all(i == 256 for i, _ in lengths)
+    run = Run(model="Mistral-7B-v0.1", gpu="H100-SXM", input_tokens=256, output_tokens=128,
+              lengths=lengths, concurrency=4, num_requests=12)
+    wl = closed_loop(run)
+    assert [r.arrival_s for r in wl.requests[:4]] == [0.0] * 4
+    assert [r.parent for r in wl.requests[4:8]] == [0, 1, 2, 3]
