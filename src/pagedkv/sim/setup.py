@@ -219,6 +219,10 @@ def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
                       ("--kv-events-endpoint", bool(v["kv_events_endpoint"]))):
         if bad:
             raise InvalidArgumentError(f"{flag} does not apply to --replicas; drop one of them")
+    for flag, bad in (("--explain-misses", v["explain_misses"]),
+                      ("--metrics-port", v["metrics_port"] is not None)):
+        if bad:  # one attribution per engine: not merged over replicas yet
+            raise InvalidArgumentError(f"{flag} observes one engine; drop --replicas")
     return ReplicaOptions(replicas=v["replicas"], router=v["router"] or "compare")
 
 
@@ -317,9 +321,9 @@ def _host(v: dict[str, Any]) -> HostMemoryConfig | None:
             if v[dest] not in (None, False):
                 raise InvalidArgumentError(f"{_flag(dest)} needs --host-memory")
         return None
-    if v["replicas"] is not None:
-        raise InvalidArgumentError("--host-memory is simulated for one replica; drop "
-                                   "--replicas")
+    if v["replicas"] is not None and len(sizes) > 1:
+        raise InvalidArgumentError("--replicas gives each replica one host tier: give "
+                                   "--host-memory one size")
     if v["find_capacity"]:
         raise InvalidArgumentError("--find-capacity searches device memory without a host "
                                    "tier; drop --host-memory")
