@@ -23,7 +23,7 @@ from pagedkv.sim.clock.calibrate import fit_constants, synthetic_measurements
 from pagedkv.sim.clock.constants import CONSTANT_SETS, FITTED, load_constants
 from pagedkv.sim.clock.measured import Measured, load_measured
 from pagedkv.sim.clock.replay import ReplaySetup
-from pagedkv.sim.clock.validation import POINTS, simulate_point
+from pagedkv.sim.clock.validation import POINTS, Point, simulate_point
 from pagedkv.sim.scheduler import StepTimeModel
 
 
@@ -354,16 +354,71 @@ def test_calibrate_cli_round_trip(tmp_path: Path) -> None:
 def test_published_point(point: object) -> None:
     """Each published measurement is met within its tolerance, or is a recorded miss
     (docs/simulator.md keeps it in the table with its error) that must not drift."""
-    from pagedkv.sim.clock.validation import Point
-
     assert isinstance(point, Point)
-    sim = simulate_point(point)
+    sim = _simulated(point)
     err = (sim - point.measured) / point.measured
     recorded = MISSES.get(point.name)
     if recorded is None:
         assert abs(err) <= point.tolerance, f"{point.name}: {100 * err:+.1f} %"
     else:
         assert err == pytest.approx(recorded, abs=0.02), f"{point.name}: {100 * err:+.1f} %"
+
+
+_SIMULATED: dict[str, float] = {}
+
+
+def _simulated(point: Point) -> float:
+    """``simulate_point(point)``, once per test session (the docs' table reuses it)."""
+    if point.name not in _SIMULATED:
+        _SIMULATED[point.name] = simulate_point(point)
+    return _SIMULATED[point.name]
+
+
+def _table_rows() -> list[list[str]]:
+    """docs/simulator.md's validation table: one list of cells per point row."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text(
+        encoding="utf-8")
+    head = text.index("| point | source | measured | zero-fit |")
+    rows = []
+    for line in text[head:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace("*", "").replace("(miss)", "").replace("%", "")
+                 .replace("−", "-").replace(",", "").strip())
+
+
+def test_validation_table_in_the_docs_is_current() -> None:
+    """Every zero-fit figure and error docs/simulator.md's validation table shows is what
+    the replay gives now (to the digits shown), and so are the mean errors under it."""
+    rows = _table_rows()
+    assert len(rows) == len(POINTS)
+    errors = []
+    for row, point in zip(rows, POINTS, strict=True):
+        sim = _simulated(point)
+        err = 100 * (sim - point.measured) / point.measured
+        errors.append(abs(err))
+        shown, shown_err = _number(row[3]), _number(row[4])
+        digits = len(row[3].split(".")[1]) if "." in row[3] else 0
+        assert abs(shown - sim) <= 0.51 * 10 ** -digits, (point.name, shown, sim)
+        assert abs(shown_err - err) <= 0.051, (point.name, shown_err, err)
+        assert "miss" in row[4] if point.name in MISSES else "miss" not in row[4]
+    ttft = [e for e, p in zip(errors, POINTS, strict=True) if p.metric == "ttft_ms"]
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "simulator.md")
+                    .read_text(encoding="utf-8").split())
+    assert (f"Mean absolute error: {sum(errors) / len(errors):.1f} % over the "
+            f"{len(POINTS)} points with the zero-fit defaults") in text
+    assert f"over the TTFT points: {sum(ttft) / len(ttft):.1f} %" in text
+    moe = [e for e, p in zip(errors, POINTS, strict=True)
+           if "Mixtral" in p.name or "A22B" in p.name]
+    dense = [e for e, p in zip(errors, POINTS, strict=True) if p.metric != "ttft_ms"
+             and "Mixtral" not in p.name and "A22B" not in p.name]
+    assert f"dense models: {sum(dense) / len(dense):.1f} %" in text
+    assert f"over the two MoEs (five points): {sum(moe) / len(moe):.1f} %" in text
 
 
 #: Points the zero-fit clock misses (docs/simulator.md, "Validation"): relative error.
