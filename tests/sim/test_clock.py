@@ -466,6 +466,16 @@ def test_70b_a100_and_h100_differ_and_say_why() -> None:
         assert proc.returncode == 0, proc.stderr
         out[gpu] = json.loads(proc.stdout)
     a, h = out["A100-80GB"], out["H100"]
+    # docs/simulator.md ("A 70B on A100 vs H100") shows these figures of these runs
+    lat = [(r["latency_s"]["ttft_s"]["p50"], 1e3 * r["latency_s"]["tpot_s"]["p50"],
+            r["output_tokens_per_s"], 1e3 * r["clock"]["decode_step_s"]) for r in (a, h)]
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "simulator.md")
+                   .read_text(encoding="utf-8").split())
+    assert (f"TTFT p50 {lat[0][0]:.1f} s vs {lat[1][0]:.1f} s, TPOT p50 {lat[0][1]:.0f} ms "
+            f"vs {lat[1][1]:.0f} ms, {lat[0][2]:.0f} vs {lat[1][2]:.0f} output tokens/s"
+            ) in doc
+    assert f"a decode step of {lat[0][3]:.1f} / {lat[1][3]:.1f} ms" in doc
+    assert a["clock"]["dominant"] == h["clock"]["dominant"] == "compute"
     assert h["latency_s"]["ttft_s"]["p50"] < a["latency_s"]["ttft_s"]["p50"]
     assert h["latency_s"]["tpot_s"]["p50"] < a["latency_s"]["tpot_s"]["p50"]
     for rep, name in ((a, "A100-80GB"), (h, "H100-SXM")):
