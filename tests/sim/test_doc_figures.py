@@ -30,3 +30,13 @@ def test_host_tier_device_only_row_is_the_linear_clock_run() -> None:
     assert row.group(2) == f"{1e3 * ttft['p50']:,.0f}"
     assert row.group(3) == f"{1e3 * ttft['p99']:,.0f}"
     assert row.group(4) == f"{run['preemptions']:,}"
+
+
+def test_host_tier_default_clock_figures_are_the_default_run() -> None:
+    # the sentence under the table: the same device-only run on the default clock
+    text = " ".join((DOCS / "host_tier.md").read_text(encoding="utf-8").split())
+    run = _sim_json("--no-find-capacity")
+    shown = (f"the default clock gives the device-only run TTFT p50 "
+             f"{run['latency_s']['ttft_s']['p50']:.0f} s and {run['preemptions']:,} "
+             "preemptions")
+    assert shown in text
