@@ -7,16 +7,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _sim_json(*args: str) -> dict:
+def _sim_json(*args: str) -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-m", "pagedkv", "simulate", *args, "--json",
                         "--no-plots", "--no-progress", "--no-bounds"], capture_output=True,
                        text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
+    out: dict[str, Any] = json.loads(p.stdout)
+    return out
 
 
 def test_host_tier_device_only_row_is_the_linear_clock_run() -> None:
