@@ -219,10 +219,6 @@ def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
                       ("--kv-events-endpoint", bool(v["kv_events_endpoint"]))):
         if bad:
             raise InvalidArgumentError(f"{flag} does not apply to --replicas; drop one of them")
-    for flag, bad in (("--explain-misses", v["explain_misses"]),
-                      ("--metrics-port", v["metrics_port"] is not None)):
-        if bad:  # one attribution per engine: not merged over replicas yet
-            raise InvalidArgumentError(f"{flag} observes one engine; drop --replicas")
     return ReplicaOptions(replicas=v["replicas"], router=v["router"] or "compare")
 
 
