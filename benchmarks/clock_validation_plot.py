@@ -42,14 +42,13 @@ def main() -> None:
     h2, l2 = ax1b.get_legend_handles_labels()
     ax1.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
     cs2 = sorted(rtx)
-    sims2 = [simulate_run(replace(rtx_run, concurrency=c, num_requests=max(2 * c, 60)))
-             for c in cs2]
+    sims2 = [simulate_run(replace(rtx_run, concurrency=c)) for c in cs2]
     ax2.plot(cs2, [s["output_tok_s"] for s in sims2], "o-", label="simulated")
     ax2.plot(cs2, [rtx[c] for c in cs2], "s", color="C3", markersize=8, label="measured")
     ax2.set_xscale("log", base=2)
     ax2.set_xlabel("concurrency")
     ax2.set_ylabel("output tokens/s")
-    ax2.set_title("Mistral-7B BF16, RTX 4090 (JSON spec), 256 in / 128 out")
+    ax2.set_title("Mistral-7B BF16, RTX 4090 (JSON spec), 300 x 256 in / <= 128 out")
     ax2b = ax2.twinx()
     ax2b.plot(cs2, [s["tpot_ms"] for s in sims2], "^--", color="C2", label="simulated TPOT")
     ax2b.set_ylabel("simulated TPOT (ms)")

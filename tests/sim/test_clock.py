@@ -23,7 +23,7 @@ from pagedkv.sim.clock.calibrate import fit_constants, synthetic_measurements
 from pagedkv.sim.clock.constants import CONSTANT_SETS, FITTED, load_constants
 from pagedkv.sim.clock.measured import Measured, load_measured
 from pagedkv.sim.clock.replay import ReplaySetup
-from pagedkv.sim.clock.validation import POINTS, simulate_point
+from pagedkv.sim.clock.validation import POINTS, Point, simulate_point
 from pagedkv.sim.scheduler import StepTimeModel
 
 
@@ -354,10 +354,8 @@ def test_calibrate_cli_round_trip(tmp_path: Path) -> None:
 def test_published_point(point: object) -> None:
     """Each published measurement is met within its tolerance, or is a recorded miss
     (docs/simulator.md keeps it in the table with its error) that must not drift."""
-    from pagedkv.sim.clock.validation import Point
-
     assert isinstance(point, Point)
-    sim = simulate_point(point)
+    sim = _simulated(point)
     err = (sim - point.measured) / point.measured
     recorded = MISSES.get(point.name)
     if recorded is None:
@@ -366,10 +364,66 @@ def test_published_point(point: object) -> None:
         assert err == pytest.approx(recorded, abs=0.02), f"{point.name}: {100 * err:+.1f} %"
 
 
+_SIMULATED: dict[str, float] = {}
+
+
+def _simulated(point: Point) -> float:
+    """``simulate_point(point)``, once per test session (the docs' table reuses it)."""
+    if point.name not in _SIMULATED:
+        _SIMULATED[point.name] = simulate_point(point)
+    return _SIMULATED[point.name]
+
+
+def _table_rows() -> list[list[str]]:
+    """docs/simulator.md's validation table: one list of cells per point row."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text(
+        encoding="utf-8")
+    head = text.index("| point | source | measured | zero-fit |")
+    rows = []
+    for line in text[head:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace("*", "").replace("(miss)", "").replace("%", "")
+                 .replace("−", "-").replace(",", "").strip())
+
+
+def test_validation_table_in_the_docs_is_current() -> None:
+    """Every zero-fit figure and error docs/simulator.md's validation table shows is what
+    the replay gives now (to the digits shown), and so are the mean errors under it."""
+    rows = _table_rows()
+    assert len(rows) == len(POINTS)
+    errors = []
+    for row, point in zip(rows, POINTS, strict=True):
+        sim = _simulated(point)
+        err = 100 * (sim - point.measured) / point.measured
+        errors.append(abs(err))
+        shown, shown_err = _number(row[3]), _number(row[4])
+        digits = len(row[3].split(".")[1]) if "." in row[3] else 0
+        assert abs(shown - sim) <= 0.51 * 10 ** -digits, (point.name, shown, sim)
+        assert abs(shown_err - err) <= 0.051, (point.name, shown_err, err)
+        assert "miss" in row[4] if point.name in MISSES else "miss" not in row[4]
+    ttft = [e for e, p in zip(errors, POINTS, strict=True) if p.metric == "ttft_ms"]
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "simulator.md")
+                    .read_text(encoding="utf-8").split())
+    assert (f"Mean absolute error: {sum(errors) / len(errors):.1f} % over the "
+            f"{len(POINTS)} points with the zero-fit defaults") in text
+    assert f"over the TTFT points: {sum(ttft) / len(ttft):.1f} %" in text
+    moe = [e for e, p in zip(errors, POINTS, strict=True)
+           if "Mixtral" in p.name or "A22B" in p.name]
+    dense = [e for e, p in zip(errors, POINTS, strict=True) if p.metric != "ttft_ms"
+             and "Mixtral" not in p.name and "A22B" not in p.name]
+    assert f"dense models: {sum(dense) / len(dense):.1f} %" in text
+    assert f"over the two MoEs (five points): {sum(moe) / len(moe):.1f} %" in text
+
+
 #: Points the zero-fit clock misses (docs/simulator.md, "Validation"): relative error.
 MISSES = {
     "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.203,
-    "Mistral-7B RTX 4090 c=16 mean TTFT": -0.565,
     "Qwen3-8B H100 ShareGPT c=4 mean TTFT": -0.680,
     "Llama-3.1-70B FP8 TP4 H100 median TPOT": -0.323,
 }
@@ -412,6 +466,16 @@ def test_70b_a100_and_h100_differ_and_say_why() -> None:
         assert proc.returncode == 0, proc.stderr
         out[gpu] = json.loads(proc.stdout)
     a, h = out["A100-80GB"], out["H100"]
+    # docs/simulator.md ("A 70B on A100 vs H100") shows these figures of these runs
+    lat = [(r["latency_s"]["ttft_s"]["p50"], 1e3 * r["latency_s"]["tpot_s"]["p50"],
+            r["output_tokens_per_s"], 1e3 * r["clock"]["decode_step_s"]) for r in (a, h)]
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "simulator.md")
+                   .read_text(encoding="utf-8").split())
+    assert (f"TTFT p50 {lat[0][0]:.1f} s vs {lat[1][0]:.1f} s, TPOT p50 {lat[0][1]:.0f} ms "
+            f"vs {lat[1][1]:.0f} ms, {lat[0][2]:.0f} vs {lat[1][2]:.0f} output tokens/s"
+            ) in doc
+    assert f"a decode step of {lat[0][3]:.1f} / {lat[1][3]:.1f} ms" in doc
+    assert a["clock"]["dominant"] == h["clock"]["dominant"] == "compute"
     assert h["latency_s"]["ttft_s"]["p50"] < a["latency_s"]["ttft_s"]["p50"]
     assert h["latency_s"]["tpot_s"]["p50"] < a["latency_s"]["tpot_s"]["p50"]
     for rep, name in ((a, "A100-80GB"), (h, "H100-SXM")):
@@ -467,3 +531,22 @@ def test_bad_clock_input_is_one_line_exit_1_nothing_written(
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert words in lines[0], lines[0]
     assert not any(work.iterdir())  # nothing written (no calibration file, no plots)
+
+
+def test_eos_lengths_keep_the_published_mean_under_the_cap() -> None:
+    """Answers that stop at EOS or at the cap: the mean asked for, none over the cap, the
+    same lengths on every call; a run with such lengths starts its streams together, as
+    ``vllm bench serve --max-concurrency`` does."""
+    from pagedkv.sim.clock.validation import Run, closed_loop, eos_lengths
+
+    lengths = eos_lengths(256, 128, 100.5, 300)
+    outs = [o for _, o in lengths]
+    assert sum(outs) / len(outs) == pytest.approx(100.5, rel=0.02)
+    assert max(outs) == 128 and min(outs) >= 1 and len(set(outs)) > 20
+    assert lengths == eos_lengths(256, 128, 100.5, 300)
+    assert all(i == 256 for i, _ in lengths)
+    run = Run(model="Mistral-7B-v0.1", gpu="H100-SXM", input_tokens=256, output_tokens=128,
+              lengths=lengths, concurrency=4, num_requests=12)
+    wl = closed_loop(run)
+    assert [r.arrival_s for r in wl.requests[:4]] == [0.0] * 4
+    assert [r.parent for r in wl.requests[4:8]] == [0, 1, 2, 3]

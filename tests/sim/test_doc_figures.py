@@ -7,16 +7,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _sim_json(*args: str) -> dict:
+def _sim_json(*args: str) -> dict[str, Any]:
     p = subprocess.run([sys.executable, "-m", "pagedkv", "simulate", *args, "--json",
                         "--no-plots", "--no-progress", "--no-bounds"], capture_output=True,
                        text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
     assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
+    out: dict[str, Any] = json.loads(p.stdout)
+    return out
 
 
 def test_host_tier_device_only_row_is_the_linear_clock_run() -> None:
@@ -30,3 +32,13 @@ def test_host_tier_device_only_row_is_the_linear_clock_run() -> None:
     assert row.group(2) == f"{1e3 * ttft['p50']:,.0f}"
     assert row.group(3) == f"{1e3 * ttft['p99']:,.0f}"
     assert row.group(4) == f"{run['preemptions']:,}"
+
+
+def test_host_tier_default_clock_figures_are_the_default_run() -> None:
+    # the sentence under the table: the same device-only run on the default clock
+    text = " ".join((DOCS / "host_tier.md").read_text(encoding="utf-8").split())
+    run = _sim_json("--no-find-capacity")
+    shown = (f"the default clock gives the device-only run TTFT p50 "
+             f"{run['latency_s']['ttft_s']['p50']:.0f} s and {run['preemptions']:,} "
+             "preemptions")
+    assert shown in text

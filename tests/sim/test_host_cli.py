@@ -99,7 +99,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("policy alone", ["--host-write-policy", "write-through"], 1, "needs --host-memory"),
     ("baseline alone", ["--no-host-baseline"], 1, "needs --host-memory"),
     ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
-    ("replicas", ["--host-memory", "1GiB", "--replicas", "2"], 1, "one replica"),
+    ("replicas", ["--host-memory", "1GiB,2GiB", "--replicas", "2"], 1, "one size"),
     ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
 ]
 

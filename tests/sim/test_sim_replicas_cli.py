@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 GEN = ["--generator", "system-prompts", "--groups", "2", "--per-group", "4",
        "--num-blocks", "500", "--no-plots", "--no-progress"]
 
@@ -30,16 +32,22 @@ def test_replicas_bad_values_are_one_line() -> None:
     assert p.returncode == 1 and "--replicas" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_one_replica_equals_the_single_engine() -> None:
+@pytest.mark.parametrize("feature", [[], ["--host-memory", "8GiB"]],
+                         ids=["device-only", "host-tier"])
+def test_one_replica_equals_the_single_engine(feature: list[str]) -> None:
     # The bundled default (its first 300 requests, the planner's capacity, the roofline
-    # clock): --replicas 1 --router round-robin is the same replay, every figure equal.
-    trace = ["--limit", "300", "--no-plots", "--no-progress", "--no-bounds", "--json"]
+    # clock): --replicas 1 --router round-robin is the same replay, every figure equal,
+    # with a feature too (each replica's engine gets it as simulate's does)
+    trace = ["--limit", "300", "--no-plots", "--no-progress", "--no-bounds", "--json",
+             *feature]
     one = _sim(*trace)
     rep = _sim(*trace, "--replicas", "1", "--router", "round-robin")
     assert one.returncode == 0 and rep.returncode == 0, (one.stderr, rep.stderr)
     engine = json.loads(one.stdout)
     (result,) = json.loads(rep.stdout)["results"]
     assert engine["preemptions"] > 0
+    if feature:  # the tier is used: blocks come back from host memory
+        assert engine["host_tier"]["loads"] > 0
     assert result["num_preemptions"] == engine["preemptions"]
     assert result["num_rejected"] == engine["rejected_requests"]
     assert result["hit_rate"] == engine["hit_rate"]
@@ -58,3 +66,14 @@ def test_one_replica_table_wording() -> None:
     assert p.returncode == 0, p.stderr
     assert "over 1 replica, each the engine" in p.stdout and "1 replicas" not in p.stdout
     assert "TTFT mean" in p.stdout
+
+
+def test_replicas_refuse_what_one_engine_owns() -> None:
+    # one events endpoint, and a host-memory sweep, belong to one engine: one line each
+    for args, words in ((["--host-memory", "1GiB,2GiB"], "one size"),
+                        (["--kv-events-endpoint", "tcp://127.0.0.1:5557"],
+                         "--kv-events-endpoint"),
+                        (["--explain-misses"], "--explain-misses observes one engine")):
+        p = _sim(*GEN, "--replicas", "2", *args)
+        assert p.returncode == 1 and words in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1

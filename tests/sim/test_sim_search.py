@@ -14,7 +14,7 @@ import pytest
 from pagedkv import InvalidArgumentError
 from pagedkv.sim import system_prompts
 from pagedkv.sim.search import parse_seconds, reproducing_args
-from pagedkv.sim.summary import FIND_CAPACITY_ADVICE
+from pagedkv.sim.summary import FIND_CAPACITY_ADVICE, SEARCHED_ADVICE
 from pagedkv.sweep.capacity import Deployment, alone_ttft_p99_s, find_deployment
 from pagedkv.sweep.point import run_point
 from pagedkv.sweep.rows import Slo
@@ -76,7 +76,15 @@ def test_every_advice_is_a_command_that_answers(args: list[str], limit: str) -> 
     p = _sim(*args, "--no-plots", "--no-bounds", "--no-progress")
     assert p.returncode == 0, p.stderr
     text = " ".join(p.stdout.split())
-    assert limit in text and FIND_CAPACITY_ADVICE in text
+    # the bundled default searches by itself: its verdict points to the answer below it,
+    # not to a command still to run
+    searched = "cheapest deployment meeting" in text or "no deployment meets" in text
+    assert searched == (args == HEAD)
+    advice = SEARCHED_ADVICE if searched else FIND_CAPACITY_ADVICE
+    assert limit in text and advice in text
+    assert (FIND_CAPACITY_ADVICE in text) != searched
+    if searched:
+        assert text.index(advice) < text.index("find capacity (")
     (line,) = [x for x in p.stdout.splitlines() if x.startswith("next: ")]
     answer = _run_command(line.removeprefix("next: ") + " --no-progress")
     assert answer.returncode == 0, answer.stderr

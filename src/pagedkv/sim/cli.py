@@ -28,7 +28,7 @@ from pagedkv.sim.replicas_cli import run_replicas_cli
 from pagedkv.sim.report import ProgressReporter, print_report
 from pagedkv.sim.search import reproducing_args, search_deployment
 from pagedkv.sim.setup import CalibrateRequest, SimulateRequest, simulate_request
-from pagedkv.sim.summary import SimReport
+from pagedkv.sim.summary import SimReport, searched
 
 if TYPE_CHECKING:
     from pagedkv.sweep.capacity import CapacityAnswer
@@ -79,6 +79,7 @@ def main_run(args: argparse.Namespace) -> int:
                 wl, vars(args), ttft_p99_s=request.ttft_p99_target_s or 2.0,
                 tpot_p99_s=request.tpot_p99_target_s or 0.1,
                 log=None if not out.progress else lambda s: print(s, file=sys.stderr))
+            report = searched(report)
     except BaseException:
         if observing is not None:
             observing.close()

@@ -330,9 +330,9 @@ def _host(v: dict[str, Any]) -> HostMemoryConfig | None:
             if v[dest] not in (None, False):
                 raise InvalidArgumentError(f"{_flag(dest)} needs --host-memory")
         return None
-    if v["replicas"] is not None:
-        raise InvalidArgumentError("--host-memory is simulated for one replica; drop "
-                                   "--replicas")
+    if v["replicas"] is not None and len(sizes) > 1:
+        raise InvalidArgumentError("--replicas gives each replica one host tier: give "
+                                   "--host-memory one size")
     if v["find_capacity"]:
         raise InvalidArgumentError("--find-capacity searches device memory without a host "
                                    "tier; drop --host-memory")

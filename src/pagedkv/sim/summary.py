@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pagedkv.sim.bounds import BoundResult
@@ -39,6 +39,7 @@ __all__ = [
     "Verdict",
     "build_report",
     "judge",
+    "searched",
 ]
 
 #: Queue delay p99 above this (seconds) counts as saturated.
@@ -48,6 +49,9 @@ IDLE_USAGE = 0.3
 #: The end of every verdict advice: the CLI prints the command after it (``next:``).
 FIND_CAPACITY_ADVICE = ("the next command searches the cheapest GPU, TP and replica count "
                         "meeting TTFT p99 2 s and TPOT p99 100 ms.")
+#: The same end when the run has already searched and prints the answer under the verdict.
+SEARCHED_ADVICE = ("the search below names the cheapest GPU, TP and replica count meeting "
+                   "TTFT p99 2 s and TPOT p99 100 ms (next: repeats it).")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,3 +323,13 @@ def build_report(
                                for a, b, r in result.hit_rate_windows(num_windows)),
         wall_s=result.wall_s, engine=engine, verdict=verdict, sweep=sweep, result=result,
     )
+
+
+def searched(report: SimReport) -> SimReport:
+    """``report`` with its verdict's advice pointing to the search printed under it
+    (:data:`SEARCHED_ADVICE`) instead of to the next command."""
+    v = report.verdict
+    if v is None or FIND_CAPACITY_ADVICE not in v.advice:
+        return report
+    return replace(report, verdict=replace(
+        v, advice=v.advice.replace(FIND_CAPACITY_ADVICE, SEARCHED_ADVICE)))

@@ -5,10 +5,12 @@ A measured benchmark ran its requests as ``C`` closed-loop streams (``vllm bench
 when the previous one finished) or all at once (request rate "inf"). The replay runs the
 same requests, in the file's order, the same way through the simulator's engine — its
 scheduler, chunked prefill, token budget and the roofline clock — and reads each
-request's simulated TTFT and TPOT back. Streams start spread over one request's life (a
-real benchmark's streams drift apart; simulated ones would stay in lockstep and prefill
-together). A :class:`~pagedkv.sim.clock.measured.Measured` that stands for ``count``
-identical requests (an aggregate-only result file) is replayed as that many.
+request's simulated TTFT and TPOT back. Streams start together, as the benchmark starts
+them, and answers of different lengths spread them; streams of identical requests start
+spread over one request's life instead (a real benchmark's streams drift apart; simulated
+ones would stay in lockstep and prefill together). A
+:class:`~pagedkv.sim.clock.measured.Measured` that stands for ``count`` identical requests
+(an aggregate-only result file) is replayed as that many.
 
 Worked case: two streams of one request each (so both start at once and prefill in
 one step), Llama-3.1-8B on an H100::
@@ -88,7 +90,8 @@ def _replay_group(group: Sequence[Measured], concurrency: int, setup: ReplaySetu
     wl = _workload(lengths, streams, stagger_s=0.0)
     clock = RooflineStepModel.build(model_shape(setup.model, tp=setup.tp), setup.gpu,
                                     constants, typical_context_tokens=typical_context(wl))
-    if streams < len(lengths):  # closed loop: spread the streams over one request's life
+    if streams < len(lengths) and len(set(lengths)) == 1:
+        # closed loop of identical requests: spread the streams over one request's life
         mean_out = sum(o for _, o in lengths) / len(lengths)
         life_s = mean_out * clock.step_time_s(0, streams)
         wl = _workload(lengths, streams, stagger_s=life_s / streams)

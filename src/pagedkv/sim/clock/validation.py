@@ -12,6 +12,7 @@ the previous one of its stream finishes), or everything at once (MLPerf offline)
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "Point",
     "Run",
     "closed_loop",
+    "eos_lengths",
     "setup_key",
     "simulate_point",
     "simulate_run",
@@ -112,9 +114,33 @@ def _a100(c: int) -> Run:
                concurrency=c, num_requests=20 * c)
 
 
+def eos_lengths(input_tokens: int, max_output: int, mean_output: float,
+                count: int) -> tuple[tuple[int, int], ...]:
+    """``count`` (input, output) lengths of requests that stop at the model's end of
+    sequence or at ``max_output`` (a benchmark without ``--ignore-eos``): each token ends
+    the answer with one fixed probability, the one that makes the capped mean
+    ``mean_output``; request ``i`` takes the quantile ``(i + 0.5) x 0.618... mod 1``
+    (spread over the distribution, the same on every run)."""
+    lo, hi = 1e-9, 1.0 - 1e-9
+    for _ in range(100):  # the capped mean (1 - (1 - p)^max) / p falls as p grows
+        p = (lo + hi) / 2
+        lo, hi = (p, hi) if (1 - (1 - p) ** max_output) / p > mean_output else (lo, p)
+    out = []
+    for i in range(count):
+        q = ((i + 0.5) * 0.6180339887498949) % 1.0
+        n = math.ceil(math.log1p(-q) / math.log1p(-p))
+        out.append((input_tokens, min(max_output, max(1, n))))
+    return tuple(out)
+
+
+#: [3]'s run: 300 random prompts, 256 in, at most 128 out; its table's output tokens/s over
+#: requests/s gives 100.5 output tokens a request (210 / 2.09): answers end at EOS.
+_RTX_LENGTHS = eos_lengths(256, 128, 100.5, 300)
+
+
 def _rtx(c: int) -> Run:
     return Run(model="Mistral-7B-v0.1", gpu=RTX_4090, input_tokens=256, output_tokens=128,
-               concurrency=c, num_requests=max(2 * c, 60))
+               lengths=_RTX_LENGTHS, concurrency=c, num_requests=300)
 
 
 def _mlperf(gpu: str) -> Run:
@@ -134,7 +160,7 @@ POINTS: tuple[Point, ...] = (
             metric="output_tok_s", measured=v, tolerance=0.20)
       for c, v in ((4, 210.0), (8, 377.0), (16, 644.0), (32, 975.0))),
     *(Point(name=f"Mistral-7B RTX 4090 c={c} mean TTFT", source=_RAHMAN, run=_rtx(c),
-            metric="ttft_ms", measured=v, tolerance=0.5)
+            metric="ttft_ms", measured=v, tolerance=0.20)
       for c, v in ((4, 63.0), (16, 155.0))),
     *(Point(name=f"Qwen3-8B H100 ShareGPT c=4 mean {what}",
             source=_GPUSTACK.format("qwen3-8b/h100-latency.md"),
@@ -225,7 +251,11 @@ def simulate_run(run: Run, constants: ClockConstants | None = None) -> dict[str,
         clock = RooflineStepModel.build(model_shape(model, tp=run.tp), g,
                                         constants or CONSTANT_SETS["default"],
                                         typical_context_tokens=typical_context(wl))
-        if run.concurrency:  # streams spread evenly over one request's life
+        # `vllm bench serve --max-concurrency C` starts its first C requests together;
+        # answers of different lengths then spread the streams. Identical ones would keep
+        # them in lockstep, which a real run's noise does not: those streams start spread
+        # evenly over one request's life instead
+        if run.concurrency and not run.lengths:
             life_s = run.output_tokens * clock.step_time_s(0, run.concurrency)
             wl = closed_loop(run, stagger_s=life_s / run.concurrency)
         cfg = SimConfig(model=model, gpu_memory=g.memory, tp=run.tp, bounds=False, jobs=1,

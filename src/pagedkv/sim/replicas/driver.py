@@ -36,6 +36,7 @@ from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.wire import wire_hash
 from pagedkv.sim.api import SimConfig, capacity_for, with_clock
 from pagedkv.sim.engine import EngineSimulator
+from pagedkv.sim.host_sweep import host_simulator
 from pagedkv.sim.options import MAX_REPLICAS
 from pagedkv.sim.replicas.merge import PolicyResult, ReplicaReport, policy_result
 from pagedkv.sim.workloads import Workload, request_block_hashes
@@ -83,9 +84,12 @@ def _check(num_replicas: int, policy: str, config: SimConfig) -> None:
             f"unknown router policy {policy!r}: choose one of {', '.join(POLICIES)}")
     if config.mode != "engine":
         raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
-    if config.host is not None or config.scheduler.kv_events is not None:
-        raise InvalidArgumentError("--host-memory and --kv-events-endpoint are simulated "
-                                   "for one replica: drop --replicas")
+    if config.scheduler.kv_events is not None:
+        raise InvalidArgumentError("--kv-events-endpoint publishes one engine's events: "
+                                   "drop --replicas")
+    if config.host is not None and config.host.sweep_memory_bytes:
+        raise InvalidArgumentError("a host-memory sweep compares sizes on one engine: give "
+                                   "--replicas one --host-memory size")
 
 
 def run_replicas(
@@ -108,7 +112,8 @@ def run_replicas(
 
     Raises:
         InvalidArgumentError: fewer than 1 or more than :data:`MAX_REPLICAS` replicas,
-            an unknown policy, pure-cache mode, a host tier or an events endpoint.
+            an unknown policy, pure-cache mode, a host-memory sweep (one size per
+            replica's own host tier is simulated) or an events endpoint.
         PagedKVError: what ``simulate`` raises for ``config`` on ``workload``.
     """
     _check(num_replicas, policy, config)
@@ -121,11 +126,14 @@ def run_replicas(
     index = MemoryIndex(model=workload.name)
     ingest = IndexIngest(index) if chosen.uses_index else None
     names = [Replica(pod=f"replica-{k}", dp_rank=None) for k in range(num_replicas)]
-    sims = []
+    sims: list[EngineSimulator] = []
     for name in names:
         sched = cfg.scheduler
         if ingest is not None:
             sched = replace(sched, kv_events=IndexFeed(pod=name.pod, ingest=ingest))
+        if cfg.host is not None:  # each replica its own host tier, as simulate's engine
+            sims.append(host_simulator(workload, cap, cfg.host, sched))
+            continue
         sims.append(EngineSimulator(workload, block_size=cap.block_size,
                                     num_blocks=cap.num_blocks, config=sched,
                                     manager_factory=cap.factory))
