@@ -87,7 +87,10 @@ def test_parse_level(option: Option) -> None:
 
 #: A cheap valid invocation of each command, the attacked option appended to it.
 BASE: dict[tuple[str, ...], list[str]] = {
-    ("simulate",): ["simulate", "--limit", "2"],
+    # --no-find-capacity: an attacked --limit replays the whole bundled trace, and a
+    # saturated bundled run would otherwise also search deployments (a minute), which
+    # tests nothing about the option
+    ("simulate",): ["simulate", "--limit", "2", "--no-find-capacity", "--no-plots"],
     ("plan",): ["plan", "Llama-3.1-8B", "--kv-cache-memory", "20GiB"],
     ("bench",): ["bench", "--help"],
     ("sweep",): ["sweep", "--help"],
