@@ -375,8 +375,15 @@ class VLLMKVCacheManager:
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[Any]]:
         copies = self.pagedkv.take_block_copies()
-        return ([KVCacheBlockCopy(c.src_block_id, c.dst_block_id) for c in copies.copies],
-                self._table.of(copies.retained))
+        pairs = [(c.src_block_id, c.dst_block_id) for c in copies.copies]
+        retained = self._table.of(copies.retained)
+        for group in self.coordinator.single_type_managers:
+            # Copies queued from outside (vLLM's code and tests append to a group's
+            # _pending_cow_copies), whose endpoints their queuer keeps referenced.
+            for src, dst in group.take_pending_cow_copies():
+                pairs.append((src.block_id, dst.block_id))
+                retained += (src, dst)
+        return [KVCacheBlockCopy(a, b) for a, b in pairs], retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         return {}
