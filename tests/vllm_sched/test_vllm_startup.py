@@ -67,3 +67,24 @@ def test_a_refusal_restores_vllms_name(tmp_path: Path) -> None:
         build_scheduler(tmp_path, PagedKVScheduler, async_scheduling=False, num_blocks=64,
                         additional_config={"pagedkv": {"nonsense": 1}})
     assert vllm_scheduler.KVCacheManager is stock_name
+
+
+def test_another_schedulers_manager_stays_vllms(monkeypatch: pytest.MonkeyPatch) -> None:
+    # While a pagedkv scheduler is being built, a manager asked for with another
+    # kv_cache_config (another scheduler's construction) is built by vLLM's own name.
+    import vllm.v1.core.sched.scheduler as vllm_scheduler
+
+    from pagedkv.vllm.scheduler import _pagedkv_built_in_place
+
+    def stock(**kwargs: Any) -> tuple[str, Any]:
+        return ("stock", kwargs["kv_cache_config"])
+
+    monkeypatch.setattr(vllm_scheduler, "KVCacheManager", stock)
+
+    class Building:
+        kv_cache_config = object()
+
+    other = object()
+    with _pagedkv_built_in_place(Building()):
+        assert vllm_scheduler.KVCacheManager(kv_cache_config=other) == ("stock", other)
+    assert vllm_scheduler.KVCacheManager is stock

@@ -143,10 +143,14 @@ def _pagedkv_built_in_place(s: Any) -> Iterator[None]:
     KV-cache manager by (``KVCacheManager`` in vLLM's scheduler module) builds pagedkv's
     manager for ``s`` instead, so vLLM's manager and block pool are never built and what
     vLLM's constructor does next (binding the connector, building the aux-output
-    connector) gets pagedkv's. One construction at a time (a lock); restored after."""
+    connector) gets pagedkv's. One construction at a time (a lock); restored after; a
+    manager asked for with another ``kv_cache_config`` meanwhile is vLLM's own."""
     import vllm.v1.core.sched.scheduler as vllm_scheduler
 
-    def build(*_args: Any, **_vllm_arguments: Any) -> VLLMKVCacheManager:
+    def build(*args: Any, **vllm_arguments: Any) -> Any:
+        if vllm_arguments.get("kv_cache_config") is not getattr(s, "kv_cache_config", s):
+            # Another scheduler's construction (another thread): vLLM's own manager.
+            return stock(*args, **vllm_arguments)
         # vLLM's own arguments are those _build_manager reads from s.
         _check_options(s)
         return _build_manager(s)
