@@ -105,6 +105,29 @@ class BlockPoolView:
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self._mgr.evict_blocks(list(block_ids))
 
+    def get_new_blocks(self, num_blocks: int) -> list[BlockView]:
+        """Take ``num_blocks`` blocks from the front of the free queue, each with one
+        reference held outside any block table (cached ones are evicted first), as vLLM's
+        ``BlockPool.get_new_blocks``; give them back through :meth:`free_blocks`.
+
+        Raises:
+            ValueError: fewer free blocks than asked (vLLM's message); nothing taken.
+        """
+        if num_blocks > self._mgr.num_free_blocks:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        mgr = self._mgr
+        ids = mgr.pool.get_new_blocks(num_blocks)
+        mgr.held.hold(ids)  # what release_blocks (free_blocks) gives back
+        return self._table.of(ids)
+
+    def touch(self, blocks: Iterable[Any]) -> None:
+        """One more reference to each non-null block (a free one leaves the free queue),
+        held outside any block table, as vLLM's ``BlockPool.touch``; give it back through
+        :meth:`free_blocks`."""
+        ids = [b.block_id for b in blocks if b.block_id]
+        self._mgr.pool.touch(ids)
+        self._mgr.held.hold(ids)
+
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
                          ) -> list[BlockView] | None:
         found = self._mgr.get_cached_block(bytes(block_hash), list(kv_cache_group_ids))
@@ -166,8 +189,17 @@ class GroupView:
         self.kv_cache_group_id = group
         self.req_to_blocks = _TablesView(mgr, table, group)
         self.retains_longer_hit = False
+        #: Copies queued by code outside the manager, as (source, copy) block pairs, each
+        #: block kept referenced by whoever queued it (vLLM's ``_pending_cow_copies``):
+        #: drained by the manager's ``take_kv_cache_block_copies`` after pagedkv's own.
+        self._pending_cow_copies: list[tuple[BlockView, BlockView]] = []
         #: vLLM's name for the shared null block (tests compare table entries to it).
         self._null_block = table.views[0]
+
+    def take_pending_cow_copies(self) -> list[tuple[BlockView, BlockView]]:
+        """Drain the copies queued on this group (``_pending_cow_copies``)."""
+        pending, self._pending_cow_copies = self._pending_cow_copies, []
+        return pending
 
 
 _VLLM_MANAGERS = {

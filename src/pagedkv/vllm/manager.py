@@ -10,7 +10,11 @@ Translation, call by call (vLLM name -> pagedkv):
   ``record_lookup``);
 * ``allocate_slots(...)`` -> ``allocate_slots(..., num_in_flight_tokens=
   req.num_in_flight_tokens, lenient_counts=True)`` (windows freed on processed tokens;
-  draft tokens and output placeholders past the request's tokens);
+  draft tokens and output placeholders past the request's tokens); the steady-state
+  decode call (a live request, no hit, lookahead, external or encoder tokens, no delayed
+  caching or reserve, in-flight tokens only where no group has a window, new tokens within
+  the request's tokens and block hashes) goes positionally as ``allocate_slots(view, n)``,
+  which means the same there and is what the compiled core's decode path takes;
 * ``free`` / ``pop_blocks_for_free`` / ``block_pool.free_blocks`` -> ``free`` /
   ``pop_blocks_for_free`` / ``release_blocks``;
 * ``take_events`` -> the façade's records as vLLM events, each stored batch stamped with
@@ -83,6 +87,9 @@ class VLLMKVCacheManager:
                     self._junction_block_size = int(
                         kv_cache_config.kv_cache_groups[g].kv_cache_spec.block_size)
                     break
+        #: Whether a group frees blocks behind a window (in-flight tokens matter there).
+        self._windowed = any(k not in ("FullAttentionSpec", "MLAAttentionSpec")
+                             for k in kinds)
         self._table = BlockTable(self.pagedkv)
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -223,15 +230,21 @@ class VLLMKVCacheManager:
         in_flight = request.num_in_flight_tokens
         if in_flight:
             in_flight = min(in_flight, request.num_computed_tokens)
-        new = mgr.allocate_slots(
-            view, num_new_tokens, new_computed_blocks=hit,
-            num_new_computed_tokens=num_new_computed_tokens if hit is not None else None,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            num_encoder_tokens=num_encoder_tokens, delay_caching=delay_cache_blocks,
-            reserved_blocks=reserved, has_scheduled_reqs=has_scheduled_reqs,
-            full_sequence_must_fit=full_sequence_must_fit,
-            num_in_flight_tokens=in_flight, lenient_counts=True)
+        if (live and hit is None and not (
+                num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
+                or delay_cache_blocks or reserved or full_sequence_must_fit
+                or (in_flight and self._windowed))
+                and self._plain_counts(request, num_new_tokens)):
+            # The steady-state decode call: positional, so that the compiled core's
+            # allocate_slots (pagedkv.core.fast_paths) takes it; it means what the keyword
+            # call below means for these arguments (module docstring).
+            new = mgr.allocate_slots(view, num_new_tokens)
+        else:
+            new = self._allocate_general(
+                view, request, num_new_tokens, hit, num_new_computed_tokens,
+                (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens),
+                (delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit),
+                in_flight)
         self._drain_events(request)
         if new is None:
             return None
@@ -242,6 +255,30 @@ class VLLMKVCacheManager:
         if not any(new):
             return self.empty_kv_cache_blocks
         return self._table.blocks(new)
+
+    def _plain_counts(self, request: Any, num_new_tokens: int) -> bool:
+        """Whether the call needs none of ``lenient_counts``' leniency: its new tokens
+        end within the request's tokens and within its block hashes (so that the strict
+        call registers exactly the blocks the lenient one does)."""
+        end = request.num_computed_tokens + num_new_tokens
+        return bool(end <= request.num_tokens
+                    and end // self._hash_block_size <= len(request.block_hashes))
+
+    def _allocate_general(self, view: RequestView, request: Any, num_new_tokens: int,
+                          hit: Any, num_new_computed_tokens: int,
+                          counts: tuple[int, int, int], flags: tuple[bool, int, bool, bool],
+                          in_flight: int) -> tuple[list[int], ...] | None:
+        """The façade's ``allocate_slots`` with every vLLM argument, as keywords."""
+        lookahead, external, encoder = counts
+        delay, reserved, has_scheduled_reqs, full_sequence_must_fit = flags
+        return self.pagedkv.allocate_slots(
+            view, num_new_tokens, new_computed_blocks=hit,
+            num_new_computed_tokens=num_new_computed_tokens if hit is not None else None,
+            num_lookahead_tokens=lookahead, num_external_computed_tokens=external,
+            num_encoder_tokens=encoder, delay_caching=delay, reserved_blocks=reserved,
+            has_scheduled_reqs=has_scheduled_reqs,
+            full_sequence_must_fit=full_sequence_must_fit,
+            num_in_flight_tokens=in_flight, lenient_counts=True)
 
     def _pin_asked(self, view: RequestView) -> None:
         """Pin the prompt prefix a newly admitted request asks to pin (extras)."""
@@ -338,8 +375,15 @@ class VLLMKVCacheManager:
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[Any]]:
         copies = self.pagedkv.take_block_copies()
-        return ([KVCacheBlockCopy(c.src_block_id, c.dst_block_id) for c in copies.copies],
-                self._table.of(copies.retained))
+        pairs = [(c.src_block_id, c.dst_block_id) for c in copies.copies]
+        retained = self._table.of(copies.retained)
+        for group in self.coordinator.single_type_managers:
+            # Copies queued from outside (vLLM's code and tests append to a group's
+            # _pending_cow_copies), whose endpoints their queuer keeps referenced.
+            for src, dst in group.take_pending_cow_copies():
+                pairs.append((src.block_id, dst.block_id))
+                retained += (src, dst)
+        return [KVCacheBlockCopy(a, b) for a, b in pairs], retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         return {}

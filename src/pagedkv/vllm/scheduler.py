@@ -1,10 +1,11 @@
 """vLLM's own schedulers (0.32 or 0.33) with pagedkv as their KV-cache manager.
 
 ``--scheduler-cls pagedkv.vllm.PagedKVScheduler`` (``PagedKVAsyncScheduler`` with
-``--async-scheduling``), or ``SchedulerConfig(scheduler_cls=...)``. After vLLM's own
-constructor has run, the scheduler's ``kv_cache_manager`` is replaced by a
-:class:`~pagedkv.vllm.manager.VLLMKVCacheManager` built from the same settings, the KV
-connector is bound to it again and the aux-output connector rebuilt over it. Options pagedkv
+``--async-scheduling``), or ``SchedulerConfig(scheduler_cls=...)``. vLLM's own
+constructor runs, and where it builds its ``KVCacheManager`` it gets a
+:class:`~pagedkv.vllm.manager.VLLMKVCacheManager` built from the same settings instead
+(vLLM's manager and block pool are never built; the KV connector and the aux-output
+connector are bound to pagedkv's by vLLM's own code). Options pagedkv
 does not run exactly are refused here, in one line naming the option and the fallback.
 
 pagedkv's own features come from ``additional_config={"pagedkv": {...}}``:
@@ -21,6 +22,9 @@ arguments (:data:`pagedkv.vllm.compat.DIFFERENCES`).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -73,18 +77,20 @@ def _start_exporter(vllm_config: Any, mgr: VLLMKVCacheManager) -> None:
 
 
 def _check_options(s: Any) -> None:
-    """Refuse the scheduler options pagedkv does not run exactly."""
+    """Refuse the scheduler options pagedkv does not run exactly (reads only what vLLM's
+    constructor has set on ``s`` before it builds its KV-cache manager)."""
     if s.dcp_world_size > 1 or s.pcp_world_size > 1:
         raise refuse("decode/prefill context parallelism (dcp/pcp world size > 1)")
     if s.num_prefill_lookahead:
         raise refuse("prefill lookahead slots (num_prefill_lookahead_tokens > 0)")
     if s.cache_config.enable_mamba_shared_prefix_checkpoint:
         raise refuse("enable_mamba_shared_prefix_checkpoint")
-    if s.connector is not None and s.has_mamba_layers and getattr(
+    has_mamba_layers = s.kv_cache_config.has_mamba_layers  # (before vLLM sets s's)
+    if s.connector is not None and has_mamba_layers and getattr(
             s.connector, "supports_divergent_local_hybrid_hits", False):
         raise refuse("per-group (divergent) prefix hits for a KV connector on a Mamba "
                      "hybrid model")
-    if s.has_mamba_layers and s.connector is not None:
+    if has_mamba_layers and s.connector is not None:
         raise refuse("a KV connector on a Mamba hybrid model (boundary-state offloads)")
     _check_retention_interval(s)
 
@@ -106,14 +112,9 @@ def _check_retention_interval(s: Any) -> None:
                      "pagedkv runs exactly)")
 
 
-def install_pagedkv(s: Any) -> VLLMKVCacheManager:
-    """Replace scheduler ``s``'s KV-cache manager by pagedkv's (same settings), re-bind
-    its connectors. Called by the scheduler classes below after vLLM's constructor.
-
-    Raises:
-        UnsupportedLayoutError: a layout or option pagedkv does not run exactly.
-    """
-    _check_options(s)
+def _build_manager(s: Any) -> VLLMKVCacheManager:
+    """pagedkv's manager with scheduler ``s``'s settings (read from ``s`` as vLLM's
+    constructor has set them before it builds its manager)."""
     cfg = s.vllm_config
     fields: dict[str, Any] = dict(
         hash_block_size=s.hash_block_size,
@@ -133,11 +134,61 @@ def install_pagedkv(s: Any) -> VLLMKVCacheManager:
         watermark=s.scheduler_config.watermark,
         max_encoder_len=int(s.scheduler_config.max_num_encoder_input_tokens or 0),
         cache_fields=fields)
+    return mgr
+
+
+@contextmanager
+def _pagedkv_built_in_place(s: Any) -> Iterator[None]:
+    """While vLLM's ``Scheduler.__init__`` runs on ``s``: the name it builds its
+    KV-cache manager by (``KVCacheManager`` in vLLM's scheduler module) builds pagedkv's
+    manager for ``s`` instead, so vLLM's manager and block pool are never built and what
+    vLLM's constructor does next (binding the connector, building the aux-output
+    connector) gets pagedkv's. One construction at a time (a lock); restored after; a
+    manager asked for with another ``kv_cache_config`` meanwhile is vLLM's own."""
+    import vllm.v1.core.sched.scheduler as vllm_scheduler
+
+    def build(*args: Any, **vllm_arguments: Any) -> Any:
+        if vllm_arguments.get("kv_cache_config") is not getattr(s, "kv_cache_config", s):
+            # Another scheduler's construction (another thread): vLLM's own manager.
+            return stock(*args, **vllm_arguments)
+        # vLLM's own arguments are those _build_manager reads from s.
+        _check_options(s)
+        return _build_manager(s)
+
+    with _BUILD_LOCK:
+        stock = vllm_scheduler.KVCacheManager
+        vllm_scheduler.KVCacheManager = build
+        try:
+            yield
+        finally:
+            vllm_scheduler.KVCacheManager = stock
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def install_pagedkv(s: Any) -> VLLMKVCacheManager:
+    """Make pagedkv's manager scheduler ``s``'s KV-cache manager (same settings) after
+    vLLM's constructor: checks the options, then builds it (unless the constructor
+    already did, :func:`_pagedkv_built_in_place`) and binds the connectors to it.
+    Called by the scheduler classes below.
+
+    Raises:
+        UnsupportedLayoutError: a layout or option pagedkv does not run exactly.
+    """
+    cfg = s.vllm_config
+    built_in_place = isinstance(s.kv_cache_manager, VLLMKVCacheManager)
+    if built_in_place:
+        mgr: VLLMKVCacheManager = s.kv_cache_manager
+    else:
+        _check_options(s)
+        mgr = _build_manager(s)
+        s.kv_cache_manager = mgr
     _start_exporter(cfg, mgr)
-    s.kv_cache_manager = mgr
-    if s.connector is not None:
+    if s.connector is not None and not built_in_place:
         s.connector.bind_kv_cache_manager(mgr)
-    if s.aux_output_connector is not None and VLLM_RELEASE != "0.32":
+    if (s.aux_output_connector is not None and VLLM_RELEASE != "0.32"
+            and not built_in_place):
         # 0.33 builds it over the manager (0.32's takes no arguments: kept as built).
         from vllm.distributed.aux_output_connector.connector import (
             AuxOutputSchedulerConnector,
@@ -155,7 +206,8 @@ class PagedKVScheduler(Scheduler):  # type: ignore[misc]
     """vLLM's ``Scheduler`` with pagedkv as its KV-cache manager (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        with _pagedkv_built_in_place(self):
+            super().__init__(*args, **kwargs)
         install_pagedkv(self)
 
 
@@ -163,5 +215,6 @@ class PagedKVAsyncScheduler(AsyncScheduler):  # type: ignore[misc]
     """vLLM's ``AsyncScheduler`` with pagedkv as its KV-cache manager."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        with _pagedkv_built_in_place(self):
+            super().__init__(*args, **kwargs)
         install_pagedkv(self)
