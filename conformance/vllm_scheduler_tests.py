@@ -59,12 +59,7 @@ SMOKE_FILES = ("test_swa_inflight_window_free.py", "test_kv_sharing.py")
 REFUSAL_MARK = "pagedkv.vllm refuses"
 #: Cases that test vLLM's manager's own internals rather than the scheduler: reported as
 #: refused, with the reason, when they fail with pagedkv.
-NOT_APPLICABLE = {
-    "tests.v1.core.test_deferred_block_free::test_cow_retentions_deferred_until_copy_step_"
-    "processed": "the test plants blocks and a copy inside vLLM's manager "
-    "(BlockPool.get_new_blocks outside any request, a manager's private "
-    "_pending_cow_copies); pagedkv queues copies only from its own sub-block hits",
-}
+NOT_APPLICABLE: dict[str, str] = {}
 HF_COMMIT = "0" * 40
 
 
