@@ -27,7 +27,8 @@ KNOWN_DIVERGENT: set[str] = set()
 
 def _mark(name: str) -> Any:
     if name in KNOWN_DIVERGENT:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 19"))
+        why = "a known divergence from vLLM, listed in KNOWN_DIVERGENT"
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why))
     return name
 
 

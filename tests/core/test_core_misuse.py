@@ -2,7 +2,7 @@
 message names the problem and the fix, and the manager's state is byte-identical before
 and after (``repr(debug_state())``).
 
-One row per misuse: issue 11's "corrupting misuse" and "nonsense accepted" lists, and more.
+One row per misuse: calls that would corrupt the state, and nonsense that was once accepted.
 """
 
 from __future__ import annotations
