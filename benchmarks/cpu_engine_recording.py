@@ -11,8 +11,11 @@ One engine (in-process engine core, ``PagedKVScheduler``, prefix caching off so 
 request costs the same). Per load, ``--requests`` requests of ``--input-len`` random
 prompt tokens and ``--output-len`` generated tokens run as ``C`` closed-loop streams (a
 stream sends its next request when its previous one finished: ``vllm bench serve
---max-concurrency C``). Each request's arrival, first-token and finish times and every
-token's time are taken from the engine's step outputs. Writes one file per load,
+--max-concurrency C``). A request's arrival is the start of the first engine step that
+can schedule it (the driver hands requests over between steps); its first-token and
+finish times and every token's time are taken from the engine's step outputs. The
+engine's CPU is measured in the same process, with the torch threads vLLM bound
+(:func:`measure_cpu_spec`), and written as ``cpu-gpu-spec.json``. Writes one file per load,
 ``concurrency-C.json``, in ``vllm bench serve --save-result --save-detailed``'s fields
 (``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``max_concurrency``; what
 ``pagedkv simulate --calibrate`` reads) plus ``arrival_s``, ``first_token_s``,
@@ -62,11 +65,12 @@ def run_load(engine: Any, concurrency: int, num_requests: int, input_len: int,
     finish: dict[str, float] = {}
     t0 = time.perf_counter()
     nxt = 0
+    handed: list[str] = []  # added since the last step began
 
     def submit() -> None:
         nonlocal nxt
         rid = f"c{concurrency}-{nxt}"
-        arrival[rid] = time.perf_counter() - t0
+        handed.append(rid)
         token_times[rid] = []
         engine.add_request(rid, {"prompt_token_ids": prompts[nxt]}, params)
         nxt += 1
@@ -74,6 +78,11 @@ def run_load(engine: Any, concurrency: int, num_requests: int, input_len: int,
     while nxt < min(concurrency, num_requests):
         submit()
     while engine.has_unfinished_requests():
+        # a request arrives when the first step that can schedule it begins: this driver
+        # hands requests over between steps, as an engine loop sees a server's
+        started = time.perf_counter() - t0
+        arrival.update((rid, started) for rid in handed)
+        handed.clear()
         outs = engine.step()
         now = time.perf_counter() - t0
         for out in outs:
@@ -96,11 +105,60 @@ def run_load(engine: Any, concurrency: int, num_requests: int, input_len: int,
     }
 
 
+def _best_s(fn: Any, rounds: int = 5) -> float:
+    """The fastest of ``rounds`` timed calls of ``fn`` (seconds)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _gemm_flops_s(rows: int, k: int, n: int) -> float:
+    """float32 ``(rows x k) @ (k x n)`` FLOP/s."""
+    import torch
+
+    x, w = torch.randn(rows, k), torch.randn(k, n)
+    reps = max(3, 20_000 // rows)
+    return 2.0 * rows * k * n * reps / _best_s(lambda: [x @ w for _ in range(reps)])
+
+
+def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
+    """This CPU as a ``--gpu`` spec, measured with the torch threads vLLM's CPU worker
+    bound in this process (call it after the engine is built): ``bf16_tflops`` the float32 rate of a 1024-square matmul (the model
+    runs in float32, so it is the peak the clock uses); ``hbm_tb_s`` the read rate of a
+    1 GiB sum; ``gemm_half_tokens`` the row count at which a (rows x hidden) @ (hidden x
+    intermediate) matmul reaches half of its 512-row rate (interpolated in log rows)."""
+    import math
+
+    import torch
+
+    peak = _gemm_flops_s(1024, 1024, 1024)
+    big = torch.randn(256 * 1024 * 1024 // 4)
+    read_bytes_s = big.numel() * 4 / _best_s(big.sum)
+    del big
+    top = _gemm_flops_s(512, hidden, intermediate)
+    half = 1.0
+    prev_rows, prev_rate = 1, _gemm_flops_s(1, hidden, intermediate)
+    for rows in (2, 4, 8, 16, 32, 64, 128, 256):
+        rate = _gemm_flops_s(rows, hidden, intermediate)
+        if rate >= top / 2 > prev_rate:
+            share = (top / 2 - prev_rate) / (rate - prev_rate)
+            half = math.exp(math.log(prev_rows) + share * math.log(rows / prev_rows))
+            break
+        prev_rows, prev_rate = rows, rate
+    threads = torch.get_num_threads()
+    return {"name": f"CPU-{threads}-thread{'s' if threads > 1 else ''}", "bf16_tflops": round(peak / 1e12, 4),
+            "hbm_tb_s": round(read_bytes_s / 1e12, 4), "memory_gib": 8,
+            "gemm_half_tokens": round(half, 1), "interconnect": "none (one process, TP 1)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cpu_engine_recording")
     ap.add_argument("--out", required=True, help="folder for the concurrency-C.json files")
-    ap.add_argument("--concurrency", default="1,4,12")
-    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--concurrency", default="1,4,8,12")
+    ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--model-dir", default=None, help="where the model is written "
@@ -113,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     write_model(model)
     levels = [int(c) for c in a.concurrency.split(",")]
     engine = _engine(model, max(levels))
+    config = json.loads((Path(model) / "config.json").read_text())
+    spec = measure_cpu_spec(config["hidden_size"], config["intermediate_size"])
+    (out / "cpu-gpu-spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    print(f"this CPU: {spec['bf16_tflops'] * 1e3:.1f} GFLOP/s, "
+          f"{spec['hbm_tb_s'] * 1e3:.1f} GB/s read, GEMMs at half rate at "
+          f"{spec['gemm_half_tokens']} rows", flush=True)
     run_load(engine, 2, 4, a.input_len, a.output_len, seed=99)  # warm-up, not recorded
     for c in levels:
         res = run_load(engine, c, a.requests, a.input_len, a.output_len, seed=c)

@@ -23,7 +23,7 @@ from pagedkv.sim.clock.replay import ReplaySetup, replay_times
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "cpu_engine"
 FIT_ON = 4
-PREDICT = (1, 12)
+PREDICT = (1, 8, 12)
 LIMIT = 0.25
 
 
@@ -47,7 +47,8 @@ def calibration_table(tmp: Path) -> list[tuple[int, str, float, float, float, fl
     cmd = [sys.executable, "-m", "pagedkv", "simulate", "--model",
            str(DATA / "config.json"), "--gpu", str(DATA / "cpu-gpu-spec.json"),
            "--token-budget", "2048", "--max-running", "12",
-           "--calibrate", str(DATA / f"concurrency-{FIT_ON}.json"),
+           # in-process engine (no API server): the defaults without the request latency
+           "--calibration", "offline", "--calibrate", str(DATA / f"concurrency-{FIT_ON}.json"),
            "--save-calibration", str(saved)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

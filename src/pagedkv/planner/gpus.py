@@ -49,12 +49,16 @@ class GpuSpec:
     interconnect_gb_s: float
     interconnect: str = ""
     source: str = ""
+    #: the step token count at which this machine's GEMMs reach half of their large-batch
+    #: rate, where it was measured (a CPU spec); None: the clock's ``util_half_tokens``
+    gemm_half_tokens: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("bf16_tflops", "hbm_tb_s", "memory_gib", "interconnect_gb_s"):
             _check_positive(key, getattr(self, key), self.name)
-        if self.fp8_tflops is not None:
-            _check_positive("fp8_tflops", self.fp8_tflops, self.name)
+        for key in ("fp8_tflops", "gemm_half_tokens"):
+            if getattr(self, key) is not None:
+                _check_positive(key, getattr(self, key), self.name)
         check_fields(self)
 
     @property
@@ -151,14 +155,15 @@ def find_gpu(name: str) -> GpuSpec:
 
 
 _FIELDS = ("name", "bf16_tflops", "fp8_tflops", "hbm_tb_s", "memory_gib",
-           "interconnect_gb_s", "interconnect", "source")
+           "interconnect_gb_s", "interconnect", "source", "gemm_half_tokens")
 _REQUIRED = ("bf16_tflops", "hbm_tb_s", "memory_gib")
 
 
 def load_gpu_spec(path: str | Path) -> GpuSpec:
     """A GPU from a JSON file (module docstring): ``bf16_tflops``, ``hbm_tb_s`` and
     ``memory_gib`` are required; ``fp8_tflops`` (default none), ``interconnect_gb_s``
-    (default 64, PCIe Gen5), ``name`` (default the file name) optional.
+    (default 64, PCIe Gen5), ``name`` (default the file name) and ``gemm_half_tokens``
+    (measured GEMM ramp, :class:`GpuSpec`; default the clock's) optional.
 
     Raises:
         InputFileError: unreadable or not JSON, a missing or unknown key, a value that is
@@ -183,7 +188,8 @@ def load_gpu_spec(path: str | Path) -> GpuSpec:
             name=str(data.get("name", p.stem)), bf16_tflops=data["bf16_tflops"],
             fp8_tflops=data.get("fp8_tflops"), hbm_tb_s=data["hbm_tb_s"],
             memory_gib=data["memory_gib"], interconnect_gb_s=data.get("interconnect_gb_s", 64.0),
-            interconnect=str(data.get("interconnect", "")), source=f"spec file {p.name}")
+            interconnect=str(data.get("interconnect", "")), source=f"spec file {p.name}",
+            gemm_half_tokens=data.get("gemm_half_tokens"))
     except InvalidArgumentError as exc:
         raise InputFileError(str(p), str(exc)) from None
 

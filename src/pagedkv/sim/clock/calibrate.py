@@ -9,8 +9,8 @@ forward differences for the Jacobian, the 5x5 normal equations
 ``(J^T J + lambda I) d = J^T r`` in pure Python (``lambda`` keeps a direction nothing sees
 at its start value), a step halved until it lowers the sum of squares (each roofline
 max() is a kink a full step can cross), a weak prior toward the start constants
-(:class:`_Problem`) and a second start with the request latency that closes the median
-TTFT gap. Constants stay in range (``e``, ``u`` <= 1, overheads >= 0).
+(:class:`_Problem`) and more starts: the request latency that closes the median TTFT
+gap, the step overhead that closes the median TPOT gap, and both. Constants stay in range (``e``, ``u`` <= 1, overheads >= 0).
 
 >>> from pagedkv.planner.gpus import find_gpu
 >>> from pagedkv.sim.clock.replay import ReplaySetup
@@ -123,19 +123,38 @@ def fit_constants(data: Sequence[Measured], setup: ReplaySetup,
         raise InvalidArgumentError("--calibrate: no measured request to fit to")
     base = start or CONSTANT_SETS["default"]
     fit = _fit_from(data, setup, base, name, max_iterations)
-    # a second start: the request latency that closes the median TTFT gap (a TTFT the
-    # steps cannot explain otherwise pulls the GPU constants off; keep the better fit).
-    # The replayed TTFTs already count the start's latency: the gap comes on top of it.
-    gaps = [m.ttft_s - t for m, (t, _) in zip(data, replay_times(data, setup, base),
-                                              strict=True) if m.ttft_s > 0 and t is not None]
-    gap = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
-    if gap > 0:
-        latency = base.request_latency_s + gap
-        other = _fit_from(data, setup, base.with_values({"request_latency_s": latency},
-                                                        name=base.name), name, max_iterations)
+    # more starts: the request latency that closes the median TTFT gap, the step
+    # overhead that closes the median TPOT gap, and both (a TTFT or TPOT the steps cannot
+    # explain otherwise pulls the GPU constants off, and a step that moves every roofline
+    # term at once crosses kinks Gauss-Newton stops at); the best fit is kept. The
+    # replayed figures already count the start's constants: a gap comes on top of them.
+    ttft_gap, tpot_gap = _median_gaps(data, setup, base)
+    starts = []
+    if ttft_gap > 0:
+        starts.append({"request_latency_s": base.request_latency_s + ttft_gap})
+    if tpot_gap > 0:
+        starts.append({"step_overhead_s": base.step_overhead_s + tpot_gap})
+    if len(starts) == 2:
+        starts.append(starts[0] | starts[1])
+    for values in starts:
+        other = _fit_from(data, setup, base.with_values(values, name=base.name), name,
+                          max_iterations)
         if other.error_after < fit.error_after:
             fit = replace(other, error_before=fit.error_before)
     return fit
+
+
+def _median_gaps(data: Sequence[Measured], setup: ReplaySetup, base: ClockConstants
+                 ) -> tuple[float, float]:
+    """Median (measured - replayed) TTFT and TPOT with ``base`` (seconds; 0 if none)."""
+    ttft, tpot = [], []
+    for m, (t, p) in zip(data, replay_times(data, setup, base), strict=True):
+        if m.ttft_s > 0 and t is not None:
+            ttft.append(m.ttft_s - t)
+        if m.tpot_s and p is not None:
+            tpot.append(m.tpot_s - p)
+    return (sorted(ttft)[len(ttft) // 2] if ttft else 0.0,
+            sorted(tpot)[len(tpot) // 2] if tpot else 0.0)
 
 
 def _fit_from(data: Sequence[Measured], setup: ReplaySetup, base: ClockConstants,

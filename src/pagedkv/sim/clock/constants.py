@@ -88,10 +88,14 @@ def _is_number(v: object) -> bool:
             and math.isfinite(v))
 
 
-#: Named sets. ``default``: the zero-fit defaults; ``ideal``: the hardware bound (peak
-#: bandwidth and FLOP/s, no overheads, no request latency) — every real step is slower.
+#: Named sets. ``default``: the zero-fit defaults; ``offline``: the defaults for an engine
+#: driven in-process (``LLM.generate``, ``LLMEngine``, ``vllm bench throughput``, MLPerf
+#: offline): no API server between client and engine, so no request latency;
+#: ``ideal``: the hardware bound (peak bandwidth and FLOP/s, no overheads, no request
+#: latency) — every real step is slower.
 CONSTANT_SETS: Mapping[str, ClockConstants] = {
     "default": ClockConstants(),
+    "offline": ClockConstants(name="offline", request_latency_s=0.0),
     "ideal": ClockConstants(name="ideal", hbm_efficiency=1.0, compute_utilization=1.0,
                             util_half_tokens=0.0, step_overhead_s=0.0, seq_overhead_s=0.0,
                             layer_overhead_s=0.0, allreduce_latency_s=0.0,

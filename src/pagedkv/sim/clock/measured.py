@@ -12,7 +12,10 @@ What is read:
   first *chunk's* and is not used, ``ttft_s`` 0, nor is the TPOT of an answer of fewer
   than 4 chunks); without the per-request lists, the
   aggregates ``completed``, ``total_input_tokens``, ``total_output_tokens``,
-  ``mean_ttft_ms`` and ``mean_tpot_ms`` stand for one typical request.
+  ``mean_ttft_ms`` and ``mean_tpot_ms`` stand for one typical request. An optional
+  ``arrival_s`` list (seconds from the run's start at which each request was sent, as
+  ``benchmarks/cpu_engine_recording.py`` writes it) tells the replay when the streams
+  started.
 * GuideLLM: ``benchmarks[*].requests.successful[*]`` with ``prompt_tokens``,
   ``output_tokens``, ``time_to_first_token_ms`` and ``time_per_output_token_ms`` (or
   ``inter_token_latency_ms``); the concurrency is the benchmark's
@@ -46,7 +49,8 @@ class Measured:
     """One measured request: its lengths, the run's concurrency, TTFT (0: not measured)
     and mean TPOT (inter-token latency; None with one output token). ``count`` > 1: it
     stands for that many identical requests whose mean TTFT and TPOT these are (a result
-    file with aggregates only)."""
+    file with aggregates only). ``sent_s``: when the request was sent, seconds from the
+    run's start, where the file records it (None: not recorded)."""
 
     input_tokens: int
     output_tokens: int
@@ -54,6 +58,7 @@ class Measured:
     ttft_s: float
     tpot_s: float | None
     count: int = 1
+    sent_s: float | None = None
 
 
 #: A chunked stream's TPOT is trusted from this many gaps on: the split of a short
@@ -128,6 +133,10 @@ def _vllm_bench(p: Path, data: Mapping[str, Any]) -> list[Measured]:
             not len(ins) == len(outs) == len(ttfts) == len(itls):
         raise InputFileError(str(p), "input_lens, output_lens, ttfts and itls must be lists "
                              "of one length", key="ttfts")
+    sent = data.get("arrival_s")
+    if sent is not None and (not isinstance(sent, list) or len(sent) != len(ins)):
+        raise InputFileError(str(p), "arrival_s must be a list of seconds, one per request",
+                             key="arrival_s")
     out = []
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not ttft:  # a failed request has ttft 0
@@ -142,7 +151,8 @@ def _vllm_bench(p: Path, data: Mapping[str, Any]) -> list[Measured]:
             input_tokens=int(_num(p, n_in, f"input_lens[{i}]", positive=True)),
             output_tokens=n_out_i, concurrency=concurrency,
             ttft_s=0.0 if chunked else _num(p, ttft, f"ttfts[{i}]"),
-            tpot_s=None if chunked and len(gaps) < _MIN_CHUNKS else tpot))
+            tpot_s=None if chunked and len(gaps) < _MIN_CHUNKS else tpot,
+            sent_s=None if sent is None else _num(p, sent[i], f"arrival_s[{i}]")))
     return out
 
 

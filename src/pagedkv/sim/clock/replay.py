@@ -5,10 +5,11 @@ A measured benchmark ran its requests as ``C`` closed-loop streams (``vllm bench
 when the previous one finished) or all at once (request rate "inf"). The replay runs the
 same requests, in the file's order, the same way through the simulator's engine — its
 scheduler, chunked prefill, token budget and the roofline clock — and reads each
-request's simulated TTFT and TPOT back. Streams start together, as the benchmark starts
-them, and answers of different lengths spread them; streams of identical requests start
-spread over one request's life instead (a real benchmark's streams drift apart; simulated
-ones would stay in lockstep and prefill together). A
+request's simulated TTFT and TPOT back. Where the file records when each request was sent
+(``Measured.sent_s``), the streams start when theirs did. Otherwise they start together,
+as the benchmark starts them, and answers of different lengths spread them; streams of
+identical requests start spread over one request's life instead (a real benchmark's
+streams drift apart; simulated ones would stay in lockstep and prefill together). A
 :class:`~pagedkv.sim.clock.measured.Measured` that stands for ``count`` identical requests
 (an aggregate-only result file) is replayed as that many.
 
@@ -87,10 +88,11 @@ def _replay_group(group: Sequence[Measured], concurrency: int, setup: ReplaySetu
 
     lengths, owner = _expand(group)
     streams = min(concurrency, len(lengths))
-    wl = _workload(lengths, streams, stagger_s=0.0)
+    starts = _recorded_starts(group, streams)
+    wl = _workload(lengths, streams, stagger_s=0.0, starts_s=starts)
     clock = RooflineStepModel.build(model_shape(setup.model, tp=setup.tp), setup.gpu,
                                     constants, typical_context_tokens=typical_context(wl))
-    if streams < len(lengths) and len(set(lengths)) == 1:
+    if starts is None and streams < len(lengths) and len(set(lengths)) == 1:
         # closed loop of identical requests: spread the streams over one request's life
         mean_out = sum(o for _, o in lengths) / len(lengths)
         life_s = mean_out * clock.step_time_s(0, streams)
@@ -117,12 +119,22 @@ def _replay_group(group: Sequence[Measured], concurrency: int, setup: ReplaySetu
     return [(a[0] / a[1] if a[1] else None, a[2] / a[3] if a[3] else None) for a in sums]
 
 
-def _workload(lengths: Sequence[tuple[int, int]], streams: int, *, stagger_s: float
-              ) -> Workload:
+def _recorded_starts(group: Sequence[Measured], streams: int) -> list[float] | None:
+    """When each stream's first request was sent (seconds from the first), if the file
+    recorded every send time and no entry stands for several requests; else None."""
+    if any(m.sent_s is None or m.count > 1 for m in group):
+        return None
+    firsts = [m.sent_s for m in group[:streams] if m.sent_s is not None]
+    return [t - min(firsts) for t in firsts]
+
+
+def _workload(lengths: Sequence[tuple[int, int]], streams: int, *, stagger_s: float,
+              starts_s: Sequence[float] | None = None) -> Workload:
     reqs = []
     for k, (n_in, n_out) in enumerate(lengths):
         parent = k - streams if k >= streams else None
-        reqs.append(SimRequest(request_id=f"m{k}", arrival_s=k * stagger_s if parent is None
+        start_s = k * stagger_s if starts_s is None or parent is not None else starts_s[k]
+        reqs.append(SimRequest(request_id=f"m{k}", arrival_s=start_s if parent is None
                                else 0.0, num_prompt_tokens=n_in, num_output_tokens=n_out,
                                parent=parent))
     return Workload(name="measured-replay", requests=tuple(reqs),

@@ -88,8 +88,13 @@ def _rates(s: ModelShape, gpu: GpuSpec, c: ClockConstants) -> _Rates:
         weight_bytes_per_param=float(s.kv_dtype_bytes)) * c.compute_utilization
     ar_calls = 2 * s.num_layers
     link = gpu.interconnect_bytes_s
+    # a spec that measured its own GEMM ramp (a CPU) replaces the GPU default; the
+    # ``ideal`` set's 0 (no ramp) stays a lower bound
+    half = c.util_half_tokens
+    if gpu.gemm_half_tokens is not None and half > 0.0:
+        half = gpu.gemm_half_tokens
     return _Rates(
-        half_tokens=c.util_half_tokens,
+        half_tokens=half,
         dense_weight_s=s.dense_params * s.weight_bytes_per_param / bw,
         dense_flops_per_token=2.0 * (s.dense_params - s.head_params),
         head_flops_per_seq=2.0 * s.head_params,
