@@ -126,8 +126,9 @@ def _gemm_flops_s(rows: int, k: int, n: int) -> float:
 
 def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
     """This CPU as a ``--gpu`` spec, measured with the torch threads vLLM's CPU worker
-    bound in this process (call it after the engine is built): ``bf16_tflops`` the float32 rate of a 1024-square matmul (the model
-    runs in float32, so it is the peak the clock uses); ``hbm_tb_s`` the read rate of a
+    bound in this process (call it after the engine is built): ``bf16_tflops`` the
+    float32 rate of a 1024-square matmul (the model runs in float32, so it is the peak
+    the clock uses); ``hbm_tb_s`` the read rate of a
     1 GiB sum; ``gemm_half_tokens`` the row count at which a (rows x hidden) @ (hidden x
     intermediate) matmul reaches half of its 512-row rate (interpolated in log rows)."""
     import math
@@ -149,7 +150,8 @@ def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
             break
         prev_rows, prev_rate = rows, rate
     threads = torch.get_num_threads()
-    return {"name": f"CPU-{threads}-thread{'s' if threads > 1 else ''}", "bf16_tflops": round(peak / 1e12, 4),
+    return {"name": f"CPU-{threads}-thread{'s' if threads > 1 else ''}",
+            "bf16_tflops": round(peak / 1e12, 4),
             "hbm_tb_s": round(read_bytes_s / 1e12, 4), "memory_gib": 8,
             "gemm_half_tokens": round(half, 1), "interconnect": "none (one process, TP 1)"}
 

@@ -10,7 +10,8 @@ forward differences for the Jacobian, the 5x5 normal equations
 at its start value), a step halved until it lowers the sum of squares (each roofline
 max() is a kink a full step can cross), a weak prior toward the start constants
 (:class:`_Problem`) and more starts: the request latency that closes the median TTFT
-gap, the step overhead that closes the median TPOT gap, and both. Constants stay in range (``e``, ``u`` <= 1, overheads >= 0).
+gap, the step overhead that closes the median TPOT gap, and both. Constants stay in
+range (``e``, ``u`` <= 1, overheads >= 0).
 
 >>> from pagedkv.planner.gpus import find_gpu
 >>> from pagedkv.sim.clock.replay import ReplaySetup
