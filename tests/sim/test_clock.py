@@ -423,7 +423,8 @@ def test_validation_table_in_the_docs_is_current() -> None:
 
 #: Points the zero-fit clock misses (docs/simulator.md, "Validation"): relative error.
 MISSES = {
-    "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.203,
+    "Llama-3.1-8B FP8 offline H100 / L40S throughput": -0.224,
+    "Mistral-7B RTX 4090 c=16 mean TTFT": -0.285,
     "Qwen3-8B H100 ShareGPT c=4 mean TTFT": -0.680,
     "Llama-3.1-70B FP8 TP4 H100 median TPOT": -0.323,
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pagedkv.planner.gpus import GpuSpec
@@ -31,6 +31,7 @@ __all__ = [
     "setup_key",
     "simulate_point",
     "simulate_run",
+    "vllm_batch_defaults",
 ]
 
 #: Not in the table: given as a spec as any other GPU would be (NVIDIA Ada Lovelace
@@ -103,6 +104,35 @@ _LAMBDA_MIXTRAL = ((14, 129), (30, 529), (28, 273), (12, 207), (375, 118), (29, 
                    (369, 26), (5, 9), (236, 49))
 
 
+def vllm_batch_defaults(memory_gib: float, name: str, *, server: bool) -> tuple[int, int]:
+    """vLLM's default ``--max-num-batched-tokens`` and ``--max-num-seqs`` for a GPU of
+    ``memory_gib`` named ``name``: behind the API server (``vllm serve``) or in-process
+    (``LLM``, MLPerf offline). The tiers of ``EngineArgs.get_batch_defaults``
+    (``vllm/engine/arg_utils.py``, vLLM 0.33.0; the V1 engine's defaults): 160 GiB and up
+    16,384 / 1,024 both ways; 70 GiB and up except A100s 8,192 / 1,024 served, 16,384 /
+    1,024 in-process; anything else 2,048 / 256 served, 8,192 / 256 in-process.
+
+    >>> vllm_batch_defaults(24, "RTX-4090", server=True)
+    (2048, 256)
+    >>> vllm_batch_defaults(80, "H100-SXM", server=False)
+    (16384, 1024)
+    """
+    if memory_gib >= 160:
+        return 16384, 1024
+    if memory_gib >= 70 and "a100" not in name.lower():
+        return (8192 if server else 16384), 1024
+    return (2048 if server else 8192), 256
+
+
+def _served(run: Run, *, server: bool = True) -> Run:
+    """``run`` with the engine's default batch limits on its GPU (no flags given)."""
+    from pagedkv.planner.gpus import resolve_gpu
+
+    gpu = run.gpu if isinstance(run.gpu, GpuSpec) else resolve_gpu(run.gpu)
+    budget, seqs = vllm_batch_defaults(gpu.memory_gib, gpu.name, server=server)
+    return replace(run, token_budget=budget, max_running=seqs)
+
+
 def _qwen235(n_in: int, n_out: int, n: int) -> Run:
     return Run(model="Qwen3-235B-A22B-Instruct-2507", gpu="H100-SXM", tp=4, fp8=True,
                input_tokens=n_in, output_tokens=n_out, concurrency=None, num_requests=n,
@@ -110,8 +140,8 @@ def _qwen235(n_in: int, n_out: int, n: int) -> Run:
 
 
 def _a100(c: int) -> Run:
-    return Run(model="Llama-3.1-8B", gpu="A100-40GB", input_tokens=1024, output_tokens=128,
-               concurrency=c, num_requests=20 * c)
+    return _served(Run(model="Llama-3.1-8B", gpu="A100-40GB", input_tokens=1024,
+                       output_tokens=128, concurrency=c, num_requests=20 * c))
 
 
 def eos_lengths(input_tokens: int, max_output: int, mean_output: float,
@@ -139,13 +169,14 @@ _RTX_LENGTHS = eos_lengths(256, 128, 100.5, 300)
 
 
 def _rtx(c: int) -> Run:
-    return Run(model="Mistral-7B-v0.1", gpu=RTX_4090, input_tokens=256, output_tokens=128,
-               lengths=_RTX_LENGTHS, concurrency=c, num_requests=300)
+    return _served(Run(model="Mistral-7B-v0.1", gpu=RTX_4090, input_tokens=256,
+                       output_tokens=128, lengths=_RTX_LENGTHS, concurrency=c,
+                       num_requests=300))
 
 
 def _mlperf(gpu: str) -> Run:
-    return Run(model="Llama-3.1-8B", gpu=gpu, input_tokens=870, output_tokens=70,
-               concurrency=None, num_requests=2048, fp8=True)
+    return _served(Run(model="Llama-3.1-8B", gpu=gpu, input_tokens=870, output_tokens=70,
+                       concurrency=None, num_requests=2048, fp8=True), server=False)
 
 
 POINTS: tuple[Point, ...] = (
@@ -164,8 +195,8 @@ POINTS: tuple[Point, ...] = (
       for c, v in ((4, 63.0), (16, 155.0))),
     *(Point(name=f"Qwen3-8B H100 ShareGPT c=4 mean {what}",
             source=_GPUSTACK.format("qwen3-8b/h100-latency.md"),
-            run=Run(model="Qwen3-8B", gpu="H100-SXM", input_tokens=233, output_tokens=221,
-                    concurrency=4, num_requests=100),
+            run=_served(Run(model="Qwen3-8B", gpu="H100-SXM", input_tokens=233,
+                            output_tokens=221, concurrency=4, num_requests=100)),
             metric=metric, measured=v, tolerance=0.20)
       for what, metric, v in (("TPOT", "tpot_ms", 7.38), ("TTFT", "ttft_ms", 64.0))),
     Point(name="Llama-3.1-70B FP8 TP4 H100 median TPOT",
