@@ -112,17 +112,3 @@ class SimResult:
             for w in range(num_windows)
             if queries[w]
         ]
-
-    def latency_percentiles(self) -> dict[str, dict[str, float | None]]:
-        """Queue delay (arrival -> first scheduled) and TTFT (arrival -> first token) in
-        seconds at p50/p90/p99 (engine mode; empty otherwise)."""
-        if not self.arrival_s:
-            return {}
-        arrivals = self.arrival_s
-        queue = [s - a for a, s in zip(arrivals, self.first_scheduled_s, strict=True)
-                 if s is not None]
-        ttft = [f - a for a, f in zip(arrivals, self.first_token_s, strict=True) if f is not None]
-        return {
-            name: {f"p{q}": percentile(vals, q) for q in (50, 90, 99)}
-            for name, vals in (("queue_delay_s", queue), ("ttft_s", ttft))
-        }
