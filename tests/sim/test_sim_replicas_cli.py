@@ -92,3 +92,14 @@ def test_miss_attribution_sums_the_replicas() -> None:
             assert n == sum(x["missed_tokens"].get(reason, 0) for x in parts)
     text = _sim(*GEN, "--replicas", "2", "--router", "cache-aware", "--explain-misses")
     assert "Missed prompt tokens by reason (cache-aware, summed over 2 replicas" in text.stdout
+
+
+def test_replicas_publish_events_and_serve_metrics_from_the_cli() -> None:
+    # the flags reach every replica's engine: the run publishes and serves, exit 0
+    pytest.importorskip("zmq")
+    pytest.importorskip("prometheus_client")
+    p = _sim(*GEN, "--replicas", "2", "--router", "cache-aware",
+             "--kv-events-endpoint", "tcp://127.0.0.1:*", "--metrics-port", "0")
+    assert p.returncode == 0, p.stderr
+    assert "metrics: serving http://127.0.0.1:" in p.stderr
+    assert "cache-aware" in p.stdout
