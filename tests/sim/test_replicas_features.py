@@ -178,7 +178,7 @@ def test_the_endpoint_serves_on_loopback():
         compare_policies(workload(), CONFIG, num_replicas=2, policies=("round-robin",),
                          observers=reps.observers)
         reps.breakdown("round-robin")  # the last interval
-        body = urllib.request.urlopen(  # noqa: S310 (loopback, our own server)
+        body = urllib.request.urlopen(
             f"http://127.0.0.1:{reps.port}/metrics", timeout=10).read().decode()
     finally:
         reps.close()

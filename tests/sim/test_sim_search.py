@@ -53,7 +53,9 @@ def test_the_named_deployment_meets_the_slo_and_the_next_cheaper_does_not() -> N
     assert row["ttft"]["p99"] == best["metrics"]["ttft_p99_s"]
     # The next-cheaper one, replayed to the end, misses it.
     opts = {"limit": 300, "gpu": cheaper["gpu"], "tp": cheaper["tp"],
-            "replicas": cheaper["replicas"], "router": "least-loaded"}
+            "replicas": cheaper["replicas"], "router": cheaper["router"]}
+    if cheaper["kv_fraction"] is not None:
+        opts["gpu_memory_utilization"] = cheaper["kv_fraction"]
     assert not Slo(ttft_p99_s=slo["ttft_p99_s"], tpot_p99_ms=slo["tpot_p99_ms"]).met(
         run_point(_head(), opts))
 

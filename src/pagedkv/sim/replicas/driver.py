@@ -14,9 +14,9 @@ clock's request latency, as in ``simulate``). A chat turn with a ``parent`` arri
 think time after the parent finished, wherever the parent ran, and is routed then.
 
 With a policy that reads the index (cache-aware), each replica's manager publishes its
-KV-cache events once per step into an in-process
-:class:`~pagedkv.cluster.ingest.IndexIngest` feeding a
-:class:`~pagedkv.cluster.index.MemoryIndex` — the production path, with no delay — and,
+KV-cache events once per step into a :class:`~pagedkv.sim.replicas.live_index.LiveIndex`
+(what a :class:`~pagedkv.cluster.index.MemoryIndex` fed by the production ingest with no
+delay holds, without its bookkeeping) that the production router reads — and,
 with an events endpoint, onto that one endpoint under its data-parallel rank
 (:mod:`pagedkv.sim.replicas.events`).
 """
@@ -27,9 +27,9 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import cast
 
-from pagedkv.cluster.index import MemoryIndex, Replica
-from pagedkv.cluster.ingest import IndexIngest
+from pagedkv.cluster.index import ClusterIndex, Replica
 from pagedkv.cluster.router import POLICIES, CostWeights, ReplicaLoad, Router, make_policy
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.wire import wire_hash
@@ -40,6 +40,7 @@ from pagedkv.sim.models import CapacityPlan
 from pagedkv.sim.observe_engine import ReplayObserver
 from pagedkv.sim.options import MAX_REPLICAS
 from pagedkv.sim.replicas.events import ReplicaFeed, SharedEvents
+from pagedkv.sim.replicas.live_index import LiveIndex
 from pagedkv.sim.replicas.merge import PolicyResult, ReplicaReport, policy_result
 from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.workloads import Workload, request_block_hashes
@@ -107,7 +108,6 @@ def run_replicas(
     cfg = with_clock(config, workload)
     cap = capacity_for(workload, cfg)
     chosen = make_policy(policy, weights or CostWeights())
-    index = MemoryIndex(model=workload.name)
     sims: list[EngineSimulator] = []
     shared = None
     if cfg.scheduler.kv_events is not None:
@@ -115,13 +115,14 @@ def run_replicas(
             (lambda: sims[0].manager.prefix_index_snapshot()) if num_replicas == 1 else None))
     try:
         names = [Replica(pod=f"replica-{k}", dp_rank=None) for k in range(num_replicas)]
-        ingest = IndexIngest(index) if chosen.uses_index else None
+        index = LiveIndex() if chosen.uses_index else None
         for k, name in enumerate(names):
             sims.append(_replica(workload, cfg, cap, ReplicaFeed(
-                pod=name.pod, rank=k + (shared.base_rank if shared else 0), ingest=ingest,
-                shared=shared) if ingest is not None or shared is not None else None,
+                replica=name, rank=k + (shared.base_rank if shared else 0), index=index,
+                shared=shared) if index is not None or shared is not None else None,
                 None if observers is None else observers[k]))
-        router = Router(index, specs=sims[0].manager.config.groups, policy=chosen)
+        router = Router(cast(ClusterIndex, index), specs=sims[0].manager.config.groups,
+                        policy=chosen)
         clock = _Clock(workload, sims, names, router, progress)
         clock.stop_above_s = stop_above_ttft_p99_s
         owner = clock.run()

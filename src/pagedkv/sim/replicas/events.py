@@ -1,5 +1,5 @@
-"""Where each replica's KV-cache events go in a multi-replica run: the cluster index the
-router reads (cache-aware routing, in this process) and the one ZeroMQ endpoint of
+"""Where each replica's KV-cache events go in a multi-replica run: the index the router
+reads (cache-aware routing, in this process) and the one ZeroMQ endpoint of
 ``--kv-events-endpoint``, each batch tagged with its replica's data-parallel rank.
 
 vLLM's data-parallel engines each tag their payloads ``[timestamp, [events], dp_rank]``;
@@ -46,12 +46,12 @@ class SharedEvents:
 
 
 class _ReplicaPublisher:
-    """A replica's publisher: each step's events into the index ingest (if any) and onto
-    the shared endpoint (if any) under the replica's rank."""
+    """A replica's publisher: each step's events into the router's index (if any) and
+    onto the shared endpoint (if any) under the replica's rank."""
 
     def __init__(self, feed: ReplicaFeed) -> None:
-        self.ingest = feed.ingest
-        self.pod = feed.pod
+        self.index = feed.index
+        self.replica = feed.replica
         self.shared: SharedEvents | None = feed.shared
         self.rank = feed.rank
 
@@ -61,8 +61,8 @@ class _ReplicaPublisher:
         return None if self.shared is None else self.shared.publisher.stats
 
     def publish(self, events: Sequence[Any]) -> object:
-        if events and self.ingest is not None:
-            self.ingest.apply(self.pod, events)
+        if events and self.index is not None:
+            self.index.apply(self.replica, events)
         if self.shared is not None:  # also empty steps: they serve snapshot requests
             return self.shared.publisher.publish_as(events, self.rank)
         return None
@@ -73,13 +73,13 @@ class _ReplicaPublisher:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReplicaFeed(KVEventsConfig):
-    """The events config of replica ``pod``: into ``ingest`` (an
-    :class:`~pagedkv.cluster.ingest.IndexIngest`, or None) and onto ``shared`` (or None)
-    as data-parallel rank ``rank``."""
+    """The events config of ``replica``: into ``index`` (the
+    :class:`~pagedkv.sim.replicas.live_index.LiveIndex` the router reads, or None) and
+    onto ``shared`` (or None) as data-parallel rank ``rank``."""
 
-    pod: str = ""
+    replica: Any = None
     rank: int = 0
-    ingest: Any = field(default=None, compare=False, repr=False)
+    index: Any = field(default=None, compare=False, repr=False)
     shared: Any = field(default=None, compare=False, repr=False)
 
     def make_publisher(self, snapshot_fn: Callable[[], Any]) -> EventPublisher:
