@@ -156,7 +156,6 @@ def test_cli_metrics_port_zero_prints_the_port_and_serves_after_the_replay() -> 
         (["--metrics-port", "70000"], "--metrics-port must be in [0, 65535]"),
         (["--metrics-linger-s", "5"], "--metrics-linger-s goes with --metrics-port"),
         (["--explain-misses", "--ghost-entries", "-1"], "--ghost-entries must be >= 0"),
-        (["--explain-misses", "--replicas", "2"], "leave out --replicas"),
     ],
 )
 def test_flag_errors_are_one_line(

@@ -150,8 +150,7 @@ def test_calibrate_values_become_a_calibration() -> None:
     ({"generator": "agent", "groups": 2}, "--groups does not apply to --generator agent"),
     ({"generator": "agent", "trace": "a.jsonl"}, "--trace and --generator are alternatives"),
     ({"router": "round-robin"}, "--router needs --replicas N"),
-    ({"replicas": 2, "kv_events_endpoint": "tcp://127.0.0.1:5557"},
-     "--kv-events-endpoint does not apply to --replicas"),
+    ({"replicas": 2, "find_capacity": True}, "--find-capacity does not apply to --replicas"),
     ({"metrics_linger_s": 1.0}, "--metrics-linger-s goes with --metrics-port"),
     ({"explain_misses": True, "mode": "pure-cache"}, "--explain-misses observes the "
      "simulated engine"),

@@ -132,3 +132,37 @@ def test_progress_is_a_line_every_few_seconds_when_not_a_terminal():
     lines = out.getvalue().splitlines()
     assert [line.split(": ")[1].split(" ")[0] for line in lines] == ["2/10", "4/10", "10/10"]
     assert "\r" not in out.getvalue()
+
+
+class _ProductionIndex:
+    """The production path the simulation's live index stands for: a MemoryIndex fed by
+    an IndexIngest, with no delay."""
+
+    def __init__(self):
+        from pagedkv.cluster.index import MemoryIndex
+        from pagedkv.cluster.ingest import IndexIngest
+
+        self.index = MemoryIndex(model="m")
+        self.ingest = IndexIngest(self.index)
+        self.longest_prefix = self.index.longest_prefix
+        self.held_positions = self.index.held_positions
+
+    def apply(self, replica, events):
+        self.ingest.apply(replica.pod, events)
+
+
+@pytest.mark.parametrize("config", [
+    SimConfig(num_blocks=120, jobs=1, bounds=False, block_size=16),
+    SimConfig(model="Gemma-3-27B-it", gpu_memory="64GiB", memory_scale=0.3, jobs=1,
+              bounds=False),
+], ids=["full-attention", "hybrid"])
+def test_the_live_index_routes_as_the_production_index(config, monkeypatch):
+    from pagedkv.sim.replicas import driver
+
+    wl = workload()
+    live = run_replicas(wl, config, num_replicas=3, policy="cache-aware")
+    monkeypatch.setattr(driver, "LiveIndex", _ProductionIndex)
+    production = run_replicas(wl, config, num_replicas=3, policy="cache-aware")
+    assert live.requests_per_replica == production.requests_per_replica
+    assert figures_of_replicas(live) == figures_of_replicas(production)
+    assert live.hit_rate > 0 and live.num_preemptions + live.report.evicted_blocks > 0

@@ -32,8 +32,8 @@ def test_replicas_bad_values_are_one_line() -> None:
     assert p.returncode == 1 and "--replicas" in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("feature", [[], ["--host-memory", "8GiB"]],
-                         ids=["device-only", "host-tier"])
+@pytest.mark.parametrize("feature", [[], ["--host-memory", "8GiB"], ["--explain-misses"]],
+                         ids=["device-only", "host-tier", "explain-misses"])
 def test_one_replica_equals_the_single_engine(feature: list[str]) -> None:
     # The bundled default (its first 300 requests, the planner's capacity, the roofline
     # clock): --replicas 1 --router round-robin is the same replay, every figure equal,
@@ -46,8 +46,12 @@ def test_one_replica_equals_the_single_engine(feature: list[str]) -> None:
     engine = json.loads(one.stdout)
     (result,) = json.loads(rep.stdout)["results"]
     assert engine["preemptions"] > 0
-    if feature:  # the tier is used: blocks come back from host memory
+    if "--host-memory" in feature:  # the tier is used: blocks come back from host memory
         assert engine["host_tier"]["loads"] > 0
+    if "--explain-misses" in feature:  # the same misses by reason, interval by interval
+        assert engine["miss_breakdown"]["missed_tokens"]["evicted"] > 0
+        assert result["miss_breakdown"] == engine["miss_breakdown"]
+        assert result["miss_breakdown_per_replica"] == [engine["miss_breakdown"]]
     assert result["num_preemptions"] == engine["preemptions"]
     assert result["num_rejected"] == engine["rejected_requests"]
     assert result["hit_rate"] == engine["hit_rate"]
@@ -69,11 +73,33 @@ def test_one_replica_table_wording() -> None:
 
 
 def test_replicas_refuse_what_one_engine_owns() -> None:
-    # one events endpoint, and a host-memory sweep, belong to one engine: one line each
-    for args, words in ((["--host-memory", "1GiB,2GiB"], "one size"),
-                        (["--kv-events-endpoint", "tcp://127.0.0.1:5557"],
-                         "--kv-events-endpoint"),
-                        (["--explain-misses"], "--explain-misses observes one engine")):
-        p = _sim(*GEN, "--replicas", "2", *args)
-        assert p.returncode == 1 and words in p.stderr, p.stderr
-        assert len(p.stderr.strip().splitlines()) == 1
+    # a host-memory sweep compares sizes on one engine: one line
+    p = _sim(*GEN, "--replicas", "2", "--host-memory", "1GiB,2GiB")
+    assert p.returncode == 1 and "one size" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_miss_attribution_sums_the_replicas() -> None:
+    # two replicas: the summed breakdown is the sum of the per-replica ones, per policy
+    p = _sim(*GEN, "--replicas", "2", "--router", "compare", "--explain-misses", "--json")
+    assert p.returncode == 0, p.stderr
+    for r in json.loads(p.stdout)["results"]:
+        total, parts = r["miss_breakdown"], r["miss_breakdown_per_replica"]
+        assert len(parts) == 2 and all(x["queried_tokens"] > 0 for x in parts)
+        for key in ("queried_tokens", "hit_tokens"):
+            assert total[key] == sum(x[key] for x in parts)
+        for reason, n in total["missed_tokens"].items():
+            assert n == sum(x["missed_tokens"].get(reason, 0) for x in parts)
+    text = _sim(*GEN, "--replicas", "2", "--router", "cache-aware", "--explain-misses")
+    assert "Missed prompt tokens by reason (cache-aware, summed over 2 replicas" in text.stdout
+
+
+def test_replicas_publish_events_and_serve_metrics_from_the_cli() -> None:
+    # the flags reach every replica's engine: the run publishes and serves, exit 0
+    pytest.importorskip("zmq")
+    pytest.importorskip("prometheus_client")
+    p = _sim(*GEN, "--replicas", "2", "--router", "cache-aware",
+             "--kv-events-endpoint", "tcp://127.0.0.1:*", "--metrics-port", "0")
+    assert p.returncode == 0, p.stderr
+    assert "metrics: serving http://127.0.0.1:" in p.stderr
+    assert "cache-aware" in p.stdout

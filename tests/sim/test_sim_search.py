@@ -53,7 +53,9 @@ def test_the_named_deployment_meets_the_slo_and_the_next_cheaper_does_not() -> N
     assert row["ttft"]["p99"] == best["metrics"]["ttft_p99_s"]
     # The next-cheaper one, replayed to the end, misses it.
     opts = {"limit": 300, "gpu": cheaper["gpu"], "tp": cheaper["tp"],
-            "replicas": cheaper["replicas"], "router": "least-loaded"}
+            "replicas": cheaper["replicas"], "router": cheaper["router"]}
+    if cheaper["kv_fraction"] is not None:
+        opts["gpu_memory_utilization"] = cheaper["kv_fraction"]
     assert not Slo(ttft_p99_s=slo["ttft_p99_s"], tpot_p99_ms=slo["tpot_p99_ms"]).met(
         run_point(_head(), opts))
 
@@ -106,7 +108,14 @@ def test_a_search_without_answer_says_why() -> None:
     assert alone_ttft_p99_s(tokens, {"gpu": "H100-SXM"}) is None
     answer = find_deployment(tokens, {}, Slo(ttft_p99_s=1e-6, tpot_p99_ms=1e-3),
                              prices={"H100-SXM": 2.99}, max_replicas=2)
-    assert answer.best is None and len(answer.tried) == 3 * 2
+    assert answer.best is None
+    searched = [t.deployment for t in answer.tried if not t.deployment.widened]
+    widened = [t.deployment for t in answer.tried if t.deployment.widened]
+    assert len(searched) == 3 * 2  # 3 TP sizes x 1 and 2 replicas
+    # then each pair's costliest miss once more with the cache-aware router (the prompts
+    # share prefixes); no KV variant: nothing was preempted
+    assert sorted((d.tp, d.replicas, d.router) for d in widened) == [
+        (tp, 2, "cache-aware") for tp in (1, 2, 4)]
     assert "none of 3 TP sizes" in answer.lines([])[0]
 
 

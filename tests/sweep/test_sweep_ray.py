@@ -96,3 +96,18 @@ def test_ray_backend_streams_outcomes(ray_session: Any, tmp_path: Path) -> None:
     assert backend.workers == 2
     assert res.computed == 3
     assert [comparable(r) for r in res.rows] == [comparable(r) for r in ref.rows]
+
+
+def test_the_deployment_search_runs_on_ray_as_on_local_processes(ray_session: Any) -> None:
+    # simulate --find-capacity --ray: the same answer and figures as local processes
+    from pagedkv.sim import system_prompts
+    from pagedkv.sim.search import search_deployment
+
+    wl = system_prompts(num_groups=2, questions_per_group=4)
+    values = {"gpu_memory": None, "ray": None, "jobs": 2}
+    targets = {"ttft_p99_s": 1e-6, "tpot_p99_s": 1e-6}  # nothing meets: every pair tried
+    local = search_deployment(wl, values, **targets)
+    on_ray = search_deployment(wl, {**values, "ray": "auto"}, **targets)
+    assert len(on_ray.tried) == len(local.tried) > 0
+    assert [(t.deployment, t.metrics) for t in on_ray.tried] == \
+        [(t.deployment, t.metrics) for t in local.tried]

@@ -58,6 +58,7 @@ class _Batch(NamedTuple):
     seq: int
     timestamp_s: float
     events: Sequence[KVCacheEvent]
+    rank: int | None
 
 
 class _SnapshotJob(NamedTuple):
@@ -194,6 +195,12 @@ class ZmqEventPublisher:
 
         Raises InvalidArgumentError after :meth:`close`.
         """
+        return self.publish_as(events, self._config.data_parallel_rank)
+
+    def publish_as(self, events: Sequence[KVCacheEvent], data_parallel_rank: int | None) -> bool:
+        """:meth:`publish`, the batch tagged with ``data_parallel_rank`` instead of the
+        config's: several engines (data-parallel ranks) sharing this one publisher, each
+        batch naming its engine as vLLM's payload does. O(1)."""
         if self._closed:
             raise InvalidArgumentError("publish() on a closed ZmqEventPublisher")
         accepted = True
@@ -201,7 +208,7 @@ class ZmqEventPublisher:
             seq = self._next_seq
             self._next_seq = seq + 1
             if self._queue.qsize() < self._max_queue_size:
-                self._queue.put(_Batch(seq, time.time(), events))
+                self._queue.put(_Batch(seq, time.time(), events, data_parallel_rank))
             else:
                 self._num_dropped += 1
                 accepted = False
@@ -274,7 +281,8 @@ class ZmqEventPublisher:
                     break
                 if type(item) is _Batch:
                     payload = encode(
-                        item.events, timestamp_s=item.timestamp_s, data_parallel_rank=rank
+                        item.events, timestamp_s=item.timestamp_s,
+                        data_parallel_rank=item.rank,
                     )
                     seq_frame = encode_seq(item.seq)
                     # PUB never blocks: at the HWM it drops for that subscriber.

@@ -65,7 +65,8 @@ def main_run(args: argparse.Namespace) -> int:
     config = with_clock(request.config, wl) if request.config.mode == "engine" \
         else request.config  # find-capacity replays on the same clock
     if request.replicas is not None:
-        return run_replicas_cli(wl, config, request.replicas, out, what=what)
+        return run_replicas_cli(wl, config, request.replicas, out, what=what,
+                                observe=request.observe)
     progress = ProgressReporter(enabled=out.progress)
     observing = SimObserving.start(request.observe)  # --explain-misses, --metrics-port
     try:

@@ -20,13 +20,41 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
+from pagedkv.observe.metrics_endpoint import MetricsEndpoint
 from pagedkv.sim.observe_engine import MissBreakdown, ReplayObserver
 from pagedkv.sim.observe_support import plot_missed_tokens
 from pagedkv.sim.setup import ObserveOptions
 
-__all__ = ["PLOT_NAME", "SimObserving"]
+__all__ = ["PLOT_NAME", "SimObserving", "linger", "serve_metrics"]
 
 PLOT_NAME = "missed_tokens_by_reason.png"
+
+
+def serve_metrics(endpoint: MetricsEndpoint, port: int) -> int:
+    """Serve ``endpoint`` on 127.0.0.1:``port`` (0: a free one), say where on stderr and
+    return the bound port.
+
+    Raises:
+        InvalidArgumentError: the port is taken.
+    """
+    try:
+        bound = endpoint.serve(port)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
+            f"({exc.strerror or exc}); choose another port or 0 for a free one") from None
+    print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
+    return bound
+
+
+def linger(seconds: float) -> None:
+    """``--metrics-linger-s``: keep serving ``seconds`` after the replay (Ctrl-C stops)."""
+    if not seconds:
+        return
+    print(f"metrics: replay done; serving for {seconds:g} s more", file=sys.stderr,
+          flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop lingering
+        time.sleep(seconds)
 
 
 class SimObserving:
@@ -60,15 +88,7 @@ class SimObserving:
             from pagedkv.observe.prometheus import PrometheusExporter
 
             exporter = PrometheusExporter()
-            try:
-                bound = exporter.serve(port)
-            except OSError as exc:
-                raise InvalidArgumentError(
-                    f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
-                    f"({exc.strerror or exc}); choose another port or 0 for a free one"
-                ) from None
-            print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr,
-                  flush=True)
+            serve_metrics(exporter, port)
         return cls(explain=options.explain_misses, exporter=exporter,
                    linger_s=options.metrics_linger_s, ghost_entries=options.ghost_entries)
 
@@ -113,11 +133,8 @@ class SimObserving:
                 note = self.plot(plot_dir, title)
                 print(note, file=sys.stderr if json_mode else sys.stdout, flush=True)
             self.breakdown()  # the last interval, for the exporter too
-            if self.exporter is not None and self.linger_s:
-                print(f"metrics: replay done; serving for {self.linger_s:g} s more",
-                      file=sys.stderr, flush=True)
-                with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: stop lingering
-                    time.sleep(self.linger_s)
+            if self.exporter is not None:
+                linger(self.linger_s)
         finally:
             self.close()
 

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pagedkv.observe.prometheus import PrometheusExporter
     from pagedkv.sim.engine import EngineSimulator
 
-__all__ = ["MissBreakdown", "ReplayObserver", "interpret"]
+__all__ = ["MissBreakdown", "ReplayObserver", "interpret", "merged_breakdown"]
 
 #: Fine intervals per replay before they are folded into bars.
 _FINE_INTERVALS = 400
@@ -122,6 +122,7 @@ class ReplayObserver:
         self._counters = _MissCounters()
         #: (seconds from eviction to the lookup that missed it, tokens) per evicted run.
         self._gaps: list[tuple[float, int]] = []
+        self._finished_at: float | None = None
 
     # ------------------------------------------------------------------ wiring
 
@@ -191,21 +192,45 @@ class ReplayObserver:
         Raises:
             InvalidArgumentError: the observer's factory never built a manager (no replay).
         """
+        return merged_breakdown([self])
+
+    def _finish(self) -> None:
+        """Close the last interval, once per point in simulated time."""
         if self.observe is None:
             raise InvalidArgumentError("no replay was observed: pass the observer to "
                                        "pagedkv.sim.run(..., observer=...)")
-        self._close_interval()
-        end = max(self.now_s(), 1e-9)
-        width = end / self.num_bars
-        bars: list[list[MissStats]] = [[] for _ in range(self.num_bars)]
-        for t, s in self._fine:
-            bars[min(int(t / width - 1e-9), self.num_bars - 1)].append(s)
-        series = tuple(((k + 1) * width, merge_miss_stats(b)) for k, b in enumerate(bars))
-        total = merge_miss_stats(s for _, s in self._fine)
-        return MissBreakdown(total=total, series=series,
-                             eviction_gaps=tuple(sorted(self._gaps)),
-                             ghost_entries=self.ghost_entries,
-                             forgotten_evictions=self.observe.ghost.num_forgotten)
+        if self._finished_at != self.now_s():
+            self._close_interval()
+            self._finished_at = self.now_s()
+
+
+def merged_breakdown(observers: Sequence[ReplayObserver]) -> MissBreakdown:
+    """The missed tokens by reason of several replays on one clock (the replicas of one
+    multi-replica run) as one breakdown: their intervals in the same bars up to the
+    latest replay's end, their totals and eviction gaps summed. One observer's is its
+    :meth:`ReplayObserver.breakdown`.
+
+    Raises:
+        InvalidArgumentError: no observers, or one never built a manager (no replay).
+    """
+    if not observers:
+        raise InvalidArgumentError("merged_breakdown needs at least one observer")
+    for o in observers:
+        o._finish()
+    first = observers[0]
+    fine = [x for o in observers for x in o._fine]
+    end = max(max(o.now_s() for o in observers), 1e-9)
+    width = end / first.num_bars
+    bars: list[list[MissStats]] = [[] for _ in range(first.num_bars)]
+    for t, s in fine:
+        bars[min(int(t / width - 1e-9), first.num_bars - 1)].append(s)
+    series = tuple(((k + 1) * width, merge_miss_stats(b)) for k, b in enumerate(bars))
+    total = merge_miss_stats(s for _, s in fine)
+    return MissBreakdown(total=total, series=series,
+                         eviction_gaps=tuple(sorted(g for o in observers for g in o._gaps)),
+                         ghost_entries=first.ghost_entries,
+                         forgotten_evictions=sum(o.observe.ghost.num_forgotten
+                                                 for o in observers if o.observe))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

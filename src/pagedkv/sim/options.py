@@ -212,7 +212,8 @@ OPTIONS: tuple[Option, ...] = (
            nargs="?", const="default", metavar="TOKENS,..."),
     Option("--jobs", "processes for capacity-sweep points and bounds (default: CPU count)",
            "output", type=int, metavar="N"),
-    Option("--find-capacity", "also search the cheapest deployment (GPU, TP, replicas) "
+    Option("--find-capacity", "also search the cheapest deployment (GPU, TP, replicas, "
+           "router, KV memory) "
            "meeting --ttft-p99 and --tpot-p99", "output", action=_FLAG),
     Option("--ttft-p99", "TTFT p99 target for --find-capacity (default 2s)", "output",
            default="2s", metavar="DURATION"),
@@ -220,6 +221,9 @@ OPTIONS: tuple[Option, ...] = (
            default="100ms", metavar="DURATION"),
     Option("--no-find-capacity", "skip the search a saturated bundled default run does "
            "by itself", "output", action=_FLAG),
+    Option("--ray", "replay the deployment search's candidates as Ray tasks (pagedkv[ray]): "
+           "auto = the running cluster, else a local Ray on 127.0.0.1; or HOST:PORT",
+           "output", nargs="?", const="auto", metavar="auto|ADDRESS"),
     Option("--warmup-fraction", "'after warm-up' rates count requests from this fraction "
            "on (default 0.5)", "output",
            type=number_arg("--warmup-fraction", minimum=0, maximum=1,

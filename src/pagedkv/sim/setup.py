@@ -228,8 +228,7 @@ def _replicas(v: dict[str, Any]) -> ReplicaOptions | None:
     if v["mode"] != "engine":
         raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
     for flag, bad in (("--find-capacity", v["find_capacity"]),
-                      ("--capacity-sweep", bool(v["capacity_sweep"])),
-                      ("--kv-events-endpoint", bool(v["kv_events_endpoint"]))):
+                      ("--capacity-sweep", bool(v["capacity_sweep"]))):
         if bad:
             raise InvalidArgumentError(f"{flag} does not apply to --replicas; drop one of them")
     return ReplicaOptions(replicas=v["replicas"], router=v["router"] or "compare")
@@ -245,8 +244,6 @@ def _observe(v: dict[str, Any]) -> ObserveOptions | None:
     if v["mode"] != "engine":
         raise InvalidArgumentError(f"{flag} observes the simulated engine: use it with "
                                    "--mode engine")
-    if v["replicas"] is not None:
-        raise InvalidArgumentError(f"{flag} observes one engine: leave out --replicas")
     if v["ghost_entries"] < 0:
         raise InvalidArgumentError(f"--ghost-entries must be >= 0, got {v['ghost_entries']}")
     if v["metrics_linger_s"] < 0:

@@ -2,8 +2,9 @@
 
 The space: every GPU of the price table (``DEFAULT_PRICES_USD_PER_GPU_HOUR`` of
 :mod:`pagedkv.sweep.rows`), tensor parallelism :data:`TP_CHOICES`, 1 to ``max_replicas``
-replicas routed :data:`ROUTER`, the KV memory the planner gives the model on that GPU
-(``--gpu-memory-utilization``, ``--memory-scale`` as given). A deployment costs GPUs
+replicas routed :data:`ROUTER` or :data:`WIDE_ROUTER`, and the KV memory the planner
+gives the model on that GPU at the run's ``--gpu-memory-utilization`` (default 0.9) or at
+:data:`WIDE_KV_FRACTION` (``--memory-scale`` as given). A deployment costs GPUs
 (replicas x TP) x the GPU's price per hour. Each candidate is a sweep point
 (:func:`pagedkv.sweep.point.run_point`: the engine ``simulate`` runs, N of them on one
 clock) on the sweep's backends (local processes, or Ray), and meets the SLO when it
@@ -25,6 +26,13 @@ The search (bounded: at most ``max_points`` replays):
   timed by the pair's clock, plus the request latency (:func:`alone_ttft_p99_s`). No
   replica count lowers it.
 
+Then the search widens, only where that can change the answer: per (GPU, TP), its
+costliest replayed miss cheaper than the answer is replayed again with the cache-aware
+router (:data:`WIDE_ROUTER`; several replicas, and prompts that share prefixes) and with
+:data:`WIDE_KV_FRACTION` of the GPU's memory as KV (when the miss preempted requests),
+all in one batch on the backend (its workers run them at once). The cheapest variant
+that meets becomes the answer: the same cost's run's own settings come first.
+
 A pair the model does not fit (its replay raises) is dropped. The answer is the cheapest
 deployment that met the SLO, with the next-cheaper one that was replayed and missed.
 """
@@ -34,7 +42,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -53,27 +61,51 @@ TP_CHOICES = (1, 2, 4)
 ROUTER = "least-loaded"
 #: The SLO a default run's verdict searches for.
 DEFAULT_SLO = Slo(ttft_p99_s=2.0, tpot_p99_ms=100.0)
+#: The KV memory a widened candidate gets: this fraction of the GPU's memory (vLLM's
+#: ``--gpu-memory-utilization``; the default is 0.9).
+WIDE_KV_FRACTION = 0.95
+#: The router a widened candidate of several replicas gets.
+WIDE_ROUTER = "cache-aware"
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Deployment:
-    """``replicas`` x ``gpu`` at tensor parallelism ``tp``, ``usd_per_hour`` in all."""
+    """``replicas`` x ``gpu`` at tensor parallelism ``tp``, ``usd_per_hour`` in all,
+    routed by ``router``, its KV memory the planner's at ``kv_fraction`` of the GPU's
+    memory (None: the run's own ``--gpu-memory-utilization``). Ordered by cost, then the
+    run's own settings (``widened`` 0) before a widened variant of the same cost."""
 
     usd_per_hour: float
     replicas: int
     tp: int
     gpu: str
+    widened: int = 0
+    router: str = ROUTER
+    kv_fraction: float | None = None
 
     def options(self) -> dict[str, Any]:
         """Its ``simulate`` options (on top of the run's own)."""
-        return {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas, "router": ROUTER}
+        out: dict[str, Any] = {"gpu": self.gpu, "tp": self.tp, "replicas": self.replicas,
+                               "router": self.router}
+        if self.kv_fraction is not None:
+            out["gpu_memory_utilization"] = self.kv_fraction
+        return out
 
     def flags(self) -> list[str]:
-        return ["--gpu", self.gpu, "--tp", str(self.tp), "--replicas", str(self.replicas),
-                "--router", ROUTER]
+        out = ["--gpu", self.gpu, "--tp", str(self.tp), "--replicas", str(self.replicas),
+               "--router", self.router]
+        if self.kv_fraction is not None:
+            out += ["--gpu-memory-utilization", f"{self.kv_fraction:g}"]
+        return out
 
     def describe(self) -> str:
+        extra = []
+        if self.router != ROUTER and self.replicas > 1:
+            extra.append(self.router)
+        if self.kv_fraction is not None:
+            extra.append(f"KV at {self.kv_fraction:g} of GPU memory")
         return (f"{self.replicas} x {self.gpu}" + (f" TP {self.tp}" if self.tp > 1 else "")
+                + (f" {', '.join(extra)}" if extra else "")
                 + f" (${self.usd_per_hour:.2f}/h)")
 
 
@@ -130,7 +162,7 @@ class CapacityAnswer:
         if self.best is None:
             why = ("the search bound was reached first" if self.bounded else
                    f"none of {len(TP_CHOICES)} TP sizes x the priced GPUs x up to the "
-                   "replica bound meets it")
+                   "replica bound (nor their widened router and KV memory) meets it")
             known = [f for _, _, f in self.floors if f is not None]
             if known and len(known) == len(self.floors) and min(known) > self.slo.ttft_p99_s:
                 why = (f"the prompts' prefill alone gives a TTFT p99 of at least "
@@ -156,7 +188,8 @@ class CapacityAnswer:
 
 def _tried(t: Tried) -> dict[str, Any]:
     d = t.deployment
-    return {"gpu": d.gpu, "tp": d.tp, "replicas": d.replicas, "usd_per_hour": d.usd_per_hour,
+    return {"gpu": d.gpu, "tp": d.tp, "replicas": d.replicas, "router": d.router,
+            "kv_fraction": d.kv_fraction, "usd_per_hour": d.usd_per_hour,
             "meets_slo": t.meets, "error": t.error,
             "metrics": None if t.metrics is None else dict(t.metrics)}
 
@@ -214,13 +247,56 @@ def find_deployment(
         if found is not None and (best is None or found.deployment < best.deployment):
             best = found
     bounded = len(tried) >= max_points
+    if not bounded:  # widen: the router and the KV memory of the misses below the answer
+        own = base.get("gpu_memory_utilization") or 0.9
+        wide = _widened(tried, best, own_kv_fraction=own,
+                        shares_prefixes=_shares_prefixes(workload, base))
+        if wide:
+            say(f"find capacity: widening {len(wide)} missed deployments (router, KV memory)")
+            hits = [t for t in replay(wide[:max_points - len(tried)]) if t.meets]
+            if hits:
+                best = min(hits, key=lambda t: t.deployment)
     nxt = None
     if best is not None:
-        cheaper = [t for t in tried if not t.meets and t.deployment < best.deployment]
+        cheaper = [t for t in tried if not t.meets
+                   and t.deployment.usd_per_hour < best.deployment.usd_per_hour]
         nxt = max(cheaper, key=lambda t: t.deployment, default=None)
     return CapacityAnswer(slo=slo, best=best, next_cheaper=nxt, tried=tuple(tried),
                           bounded=bounded, wall_s=time.perf_counter() - t0,
                           floors=tuple((g, t, f) for (g, t), f in floors.items()))
+
+
+def _widened(tried: Sequence[Tried], best: Tried | None, *, own_kv_fraction: float,
+              shares_prefixes: bool) -> list[Deployment]:
+    """The variants worth a replay: per (GPU, TP), its costliest replayed miss cheaper
+    than ``best`` (the only candidates whose variant could change the answer), with the
+    cache-aware router (several replicas, and prompts that share prefixes: otherwise it
+    routes as least-loaded does) and with :data:`WIDE_KV_FRACTION` of the GPU's memory
+    as KV (when that is more than the run's own, and the miss preempted requests: the
+    cache was a limit). Cheapest first."""
+    limit = best.deployment.usd_per_hour if best is not None else float("inf")
+    costliest: dict[tuple[str, int], Tried] = {}
+    for t in tried:
+        d = t.deployment
+        if t.meets or t.metrics is None or d.widened or d.usd_per_hour >= limit:
+            continue
+        key = (d.gpu, d.tp)
+        if key not in costliest or d.replicas > costliest[key].deployment.replicas:
+            costliest[key] = t
+    out = []
+    for t in costliest.values():
+        d = t.deployment
+        if d.replicas > 1 and shares_prefixes:
+            out.append(replace(d, widened=1, router=WIDE_ROUTER))
+        if own_kv_fraction < WIDE_KV_FRACTION and (t.metrics or {}).get("preemptions"):
+            out.append(replace(d, widened=2, kv_fraction=WIDE_KV_FRACTION))
+    return sorted(out)
+
+
+def _shares_prefixes(workload: Workload, options: Mapping[str, Any]) -> bool:
+    """Whether an infinite cache would hit any prompt block (True when unknown)."""
+    spans = _spans(workload, options.get("block_size") or 16)
+    return spans is None or any(first > 0 for first, _ in spans)
 
 
 def _uncached(workload: Workload, block_size: int) -> list[tuple[int, int]] | None:
@@ -244,6 +320,15 @@ def _uncached(workload: Workload, block_size: int) -> list[tuple[int, int]] | No
 _SPANS: dict[tuple[int, int], list[tuple[int, int]] | None] = {}
 
 
+def _spans(workload: Workload, block_size: int) -> list[tuple[int, int]] | None:
+    """:func:`_uncached`, kept for the one workload searched at a time."""
+    key = (id(workload), block_size)
+    if key not in _SPANS:
+        _SPANS.clear()
+        _SPANS[key] = _uncached(workload, block_size)
+    return _SPANS[key]
+
+
 def alone_ttft_p99_s(workload: Workload, options: Mapping[str, Any]) -> float | None:
     """A lower bound of the TTFT p99 ``options`` give on ``workload`` whatever the
     replica count (module docstring); None when it cannot be computed (no roofline
@@ -261,11 +346,7 @@ def alone_ttft_p99_s(workload: Workload, options: Mapping[str, Any]) -> float | 
     if not isinstance(clock, RooflineStepModel):
         return None
     budget = config.scheduler.token_budget
-    key = (id(workload), config.block_size)
-    if key not in _SPANS:
-        _SPANS.clear()  # one workload at a time
-        _SPANS[key] = _uncached(workload, config.block_size)
-    spans = _SPANS[key]
+    spans = _spans(workload, config.block_size)
     if spans is None:
         return None
     times: list[float] = []

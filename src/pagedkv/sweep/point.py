@@ -136,7 +136,8 @@ def _replica_metrics(workload: Workload, config: SimConfig, replicas: int,
     r = run_replicas(workload, config, num_replicas=replicas, policy=router,
                      stop_above_ttft_p99_s=stop_s)
     if r.stopped_early:  # the TTFT p99 is over stop_s: its figures are the run so far
-        return {"requests": r.num_requests, "ttft_p99_s": math.inf, "stopped_early": True}
+        return {"requests": r.num_requests, "ttft_p99_s": math.inf, "stopped_early": True,
+                "preemptions": r.num_preemptions}
     return {
         "requests": r.num_requests, "rejected": r.num_rejected,
         "num_blocks": r.report.num_blocks, "hit_rate": r.hit_rate,

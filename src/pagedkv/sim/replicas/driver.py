@@ -14,9 +14,11 @@ clock's request latency, as in ``simulate``). A chat turn with a ``parent`` arri
 think time after the parent finished, wherever the parent ran, and is routed then.
 
 With a policy that reads the index (cache-aware), each replica's manager publishes its
-KV-cache events once per step into an in-process
-:class:`~pagedkv.cluster.ingest.IndexIngest` feeding a
-:class:`~pagedkv.cluster.index.MemoryIndex` — the production path, with no delay.
+KV-cache events once per step into a :class:`~pagedkv.sim.replicas.live_index.LiveIndex`
+(what a :class:`~pagedkv.cluster.index.MemoryIndex` fed by the production ingest with no
+delay holds, without its bookkeeping) that the production router reads — and,
+with an events endpoint, onto that one endpoint under its data-parallel rank
+(:mod:`pagedkv.sim.replicas.events`).
 """
 
 from __future__ import annotations
@@ -24,53 +26,28 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import cast
 
-from pagedkv.cluster.index import MemoryIndex, Replica
-from pagedkv.cluster.ingest import IndexIngest
+from pagedkv.cluster.index import ClusterIndex, Replica
 from pagedkv.cluster.router import POLICIES, CostWeights, ReplicaLoad, Router, make_policy
-from pagedkv.core.components import EventPublisher
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.events.config import KVEventsConfig
 from pagedkv.events.wire import wire_hash
 from pagedkv.sim.api import SimConfig, capacity_for, with_clock
 from pagedkv.sim.engine import EngineSimulator
 from pagedkv.sim.host_sweep import host_simulator
+from pagedkv.sim.models import CapacityPlan
+from pagedkv.sim.observe_engine import ReplayObserver
 from pagedkv.sim.options import MAX_REPLICAS
+from pagedkv.sim.replicas.events import ReplicaFeed, SharedEvents
+from pagedkv.sim.replicas.live_index import LiveIndex
 from pagedkv.sim.replicas.merge import PolicyResult, ReplicaReport, policy_result
+from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.workloads import Workload, request_block_hashes
 
 __all__ = ["MAX_REPLICAS", "compare_policies", "run_replicas"]
 #: ``(done, total)`` progress callback (requests finished).
 Progress = Callable[[int, int], None]
-
-
-class _IndexPublisher:
-    """A replica's event publisher: each step's events straight into the ingest."""
-
-    def __init__(self, ingest: IndexIngest, pod: str) -> None:
-        self.ingest = ingest
-        self.pod = pod
-
-    def publish(self, events: Sequence[Any]) -> object:
-        if events:
-            self.ingest.apply(self.pod, events)
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class IndexFeed(KVEventsConfig):
-    """Events of replica ``pod`` into ``ingest`` in this process (no socket)."""
-
-    pod: str = ""
-    ingest: Any = field(default=None, compare=False, repr=False)
-
-    def make_publisher(self, snapshot_fn: Callable[[], Any]) -> EventPublisher:
-        return _IndexPublisher(self.ingest, self.pod)
 
 
 def _check(num_replicas: int, policy: str, config: SimConfig) -> None:
@@ -84,9 +61,6 @@ def _check(num_replicas: int, policy: str, config: SimConfig) -> None:
             f"unknown router policy {policy!r}: choose one of {', '.join(POLICIES)}")
     if config.mode != "engine":
         raise InvalidArgumentError("--replicas simulates engines: use it with --mode engine")
-    if config.scheduler.kv_events is not None:
-        raise InvalidArgumentError("--kv-events-endpoint publishes one engine's events: "
-                                   "drop --replicas")
     if config.host is not None and config.host.sweep_memory_bytes:
         raise InvalidArgumentError("a host-memory sweep compares sizes on one engine: give "
                                    "--replicas one --host-memory size")
@@ -101,10 +75,18 @@ def run_replicas(
     weights: CostWeights | None = None,
     progress: Progress | None = None,
     stop_above_ttft_p99_s: float | None = None,
+    observers: Sequence[ReplayObserver] | None = None,
 ) -> PolicyResult:
     """Replay ``workload`` over ``num_replicas`` single engines configured by ``config``
     (each the engine ``simulate`` runs on its capacity), routed by ``policy`` (one of
     :data:`~pagedkv.cluster.router.POLICIES`).
+
+    Every replica gets what ``config`` gives ``simulate``'s engine: its own host tier,
+    and with ``config.scheduler.kv_events`` its events on that one endpoint, each batch
+    tagged with the replica's data-parallel rank (:mod:`pagedkv.sim.replicas.events`).
+    ``observers``: one :class:`~pagedkv.sim.observe_engine.ReplayObserver` per replica
+    (missed tokens by reason, Prometheus), each observing its replica's engine as
+    ``simulate``'s observer observes its one.
 
     ``stop_above_ttft_p99_s``: stop as soon as the TTFT p99 is sure to exceed it (more
     than 1 % of the requests, plus 2, already waited longer for their first token); the
@@ -113,38 +95,67 @@ def run_replicas(
     Raises:
         InvalidArgumentError: fewer than 1 or more than :data:`MAX_REPLICAS` replicas,
             an unknown policy, pure-cache mode, a host-memory sweep (one size per
-            replica's own host tier is simulated) or an events endpoint.
+            replica's own host tier is simulated), or not one observer per replica.
         PagedKVError: what ``simulate`` raises for ``config`` on ``workload``.
     """
     _check(num_replicas, policy, config)
     if not workload.requests:
         raise InvalidArgumentError("the workload has no requests")
+    if observers is not None and len(observers) != num_replicas:
+        raise InvalidArgumentError(f"observers: one per replica ({num_replicas}), got "
+                                   f"{len(observers)}")
     wall0 = time.perf_counter()
     cfg = with_clock(config, workload)
     cap = capacity_for(workload, cfg)
     chosen = make_policy(policy, weights or CostWeights())
-    index = MemoryIndex(model=workload.name)
-    ingest = IndexIngest(index) if chosen.uses_index else None
-    names = [Replica(pod=f"replica-{k}", dp_rank=None) for k in range(num_replicas)]
     sims: list[EngineSimulator] = []
-    for name in names:
-        sched = cfg.scheduler
-        if ingest is not None:
-            sched = replace(sched, kv_events=IndexFeed(pod=name.pod, ingest=ingest))
-        if cfg.host is not None:  # each replica its own host tier, as simulate's engine
-            sims.append(host_simulator(workload, cap, cfg.host, sched))
-            continue
-        sims.append(EngineSimulator(workload, block_size=cap.block_size,
-                                    num_blocks=cap.num_blocks, config=sched,
-                                    manager_factory=cap.factory))
-    router = Router(index, specs=sims[0].manager.config.groups, policy=chosen)
-    clock = _Clock(workload, sims, names, router, progress)
-    clock.stop_above_s = stop_above_ttft_p99_s
-    owner = clock.run()
-    results = [s.result(close=True) for s in sims]
+    shared = None
+    if cfg.scheduler.kv_events is not None:
+        shared = SharedEvents(cfg.scheduler.kv_events, snapshot_fn=(
+            (lambda: sims[0].manager.prefix_index_snapshot()) if num_replicas == 1 else None))
+    try:
+        names = [Replica(pod=f"replica-{k}", dp_rank=None) for k in range(num_replicas)]
+        index = LiveIndex() if chosen.uses_index else None
+        for k, name in enumerate(names):
+            sims.append(_replica(workload, cfg, cap, ReplicaFeed(
+                replica=name, rank=k + (shared.base_rank if shared else 0), index=index,
+                shared=shared) if index is not None or shared is not None else None,
+                None if observers is None else observers[k]))
+        router = Router(cast(ClusterIndex, index), specs=sims[0].manager.config.groups,
+                        policy=chosen)
+        clock = _Clock(workload, sims, names, router, progress)
+        clock.stop_above_s = stop_above_ttft_p99_s
+        owner = clock.run()
+        results = [s.result(close=True) for s in sims]
+    finally:
+        if shared is not None:
+            shared.close()
     out = policy_result(policy, workload, cfg, cap, results, owner,
                         wall_s=time.perf_counter() - wall0)
     return replace(out, stopped_early=clock.stopped) if clock.stopped else out
+
+
+def _checked(cfg: SimConfig) -> SchedulerConfig:
+    """The scheduler config with ``--check-invariants`` on every step, as ``simulate``."""
+    s = cfg.scheduler
+    if cfg.check_invariants and not s.check_invariants_every_step:
+        return replace(s, check_invariants_every_step=True)
+    return s
+
+
+def _replica(workload: Workload, cfg: SimConfig, cap: CapacityPlan, feed: ReplicaFeed | None,
+             observer: ReplayObserver | None) -> EngineSimulator:
+    """One replica: the engine ``simulate`` builds for ``cfg`` (its host tier, its
+    observer), its events into ``feed``."""
+    sched = _checked(cfg) if feed is None else replace(_checked(cfg), kv_events=feed)
+    if cfg.host is not None:  # each replica its own host tier, as simulate's engine
+        return host_simulator(workload, cap, cfg.host, sched, observer)
+    factory = cap.factory if observer is None else observer.wrap(cap.factory)
+    sim = EngineSimulator(workload, block_size=cap.block_size, num_blocks=cap.num_blocks,
+                          config=sched, manager_factory=factory)
+    if observer is not None:
+        observer.attach(sim)
+    return sim
 
 
 class _Clock:
@@ -271,16 +282,20 @@ def compare_policies(
     weights: CostWeights | None = None,
     phase: Callable[[str], None] | None = None,
     progress: Progress | None = None,
+    observers: Callable[[str, int], Sequence[ReplayObserver]] | None = None,
 ) -> ReplicaReport:
     """:func:`run_replicas` once per policy on the one loaded ``workload`` (default:
     round-robin, least-loaded, cache-aware), each on fresh replicas. ``phase(policy)`` is
-    called before each policy."""
+    called before each policy; ``observers(policy, num_replicas)`` gives that run's
+    observers (one per replica)."""
     results = []
     for policy in policies:
         if phase is not None:
             phase(policy)
-        results.append(run_replicas(workload, config, num_replicas=num_replicas,
-                                    policy=policy, weights=weights, progress=progress))
+        results.append(run_replicas(
+            workload, config, num_replicas=num_replicas, policy=policy, weights=weights,
+            progress=progress,
+            observers=None if observers is None else observers(policy, num_replicas)))
     return ReplicaReport(workload=workload.name, num_requests=len(workload.requests),
                          num_replicas=num_replicas, weights=weights or CostWeights(),
                          results=tuple(results))
