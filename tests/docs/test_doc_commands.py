@@ -64,6 +64,8 @@ RUNNABLE = sorted({c for c, p in PLAN.items() if isinstance(p, Run)})
 def test_documented_command_runs(command: str, tmp_path: pathlib.Path) -> None:
     plan = PLAN[command]
     assert isinstance(plan, Run)
+    if os.environ.get("PAGEDKV_PURE") == "1":
+        pytest.skip("the docs' commands run once, in the compiled-core pass (CI runs both)")
     if plan.needs and importlib.util.find_spec(plan.needs) is None:
         pytest.skip(f"needs {plan.needs}")
     for name in LINKED:

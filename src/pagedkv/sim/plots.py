@@ -25,6 +25,35 @@ _COLORS = {"lru": "tab:blue", "belady": "tab:orange", "infinite": "tab:gray",
            "achieved": "tab:blue", "ideal": "tab:green"}
 
 
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
+    """Save ``fig`` to ``path`` (its folder made if needed), close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
+def human_label(code: str) -> str:
+    """A reason or policy code as a reader says it: ``never_seen`` -> ``never seen``."""
+    return code.replace("_", " ").replace("-", " ") if "_" in code else code
+
+
+def mark_percentiles(ax: Any, sorted_values: list[float]) -> None:
+    """p50 and p99 of a CDF as dashed lines with their values written beside them."""
+    if not sorted_values:
+        return
+    n = len(sorted_values)
+    for share, colour in ((0.50, "tab:green"), (0.99, "tab:red")):
+        value = sorted_values[min(n - 1, max(0, int(share * n + 0.5) - 1))]
+        ax.axvline(value, color=colour, ls="--", lw=0.9)
+        ax.annotate(f"p{round(share * 100)} {value:.3g}", (value, share),
+                    textcoords="offset points", xytext=(4, -12 if share > 0.9 else 4),
+                    fontsize=8, color=colour)
+
+
 def check_plot_dir(plot_dir: str | Path) -> Path:
     """Create ``plot_dir`` if needed and check it is writable — before a long replay.
 
@@ -95,15 +124,16 @@ def _latency(report: SimReport, path: Path) -> Path:
                               (axes[2], e2e, "end-to-end (s)")):
         xs = sorted(values)
         ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+        mark_percentiles(ax, xs)
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests")
         ax.grid(alpha=0.3)
     clock = (report.clock or {}).get("description", "")
-    fig.suptitle(f"per-request latency — clock {clock}", fontsize=10)
+    workload = report.to_dict().get("workload", "")
+    fig.suptitle(f"{workload}: per-request latency (CDF, p50/p99 marked)\nclock {clock}",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
@@ -161,9 +191,7 @@ def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
         ax2.legend(lines, [str(ln.get_label()) for ln in lines], fontsize=8,
                    loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _capacity(s: dict[str, Any], path: Path) -> Path:
@@ -202,6 +230,4 @@ def _capacity(s: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14),
               frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
