@@ -147,9 +147,9 @@ PLAN: dict[str, Run | Skip] = {
         Skip("llama-70b-fp8.json is the config the reader writes (the comment above); "
              "tests/sim calibrates on the same measurements"),
     "PYTHONPATH=src python benchmarks/clock_overhead.py --repeat 5":
-        Run(replace=(("5", "1"),)),
+        Run(LIMIT, replace=(("5", "1"),)),
     "PYTHONPATH=src python benchmarks/clock_overhead.py --trace "
-    "data/traces/conversation_trace.jsonl.gz --repeat 3": Run(replace=(("3", "1"),)),
+    "data/traces/conversation_trace.jsonl.gz --repeat 3": Run(LIMIT, replace=(("3", "1"),)),
     "pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz --mode pure-cache "
     "--block-size 512 --capacity-sweep --semantics reference": Run(),
     "pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz --mode pure-cache "

@@ -94,7 +94,11 @@ def write_plots(report: SimReport, plot_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     out_dir = check_plot_dir(plot_dir)
     s = report.to_dict()
-    written = [_hit_rate_usage(s, out_dir / "hit_rate_usage.png")]
+    # the second title line: the clock names model, TP and GPU; without one, the capacity
+    capacity = (s.get("settings") or {}).get("capacity") or {}
+    clock = str((report.clock or {}).get("description", "")
+                or (f"capacity: {capacity['source']}" if capacity.get("source") else ""))
+    written = [_hit_rate_usage(s, out_dir / "hit_rate_usage.png", clock=clock)]
     if s.get("capacity_sweep"):
         written.append(_capacity(s, out_dir / "hit_rate_vs_capacity.png"))
     if report.engine is not None and report.result is not None:
@@ -136,7 +140,7 @@ def _latency(report: SimReport, path: Path) -> Path:
     return save_figure(fig, path, dpi=100)
 
 
-def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
+def _hit_rate_usage(s: dict[str, Any], path: Path, *, clock: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     engine = s["mode"] == "engine"
@@ -169,7 +173,8 @@ def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.04 if engine else -0.16),
               ncol=3, frameon=False)
     ax.set_title(f"{s['workload']}: {s['mode']}, block {s['block_size']}, "
-                 f"{s['capacity_tokens']:,} tokens")
+                 f"{s['capacity_tokens']:,} tokens" + (f"\n{clock}" if clock else ""),
+                 fontsize=10)
     if not engine:
         ax.set_xlabel(xlabel)
     else:
@@ -226,7 +231,7 @@ def _capacity(s: dict[str, Any], path: Path) -> Path:
     top = max(100 * max(r["infinite"], r["infinite_after_warmup"]) for r in rows)
     ax.set_ylim(0, min(100.0, max(2.0, top * 1.15)))
     ax.set_title(f"{s['workload']}: hit rate vs capacity, block {s['block_size']}, "
-                 f"pure-cache mode ({s['semantics']} semantics)")
+                 f"pure-cache mode ({s['semantics']} semantics)", fontsize=10)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14),
               frameon=False)
     fig.tight_layout()
