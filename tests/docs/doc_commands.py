@@ -151,13 +151,13 @@ PLAN: dict[str, Run | Skip] = {
     "PYTHONPATH=src python benchmarks/clock_overhead.py --trace "
     "data/traces/conversation_trace.jsonl.gz --repeat 3": Run(LIMIT, replace=(("3", "1"),)),
     "pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz --mode pure-cache "
-    "--block-size 512 --capacity-sweep --semantics reference": Run(),
+    "--block-size 512 --capacity-sweep --semantics reference": Run(LIMIT),
     "pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz --mode pure-cache "
-    "--block-size 512 --capacity-sweep": Run(),
+    "--block-size 512 --capacity-sweep": Run(LIMIT),
     "pagedkv simulate --trace data/traces/synthetic_trace.jsonl.gz --mode pure-cache "
-    "--block-size 512 --capacity-sweep": Run(),
+    "--block-size 512 --capacity-sweep": Run(LIMIT),
     "pagedkv simulate --trace data/traces/synthetic_trace.jsonl.gz --mode pure-cache "
-    "--block-size 16 --capacity-sweep": Run(),
+    "--block-size 16 --capacity-sweep": Run(LIMIT),
     "python benchmarks/sim_speed.py --other-src '<an' older 'checkout>/src' --trace "
     "data/traces/conversation_trace.jsonl.gz --runs 3":
         Skip("compares against an older checkout the reader names"),
