@@ -40,6 +40,7 @@ _SUBCOMMAND_MODULES = (
     "pagedkv.bench",
     "pagedkv.cluster.cli",
     "pagedkv.torch.cli",
+    "pagedkv.doctor",
 )
 
 

@@ -138,10 +138,12 @@ def require(module: str, extra: str, feature: str) -> object:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install."""
     import importlib
 
+    from pagedkv.doctor import install_command
+
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
             f"{feature} needs the optional package {module!r}; "
-            f"install it with: pip install 'pagedkv[{extra}]'"
+            f"install it with: {install_command(extra)}"
         ) from exc

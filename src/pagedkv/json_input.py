@@ -174,8 +174,11 @@ def parse_yaml(text: str, source: str) -> Any:
     try:
         import yaml  # type: ignore[import-untyped, unused-ignore]
     except ImportError:
-        raise MissingDependencyError(f"{source}: reading YAML needs PyYAML: pip install "
-                                     "'pagedkv[yaml]' (or write the file as JSON)") from None
+        from pagedkv.doctor import install_command
+
+        raise MissingDependencyError(f"{source}: reading YAML needs PyYAML: "
+                                     f"{install_command('yaml')} (or write the file as JSON)"
+                                     ) from None
     from pagedkv.yaml_loader import strict_loader
 
     try:

@@ -35,6 +35,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: dict[str, int] = {
     "pagedkv.errors": 0,
     "pagedkv.checks": 0,
+    "pagedkv.doctor": 0,  # install hints for every message (its report reads the core lazily)
     "pagedkv.cli_args": 0,
     "pagedkv.json_input": 0,
     "pagedkv.yaml_loader": 0,

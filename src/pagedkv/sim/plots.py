@@ -25,6 +25,35 @@ _COLORS = {"lru": "tab:blue", "belady": "tab:orange", "infinite": "tab:gray",
            "achieved": "tab:blue", "ideal": "tab:green"}
 
 
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
+    """Save ``fig`` to ``path`` (its folder made if needed), close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
+def human_label(code: str) -> str:
+    """A reason or policy code as a reader says it: ``never_seen`` -> ``never seen``."""
+    return code.replace("_", " ").replace("-", " ") if "_" in code else code
+
+
+def mark_percentiles(ax: Any, sorted_values: list[float]) -> None:
+    """p50 and p99 of a CDF as dashed lines with their values written beside them."""
+    if not sorted_values:
+        return
+    n = len(sorted_values)
+    for share, colour in ((0.50, "tab:green"), (0.99, "tab:red")):
+        value = sorted_values[min(n - 1, max(0, int(share * n + 0.5) - 1))]
+        ax.axvline(value, color=colour, ls="--", lw=0.9)
+        ax.annotate(f"p{round(share * 100)} {value:.3g}", (value, share),
+                    textcoords="offset points", xytext=(4, -12 if share > 0.9 else 4),
+                    fontsize=8, color=colour)
+
+
 def check_plot_dir(plot_dir: str | Path) -> Path:
     """Create ``plot_dir`` if needed and check it is writable — before a long replay.
 
@@ -65,7 +94,11 @@ def write_plots(report: SimReport, plot_dir: str | Path) -> list[Path]:
     matplotlib.use("Agg")
     out_dir = check_plot_dir(plot_dir)
     s = report.to_dict()
-    written = [_hit_rate_usage(s, out_dir / "hit_rate_usage.png")]
+    # the second title line: the clock names model, TP and GPU; without one, the capacity
+    capacity = (s.get("settings") or {}).get("capacity") or {}
+    clock = str((report.clock or {}).get("description", "")
+                or (f"capacity: {capacity['source']}" if capacity.get("source") else ""))
+    written = [_hit_rate_usage(s, out_dir / "hit_rate_usage.png", clock=clock)]
     if s.get("capacity_sweep"):
         written.append(_capacity(s, out_dir / "hit_rate_vs_capacity.png"))
     if report.engine is not None and report.result is not None:
@@ -95,18 +128,19 @@ def _latency(report: SimReport, path: Path) -> Path:
                               (axes[2], e2e, "end-to-end (s)")):
         xs = sorted(values)
         ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))])
+        mark_percentiles(ax, xs)
         ax.set_xlabel(label)
         ax.set_ylabel("share of requests")
         ax.grid(alpha=0.3)
     clock = (report.clock or {}).get("description", "")
-    fig.suptitle(f"per-request latency — clock {clock}", fontsize=10)
+    workload = report.to_dict().get("workload", "")
+    fig.suptitle(f"{workload}: per-request latency (CDF, p50/p99 marked)\nclock {clock}",
+                 fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
-def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
+def _hit_rate_usage(s: dict[str, Any], path: Path, *, clock: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     engine = s["mode"] == "engine"
@@ -139,7 +173,8 @@ def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.04 if engine else -0.16),
               ncol=3, frameon=False)
     ax.set_title(f"{s['workload']}: {s['mode']}, block {s['block_size']}, "
-                 f"{s['capacity_tokens']:,} tokens")
+                 f"{s['capacity_tokens']:,} tokens" + (f"\n{clock}" if clock else ""),
+                 fontsize=10)
     if not engine:
         ax.set_xlabel(xlabel)
     else:
@@ -161,9 +196,7 @@ def _hit_rate_usage(s: dict[str, Any], path: Path) -> Path:
         ax2.legend(lines, [str(ln.get_label()) for ln in lines], fontsize=8,
                    loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _capacity(s: dict[str, Any], path: Path) -> Path:
@@ -198,10 +231,8 @@ def _capacity(s: dict[str, Any], path: Path) -> Path:
     top = max(100 * max(r["infinite"], r["infinite_after_warmup"]) for r in rows)
     ax.set_ylim(0, min(100.0, max(2.0, top * 1.15)))
     ax.set_title(f"{s['workload']}: hit rate vs capacity, block {s['block_size']}, "
-                 f"pure-cache mode ({s['semantics']} semantics)")
+                 f"pure-cache mode ({s['semantics']} semantics)", fontsize=10)
     ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14),
               frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -75,7 +75,10 @@ def run_replicas_cli(workload: Workload, config: SimConfig, replicas: ReplicaOpt
     sys.stdout.flush()
     if plot_path is not None:
         try:
-            written = plot_replica_reports([report], plot_path)
+            shape = (f"{config.model or 'Llama-3.1-8B'} TP {config.tp} on "
+                     f"{config.gpu or 'H100-SXM'} per replica" if config.num_blocks is None
+                     else f"{config.num_blocks} blocks per replica")
+            written = plot_replica_reports([report], plot_path, title=shape)
             msg = f"plot written to {written.resolve()}"
         except MissingDependencyError as exc:
             msg = f"plots skipped: {exc}"

@@ -119,17 +119,24 @@ def plot_pareto(rows: Sequence[Row], axes: Sequence[str], slo: Slo, path: str | 
                     (best["usd_per_hour"], best["ttft_p99_s"]), textcoords="offset points",
                     xytext=(12, -28), fontsize=8.5,
                     bbox={"boxstyle": "round", "fc": "white", "ec": "0.6"})
+    # Every point named by its number (the sweep's table and rows.csv); points that
+    # coincide share one label.
+    at: dict[tuple[float, float], list[str]] = {}
+    for r in pts:
+        at.setdefault((r["usd_per_hour"], r["ttft_p99_s"]), []).append(str(r.get("point")))
+    for (x, y), names in at.items():
+        ax.annotate(",".join(names), (x, y), textcoords="offset points", xytext=(5, 2),
+                    fontsize=7, color="0.25")
     ys = [r["ttft_p99_s"] for r in pts if r["ttft_p99_s"] > 0]
     if ys and max(ys) / min(ys) > 30:
         ax.set_yscale("log")
-    ax.set_xlabel("deployment cost (US$ per hour: GPUs × price per GPU-hour)")
+    ax.set_xlabel("deployment cost (US$ per hour: GPUs × price per GPU-hour); "
+                  "numbers: grid points (the sweep's table)")
     ax.set_ylabel("TTFT p99 (s)")
     ax.set_title(title or "cost vs TTFT p99 of every grid point", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    from pagedkv.sim.plots import save_figure
+
+    return save_figure(fig, path)

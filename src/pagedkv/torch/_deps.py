@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from pagedkv.doctor import install_command
 from pagedkv.errors import MissingDependencyError
 
 try:
     import torch
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise MissingDependencyError(
-        "pagedkv.torch needs PyTorch; install it with: pip install 'pagedkv[torch]'"
+        f"pagedkv.torch needs PyTorch; install it with: {install_command('torch')}"
     ) from exc
 
 __all__ = ["torch"]

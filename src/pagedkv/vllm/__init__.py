@@ -9,7 +9,8 @@ scheduler, KV connectors and engine core read. Layouts pagedkv cannot run exactl
 refused at construction with one line naming the kind and the fallback
 (:mod:`pagedkv.vllm.layout`). See ``docs/vllm.md``.
 
-Importing this package needs no vLLM; its classes do (``pip install 'pagedkv[vllm]'``).
+Importing this package needs no vLLM; its classes do (``pagedkv doctor`` prints the install
+command for this machine: vLLM's CPU build where no GPU is seen).
 """
 
 from __future__ import annotations

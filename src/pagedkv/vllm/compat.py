@@ -97,12 +97,14 @@ def require_vllm() -> str:
         MissingDependencyError: vLLM is not installed, or another release (one line
             naming the fix).
     """
+    from pagedkv.doctor import install_command
+
     try:
         import vllm
     except ImportError as e:
         raise MissingDependencyError(
-            f"pagedkv.vllm needs vLLM {' or '.join(SUPPORTED_VLLM)} (pip install "
-            f"'pagedkv[vllm]'): {e}"
+            f"pagedkv.vllm needs vLLM {' or '.join(SUPPORTED_VLLM)} "
+            f"({install_command('vllm')}): {e}"
         ) from None
     version = str(getattr(vllm, "__version__", ""))
     series = release_of(version)
@@ -110,5 +112,6 @@ def require_vllm() -> str:
         wanted = " or ".join(s + ".*" for s in SUPPORTED_VLLM)
         raise MissingDependencyError(
             f"pagedkv.vllm supports vLLM {wanted}, found {version or 'unknown'}; "
-            f"pip install 'vllm=={SUPPORTED_VLLM[-1]}.*' or run without --scheduler-cls")
+            f"install a supported one ({install_command('vllm')}) or run without "
+            "--scheduler-cls")
     return series

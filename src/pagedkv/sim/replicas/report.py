@@ -75,11 +75,15 @@ def replica_report_json(report: ReplicaReport) -> dict[str, Any]:
             "weights": dataclasses.asdict(report.weights), "results": results}
 
 
-def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> Path:
-    """Hit rate and TTFT p50/p99 per policy, one group of bars per cluster size."""
+def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path, *,
+                         title: str = "") -> Path:
+    """Hit rate and TTFT p50/p99 per policy, one group of bars per cluster size, each bar
+    labelled with its value; the legend below the panels (clear of the bars); ``title``
+    (model, GPU, ...) under the workload in the heading."""
     matplotlib: Any = require("matplotlib", "plot", "multi-replica plots")
     matplotlib.use("Agg")
     plt: Any = require("matplotlib.pyplot", "plot", "multi-replica plots")
+    from pagedkv.sim.plots import save_figure
     policies: list[str] = []
     for report in reports:
         for r in report.results:
@@ -92,7 +96,7 @@ def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> 
         ("TTFT p50 (s)", lambda r: r.ttft.p50 or 0.0),
         ("TTFT p99 (s)", lambda r: r.ttft.p99 or 0.0),
     ]
-    for ax, (title, value) in zip(axes, panels, strict=True):
+    for ax, (panel, value) in zip(axes, panels, strict=True):
         for k, policy in enumerate(policies):
             xs, ys = [], []
             for x, report in enumerate(reports):
@@ -100,16 +104,17 @@ def plot_replica_reports(reports: Sequence[ReplicaReport], path: str | Path) -> 
                 if found:
                     xs.append(x + (k - (len(policies) - 1) / 2) * width)
                     ys.append(value(found[0]))
-            ax.bar(xs, ys, width=width, label=policy)
+            bars = ax.bar(xs, ys, width=width, label=policy)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
         ax.set_xticks(range(len(reports)))
         ax.set_xticklabels([_replicas(r.num_replicas) for r in reports])
-        ax.set_title(title)
+        ax.set_title(panel)
+        ax.margins(y=0.15)  # room above the tallest bar for its label
         ax.grid(axis="y", alpha=0.3)
-    axes[0].legend()
-    fig.suptitle(f"{reports[0].workload}: router policies" if reports else "router policies")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=max(len(names), 1), fontsize=9,
+               title="router policy", title_fontsize=9)
+    heading = f"{reports[0].workload}: router policies" if reports else "router policies"
+    fig.suptitle(heading + (f"\n{title}" if title else ""), fontsize=10)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return save_figure(fig, path)
