@@ -121,12 +121,11 @@ PLAN: dict[str, Run | Skip] = {
     # docs/host_tier.md
     "pagedkv simulate --trace data/traces/conversation_trace.jsonl.gz --host-memory 256GiB "
     "--host-bandwidth-gbps 25": Run(LIMIT),
-    "python benchmarks/host_tier_sim.py --limit 1500": Run(replace=(("1500", "100"),)),
-    "pagedkv simulate --step-model linear --host-memory 256GiB,1TiB --no-bounds": Run(LIMIT),
-    "pagedkv simulate --step-model linear --host-memory 256GiB,1TiB --host-write-policy "
-    "write-through --no-bounds": Run(LIMIT),
-    "python benchmarks/host_tier_sim.py": Skip("the whole trace, 71 minutes; the --limit "
-                                               "form above runs"),
+    "pagedkv simulate --limit 300 --host-memory 256GiB,1TiB --no-bounds":
+        Skip("tests/sim/test_doc_figures.py runs it and compares the doc's table"),
+    "pagedkv simulate --limit 300 --host-memory 256GiB,1TiB --host-write-policy "
+    "write-through --no-bounds":
+        Skip("tests/sim/test_doc_figures.py runs it and compares the doc's table"),
     "python -m pytest tests/torch/test_host_tier_torch.py":
         Skip("part of the suite (tests/torch, with PyTorch)"),
     # docs/observability.md
