@@ -193,15 +193,21 @@ def _kernel_alignment(
     return alignment, checkpoint_blocks
 
 
-def _check_budget(spec: ModelSpec, weights: WeightEstimate, budget: MemoryBudget) -> None:
-    """Raise ConfigError when weights and the activation reserve leave no KV memory."""
+def _check_budget(spec: ModelSpec, weights: WeightEstimate, budget: MemoryBudget,
+                  tp_size: int) -> None:
+    """Raise ConfigError when weights and the activation reserve leave no KV memory,
+    naming the tensor-parallel size that would leave some (weights split evenly)."""
     if budget.kv_cache_bytes <= 0:
+        per_rank = weights.weight_bytes_per_rank
+        room = budget.usable_bytes - budget.activation_reserve_bytes
+        tp = next((n for n in (2, 4, 8, 16, 32, 64)
+                   if n > tp_size and per_rank * tp_size / n < room), None)
         raise ConfigError(
-            f"{spec.name}: weights ({format_bytes(weights.weight_bytes_per_rank)} per "
-            f"rank) and the activation reserve "
-            f"({format_bytes(budget.activation_reserve_bytes)}) exceed the usable "
-            f"{format_bytes(budget.usable_bytes)} of GPU memory; use more tensor "
-            "parallelism, lower-precision weights, or give the KV-cache memory directly"
+            f"{spec.name}: the weights ({format_bytes(per_rank)} per GPU at TP {tp_size}) "
+            f"and the activation reserve ({format_bytes(budget.activation_reserve_bytes)}) "
+            f"exceed the usable {format_bytes(budget.usable_bytes)} of one GPU: use "
+            f"--tp {tp or 'N'}, a larger GPU (--gpu), lower-precision weights "
+            "(--weight-dtype), or give the KV-cache memory directly (--kv-cache-memory)"
         )
 
 
@@ -305,7 +311,7 @@ def plan_model(
                                  weight_bytes=weights.weight_bytes_per_rank,
                                  activation_reserve_bytes=activation_reserve_bytes)
         kv_bytes = budget.kv_cache_bytes
-        _check_budget(spec, weights, budget)
+        _check_budget(spec, weights, budget, tp_size)
     max_model_len = _max_model_len(spec, source, max_model_len)
     mnbt = max_num_batched_tokens or gpu_spec.serve_batched_tokens
     modes = {"on": [("hybrid on", True)], "off": [("hybrid off", False)],

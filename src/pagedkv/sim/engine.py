@@ -249,8 +249,12 @@ class EngineSimulator:
         while pending and pending[0][0] <= self.now_s:
             t, i = heapq.heappop(pending)
             res.arrival_s[i] = t - self._latency_s
-            if self._blocks_needed(reqs[i]) > self.capacity_blocks:
+            limit = self.config.max_model_len
+            over_context = limit is not None and (
+                reqs[i].num_prompt_tokens + max(1, reqs[i].num_output_tokens) > limit)
+            if over_context or self._blocks_needed(reqs[i]) > self.capacity_blocks:
                 res.rejected += 1
+                res.rejected_over_context += over_context
                 self._done(i, t)
             else:
                 self.waiting.append(

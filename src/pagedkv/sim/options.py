@@ -173,6 +173,11 @@ OPTIONS: tuple[Option, ...] = (
            "0.9)", "capacity", type=number_arg("--gpu-memory-utilization", minimum=0,
                                                minimum_exclusive=True, maximum=1),
            default=0.9, metavar="FRACTION"),
+    Option("--max-model-len", "longest request (prompt + output tokens) the engine takes: "
+           "a longer one is rejected on arrival, as vLLM's server refuses it, and counted "
+           "by reason (default: the model's context, max_position_embeddings; engine mode "
+           "with --model)", "capacity", type=whole_arg("--max-model-len", minimum=1),
+           metavar="TOKENS"),
     Option("--tp", "tensor-parallel size for --model (default 1)", "capacity",
            type=whole_arg("--tp", minimum=1, maximum=1024), default=1, metavar="N"),
     # engine

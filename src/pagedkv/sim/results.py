@@ -44,6 +44,8 @@ class SimResult:
     preempted_query_tokens: int = 0
     preempted_hit_tokens: int = 0
     rejected: int = 0
+    #: of ``rejected``: longer than the model's context (``SchedulerConfig.max_model_len``)
+    rejected_over_context: int = 0
     sample_time_s: list[float] = field(default_factory=list)
     sample_usage: list[float] = field(default_factory=list)
     sample_running: list[int] = field(default_factory=list)
