@@ -73,11 +73,28 @@ class OneLineParser(argparse.ArgumentParser):
         self.is_subcommand = False
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self.is_subcommand and args is not None and not self._subparsers:
+            unknown = [a for a in self._typed_flags(args) if not self._known(a)]
+            if unknown:  # before "required" errors: the typo is the news
+                self.error(f"unrecognized arguments: {unknown[0]}"
+                           + self._option_hint(unknown))
         parsed, extras = super().parse_known_args(args, namespace)
         if self.is_subcommand and extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}"
                        + self._option_hint(extras))
         return parsed, extras
+
+    @staticmethod
+    def _typed_flags(args: list[str]) -> list[str]:
+        """The ``--flag`` words of ``args`` (up to a ``--``), without ``=value``."""
+        words = list(args)
+        words = words[:words.index("--")] if "--" in words else words
+        return [w.split("=", 1)[0] for w in words if w.startswith("--") and len(w) > 2]
+
+    def _known(self, flag: str) -> bool:
+        """Whether ``flag`` is an option of this parser or a prefix argparse accepts."""
+        flags = [f for a in self._actions for f in a.option_strings]
+        return flag in flags or (self.allow_abbrev and any(f.startswith(flag) for f in flags))
 
     def _option_hint(self, extras: list[str]) -> str:
         flags = [f for a in self._actions for f in a.option_strings]

@@ -187,10 +187,12 @@ def plan_capacity(
     hash_bs = min(g.block_size for g in groups)
     src = workload.source_block_size
     if src is not None and src % hash_bs and hash_bs % src:
+        fit = next((d for d in range(hash_bs, src + 1) if src % d == 0),
+                   -(-hash_bs // src) * src)
         raise InvalidArgumentError(
             f"{spec.name}'s plan uses {hash_bs}-token blocks (the planner's block size for "
             f"--block-size {block_size}; hybrid state pages can force it) and cannot replay "
-            f"a trace of {src}-token hash blocks; try another --block-size, or a generator")
+            f"a trace of {src}-token hash blocks; use --block-size {fit}, or a generator")
     scale = "" if memory_scale == 1.0 else f", KV memory x{memory_scale:g}"
     where = (f"planner: {spec.name} on {gpu_memory} (utilization {utilization:g}, TP {tp}"
            f"{scale}): {len(groups)} KV-cache group{'s' if len(groups) > 1 else ''}")

@@ -248,6 +248,8 @@ OPTIONS: tuple[Option, ...] = (
            default="pagedkv-report", metavar="DIR"),
     Option("--no-plots", "write no plots", "output", action=_FLAG),
     Option("--no-progress", "no progress bar", "output", action=_FLAG),
+    Option("--quiet", "for scripts: no progress and no search log on stderr (the report, "
+           "notes and errors still print)", "output", action=_FLAG),
     Option("--retention", "also replay the workload in pure-cache mode under this "
            "retention policy and under LRU at the same capacity, and report both beside "
            "Belady: " + ", ".join(POLICIES) + " (see docs/retention.md)", "output",

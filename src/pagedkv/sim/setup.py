@@ -217,7 +217,7 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
     return SimulateRequest(
         config=config, workload=_workload(v),
         output=OutputOptions(json=v["json"], plot_dir=None if v["no_plots"] else v["plot_dir"],
-                             progress=not v["no_progress"]),
+                             progress=not (v["no_progress"] or v["quiet"])),
         observe=observe, replicas=replicas, ttft_p99_target_s=target,
         tpot_p99_target_s=tpot)
 
