@@ -29,7 +29,7 @@ def test_replicas_bad_values_are_one_line() -> None:
     p = _sim(*GEN, "--replicas", "0")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     p = _sim(*GEN, "--router", "cache-aware")
-    assert p.returncode == 1 and "--replicas" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "--replicas" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("feature", [[], ["--host-memory", "8GiB"]],
@@ -75,5 +75,5 @@ def test_replicas_refuse_what_one_engine_owns() -> None:
                          "--kv-events-endpoint"),
                         (["--explain-misses"], "--explain-misses observes one engine")):
         p = _sim(*GEN, "--replicas", "2", *args)
-        assert p.returncode == 1 and words in p.stderr, p.stderr
+        assert p.returncode == 2 and words in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
