@@ -17,7 +17,7 @@ terminal:
   name, options that contradict
   (:class:`~pagedkv.errors.InvalidArgumentError`). One line on stderr, naming the
   ``--help`` of the subcommand that was typed.
-* ``130``: interrupted (Ctrl-C).
+* ``130``: interrupted (Ctrl-C); ``141``: the reader of stdout left (``| head``), silently.
 
 Anything else is a bug in pagedkv: the traceback is kept and a last line asks to report it.
 """
@@ -158,6 +158,17 @@ def _describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file (a test's buffer)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring)."""
     parser = build_parser()
@@ -169,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         code: int = func(args)
+    except BrokenPipeError:  # the reader left (``| head``): nothing to say, as SIGPIPE
+        _silence_stdout()
+        return 141
     except (PagedKVError, OSError, UnicodeDecodeError) as exc:
         print(f"pagedkv {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return exit_code(exc)

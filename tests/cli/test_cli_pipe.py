@@ -63,3 +63,16 @@ def test_quiet_silences_progress(tmp_path: Path,
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     head = piped.stdout.splitlines()[0]
     assert quiet.stdout.splitlines()[0] == head
+
+
+def test_a_reader_that_leaves_early_gets_no_error_line(tmp_path: Path) -> None:
+    """``pagedkv simulate --json | head -c 10``: the JSON (about 100 kB) outgrows the pipe,
+    the reader leaves; the writer stops quietly with SIGPIPE's exit status."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagedkv", *_ARGS, "--quiet", "--json"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10) == b'{\n  "workl'
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141 and err == "", err
