@@ -1,6 +1,6 @@
-"""Argument types shared by every ``pagedkv`` subcommand: numbers, memory sizes
-(:func:`size_arg`, the one size parser of every memory option) and GPU names
-(:func:`gpu_arg`, the one GPU table).
+"""Argument types shared by every ``pagedkv`` subcommand's numeric options, and the exit
+code of every command (:func:`exit_code`). Memory sizes and GPU names are
+:mod:`pagedkv.planner.args` (the planner's units and GPU table).
 
 argparse's ``type=float`` accepts ``nan``, ``inf`` and ``1e999``; these types refuse them
 as usage errors (exit 2, one line: argparse names the flag, the type says what it
@@ -14,10 +14,6 @@ configuration fields (:mod:`pagedkv.checks`).
 Traceback (most recent call last):
 ...
 argparse.ArgumentTypeError: must be a finite number > 0, got 'nan'
->>> size_arg("--gpu-memory")("80")
-Traceback (most recent call last):
-...
-argparse.ArgumentTypeError: 80 is 80 bytes: did you mean 80GiB? Give a unit (GiB, GB, G, MiB, TiB)
 """
 
 from __future__ import annotations
@@ -28,15 +24,9 @@ from collections.abc import Callable
 
 from pagedkv.checks import describe_range
 from pagedkv.errors import InvalidArgumentError
-from pagedkv.planner.gpus import find_gpu
-from pagedkv.planner.units import parse_bytes
 
-__all__ = ["MAX_SECONDS", "SMALLEST_BARE_SIZE", "check_size", "exit_code", "gpu_arg",
-           "number_arg",
-           "seconds_arg", "size_arg", "whole_arg"]
-
-#: A bare number below this many bytes given as a memory size is a forgotten unit.
-SMALLEST_BARE_SIZE = 1 << 20
+__all__ = ["MAX_SECONDS", "exit_code", "number_arg",
+           "seconds_arg", "whole_arg"]
 
 #: The longest duration any option accepts: about 31 years (beyond it, sleeps overflow).
 MAX_SECONDS = 1e9
@@ -96,58 +86,6 @@ def whole_arg(flag: str, *, minimum: int | None = 0,
         return value
 
     parse.__name__ = f"{flag} whole number"
-    return parse
-
-
-def check_size(text: str) -> int:
-    """Bytes in the memory size ``text`` (:func:`pagedkv.planner.units.parse_bytes`),
-    refusing a bare number under :data:`SMALLEST_BARE_SIZE` as a forgotten unit.
-
-    Raises:
-        InvalidArgumentError: not a size, negative ("must not be negative"), beyond 64
-            bits, or a bare small number ("did you mean 80GiB?").
-    """
-    text = text.strip()
-    value = parse_bytes(text, what="the size")
-    if text.isdigit() and 0 < value < SMALLEST_BARE_SIZE:
-        raise InvalidArgumentError(
-            f"{text} is {value} bytes: did you mean {text}GiB? Give a unit (GiB, GB, G, "
-            "MiB, TiB)")
-    return value
-
-
-def size_arg(flag: str) -> Callable[[str], str]:
-    """An argparse ``type`` for a memory size: the text (stripped) when
-    :func:`check_size` takes it, else a usage error (exit 2) saying why."""
-
-    def parse(text: str) -> str:
-        try:
-            check_size(text)
-        except InvalidArgumentError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        return text.strip()
-
-    parse.__name__ = f"{flag} size"
-    setattr(parse, "returns_text", True)  # noqa: B010
-    return parse
-
-
-def gpu_arg(flag: str) -> Callable[[str], str]:
-    """An argparse ``type`` for a GPU: a name of the one table
-    (:func:`pagedkv.planner.gpus.find_gpu`, any case, families and aliases too),
-    returned as the table's name; a ``.json`` spec path is returned as given (read by
-    the run). An unknown name is a usage error naming the close matches."""
-
-    def parse(text: str) -> str:
-        if text.lower().endswith(".json") or "/" in text:
-            return text
-        try:
-            return find_gpu(text).name
-        except InvalidArgumentError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = f"{flag} GPU"
-    setattr(parse, "returns_text", True)  # noqa: B010
     return parse
 
 

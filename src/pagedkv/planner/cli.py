@@ -24,9 +24,10 @@ import json
 import sys
 from typing import Any, TextIO
 
-from pagedkv.cli_args import check_size, exit_code, gpu_arg, number_arg, size_arg, whole_arg
+from pagedkv.cli_args import exit_code, number_arg, whole_arg
 from pagedkv.errors import InsufficientMemoryError, PagedKVError
 from pagedkv.planner.api import ModelPlan, plan_model
+from pagedkv.planner.args import check_size, gpu_arg, size_arg
 from pagedkv.planner.backends import BACKENDS
 from pagedkv.planner.gpus import DEFAULT_GPU, GPUS, resolve_gpu
 from pagedkv.planner.model_spec import KV_DTYPE_BYTES, STATE_DTYPE_NAMES
@@ -54,23 +55,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("model", metavar="MODEL",
                         help="config.json path or folder, layer-spec file, or bundled name")
-    memory = parser.add_mutually_exclusive_group()
-    memory.add_argument("--gpu-memory", metavar="SIZE", type=size_arg("--gpu-memory"),
-                        help="memory of one GPU (80GiB, 80G, 80GB, 81920MiB); KV gets what "
-                        "utilization leaves after estimated weights and activations "
-                        "(default: the --gpu's, 80GiB for an H100, 141GiB for an H200)")
-    memory.add_argument("--kv-cache-memory", metavar="SIZE",
-                        type=size_arg("--kv-cache-memory"),
-                        help="bytes for the KV cache per GPU (bypasses the weights estimate)")
-    parser.add_argument("--gpu-memory-utilization",
-                        type=number_arg("--gpu-memory-utilization", minimum=0,
-                                        minimum_exclusive=True, maximum=1),
-                        default=0.9, metavar="FRACTION",
-                        help="share of GPU memory the engine may use (default 0.9)")
-    parser.add_argument("--activation-reserve", default=_DEFAULT_ACTIVATION_RESERVE,
-                        metavar="SIZE", type=size_arg("--activation-reserve"),
-                        help="memory kept for activations and runtime "
-                        f"(default {_DEFAULT_ACTIVATION_RESERVE})")
+    _add_memory_options(parser)
     parser.add_argument("--gpu", default=DEFAULT_GPU, type=gpu_arg("--gpu"),
                         metavar="NAME|SPEC.json",
                         help=f"the GPU: one of {', '.join(GPUS)}, a family (hopper, ampere, "
@@ -126,6 +111,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.set_defaults(func=run)
     return parser
+
+
+def _add_memory_options(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-memory`` or ``--kv-cache-memory``, the utilization and the reserve."""
+    memory = parser.add_mutually_exclusive_group()
+    memory.add_argument("--gpu-memory", metavar="SIZE", type=size_arg("--gpu-memory"),
+                        help="memory of one GPU (80GiB, 80G, 80GB, 81920MiB); KV gets what "
+                        "utilization leaves after estimated weights and activations "
+                        "(default: the --gpu's, 80GiB for an H100, 141GiB for an H200)")
+    memory.add_argument("--kv-cache-memory", metavar="SIZE",
+                        type=size_arg("--kv-cache-memory"),
+                        help="bytes for the KV cache per GPU (bypasses the weights estimate)")
+    parser.add_argument("--gpu-memory-utilization",
+                        type=number_arg("--gpu-memory-utilization", minimum=0,
+                                        minimum_exclusive=True, maximum=1),
+                        default=0.9, metavar="FRACTION",
+                        help="share of GPU memory the engine may use (default 0.9)")
+    parser.add_argument("--activation-reserve", default=_DEFAULT_ACTIVATION_RESERVE,
+                        metavar="SIZE", type=size_arg("--activation-reserve"),
+                        help="memory kept for activations and runtime "
+                        f"(default {_DEFAULT_ACTIVATION_RESERVE})")
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None,

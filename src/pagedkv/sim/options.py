@@ -24,16 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv.cli_args import (
-    MAX_SECONDS,
-    check_size,
-    gpu_arg,
-    number_arg,
-    seconds_arg,
-    size_arg,
-    whole_arg,
-)
+from pagedkv.cli_args import MAX_SECONDS, number_arg, seconds_arg, whole_arg
 from pagedkv.errors import InvalidArgumentError, PagedKVError
+from pagedkv.planner.args import check_size, gpu_arg, size_arg
 from pagedkv.planner.gpus import DEFAULT_GPU, GPUS
 from pagedkv.sim.clock import STEP_MODELS
 from pagedkv.sim.clock.constants import CONSTANT_SETS

@@ -64,6 +64,12 @@ class SimResult:
     #: output tokens per request (engine mode; for TPOT and throughput)
     output_tokens: list[int] = field(default_factory=list)
 
+    def count_rejected(self, *, over_context: bool) -> None:
+        """One more request rejected on arrival: longer than max_model_len
+        (``over_context``) or than the whole cache."""
+        self.rejected += 1
+        self.rejected_over_context += over_context
+
     @property
     def capacity_tokens(self) -> int:
         """Token slots of the pool (the null block excluded)."""
