@@ -76,3 +76,17 @@ def test_a_reader_that_leaves_early_gets_no_error_line(tmp_path: Path) -> None:
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141 and err == "", err
+
+
+def test_a_sweep_in_a_pipe_shows_progress_lines(tmp_path: Path) -> None:
+    """A sweep's progress is a whole line on stderr (not a terminal's bar)."""
+    env = {**os.environ, **_NOW}
+    argv = [sys.executable, "-m", "pagedkv", "sweep", "--set", "generator=system-prompts",
+            "--set", "groups=2", "--set", "per-group=4", "--axis", "block-size=16,32",
+            "--out", str(tmp_path / "o"), "--jobs", "1", "--no-plot"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env, stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("sweep: ")]
+    assert lines[-1].startswith("sweep: 2/2 points · 0 cached · 0 failed"), proc.stderr
+    assert "\r" not in proc.stderr

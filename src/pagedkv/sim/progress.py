@@ -19,7 +19,7 @@ import time
 from typing import Any, TextIO
 
 __all__ = ["PLAIN_EVERY_S", "PROGRESS_AFTER_S", "ProgressReporter", "is_terminal",
-           "rich_console"]
+           "line_every_s", "rich_console"]
 
 #: Runs shorter than this show no progress bar.
 PROGRESS_AFTER_S = 2.0
@@ -48,7 +48,7 @@ class ProgressReporter:
         #: a terminal gets a bar; a pipe or a file gets a line every few seconds
         self._tty = is_terminal(self.stream)
         self._after_s = _seconds_from_env("PAGEDKV_PROGRESS_AFTER_S", PROGRESS_AFTER_S)
-        self._every_s = _seconds_from_env("PAGEDKV_PROGRESS_EVERY_S", PLAIN_EVERY_S)
+        self._every_s = line_every_s()
 
     def phase(self, label: str) -> None:
         self.close()
@@ -126,6 +126,12 @@ def is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def line_every_s() -> float:
+    """Seconds between progress lines when not on a terminal (:data:`PLAIN_EVERY_S`, or
+    ``PAGEDKV_PROGRESS_EVERY_S``)."""
+    return _seconds_from_env("PAGEDKV_PROGRESS_EVERY_S", PLAIN_EVERY_S)
 
 
 def _seconds_from_env(name: str, default: float) -> float:
