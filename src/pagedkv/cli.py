@@ -163,8 +163,8 @@ def _silence_stdout() -> None:
     import os
 
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
     except (OSError, ValueError):  # not a real file (a test's buffer)
         pass
 
