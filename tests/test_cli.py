@@ -20,7 +20,7 @@ BAD_INVOCATIONS = [
     (["bench", "--num-requests", "abc"], 2, ["whole number", "'abc'"]),
     (["bench", "--num-blocks", "10", "--num-requests", "20"], 1,
      ["no request fits", "raise --num-blocks"]),
-    (["bench", "--num-blocks", str(10**12)], 1, ["num_blocks", "between 2 and"]),
+    (["bench", "--num-blocks", str(10**12)], 2, ["num_blocks", "between 2 and"]),
     (["bench", "--workload", "nope"], 2, ["invalid choice", "--help"]),
     (["bench", "--bogus"], 2, ["unrecognized arguments", "--help"]),
     (["no-such-command"], 2, ["invalid choice"]),

@@ -1,4 +1,6 @@
-"""Argument types shared by every ``pagedkv`` subcommand's numeric options.
+"""Argument types shared by every ``pagedkv`` subcommand's numeric options, and the exit
+code of every command (:func:`exit_code`). Memory sizes and GPU names are
+:mod:`pagedkv.planner.args` (the planner's units and GPU table).
 
 argparse's ``type=float`` accepts ``nan``, ``inf`` and ``1e999``; these types refuse them
 as usage errors (exit 2, one line: argparse names the flag, the type says what it
@@ -21,8 +23,10 @@ import math
 from collections.abc import Callable
 
 from pagedkv.checks import describe_range
+from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["MAX_SECONDS", "number_arg", "seconds_arg", "whole_arg"]
+__all__ = ["MAX_SECONDS", "exit_code", "number_arg",
+           "seconds_arg", "whole_arg"]
 
 #: The longest duration any option accepts: about 31 years (beyond it, sleeps overflow).
 MAX_SECONDS = 1e9
@@ -83,3 +87,15 @@ def whole_arg(flag: str, *, minimum: int | None = 0,
 
     parse.__name__ = f"{flag} whole number"
     return parse
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of every ``pagedkv`` command for an expected failure: 2 for a
+    caller's mistake (:class:`~pagedkv.errors.InvalidArgumentError`: a value out of range,
+    options that contradict, an unknown name), 1 for a run that cannot be done or failed
+    (any other :class:`~pagedkv.errors.PagedKVError`, a file that cannot be read).
+
+    >>> exit_code(InvalidArgumentError("--tp must be >= 1")), exit_code(OSError("disk"))
+    (2, 1)
+    """
+    return 2 if isinstance(exc, InvalidArgumentError) else 1

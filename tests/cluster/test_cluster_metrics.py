@@ -131,7 +131,7 @@ def test_cli_serve_metrics_errors_are_one_line(redis_server) -> None:
             capture_output=True, text=True, timeout=60)
 
     bad = serve("--metrics-port", "70000")
-    assert bad.returncode == 1 and "--metrics-port must be in [0, 65535]" in bad.stderr
+    assert bad.returncode == 2 and "--metrics-port must be in [0, 65535]" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     import socket
 
@@ -139,5 +139,5 @@ def test_cli_serve_metrics_errors_are_one_line(redis_server) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         taken = serve("--metrics-port", str(s.getsockname()[1]))
-    assert taken.returncode == 1 and "cannot listen on 127.0.0.1" in taken.stderr
+    assert taken.returncode == 2 and "cannot listen on 127.0.0.1" in taken.stderr
     assert "Traceback" not in taken.stderr

@@ -73,12 +73,12 @@ def test_cli_errors_are_one_line(redis_server):
     down = "redis://127.0.0.1:1/0"
     cases = [
         (cli("query", "--redis", down, "--hashes", "1,2"), 1, "unreachable"),
-        (cli("query", "--redis", "nope://x", "--hashes", "1"), 1, "bad Redis URL"),
-        (cli("serve", "--redis", redis_server.url, "--subscribe", "foo"), 1, "expected"),
-        (cli("query", "--redis", redis_server.url, "--hashes", "x"), 1, "integers"),
+        (cli("query", "--redis", "nope://x", "--hashes", "1"), 2, "bad Redis URL"),
+        (cli("serve", "--redis", redis_server.url, "--subscribe", "foo"), 2, "expected"),
+        (cli("query", "--redis", redis_server.url, "--hashes", "x"), 2, "integers"),
         (cli("query", "--redis", redis_server.url, "--tokens", "@/nonexistent"), 1,
          "/nonexistent"),
-        (cli("query", "--redis", redis_server.url, "--hashes", "1", "--group", "sliding"), 1,
+        (cli("query", "--redis", redis_server.url, "--hashes", "1", "--group", "sliding"), 2,
          "--group"),
         (cli("query", "--redis", redis_server.url), 2, "required"),
     ]

@@ -163,7 +163,7 @@ def test_flag_errors_are_one_line(
 ) -> None:
     code = main([*SMALL, "--no-plots", *argv])
     err = capsys.readouterr().err
-    assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_metrics_port_without_prometheus_client_names_the_extra(
@@ -185,4 +185,4 @@ def test_metrics_port_taken_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
         port = s.getsockname()[1]
         code = main([*SMALL, "--no-plots", "--metrics-port", str(port)])
     err: Any = capsys.readouterr().err
-    assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in err
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err

@@ -113,25 +113,47 @@ def test_brief_omits_layer_table(run_plan: RunPlan) -> None:
     assert code == 0 and "Layer -> group -> tensor" not in out and "Groups" in out
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["Llama-3.1-8B", "--kv-cache-memory=-5GB"],
-     "--kv-cache-memory must not be negative, got '-5GB'"),
-    (["Llama-3.1-8B", "--gpu-memory", "lots"], "--gpu-memory 'lots' is not a size"),
-    (["Llama-3.1-70B", "--kv-cache-memory", "10GB", "--tp", "3"],
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    (["Llama-3.1-8B", "--kv-cache-memory=-5GB"], 2,
+     "argument --kv-cache-memory: the size must not be negative, got '-5GB'"),
+    (["Llama-3.1-8B", "--gpu-memory", "lots"], 2, "the size 'lots' is not a size"),
+    (["Llama-3.1-8B", "--gpu-memory", "80"], 2, "did you mean 80GiB?"),
+    (["Llama-3.1-70B", "--kv-cache-memory", "10GB", "--tp", "3"], 1,
      "tensor-parallel size 3 does not divide num_attention_heads = 64"),
-    (["Llama-3.1-8B", "--kv-cache-memory", "10GB", "--tp", "0"],
-     "--tp must be a positive integer"),
-    (["Llama-3.1-70B", "--kv-cache-memory", "1GiB"],
+    (["Llama-3.1-8B", "--kv-cache-memory", "10GB", "--tp", "0"], 2,
+     "argument --tp: must be a whole number >= 1, got '0'"),
+    (["Llama-3.1-70B", "--kv-cache-memory", "1GiB", "--max-model-len", "131072"], 1,
      "the largest max_model_len that fits is 3,248"),
-    (["Llama-3.1-70B", "--gpu-memory", "80GB"], "exceed the usable"),
-    (["no-such-model", "--kv-cache-memory", "1GB"], "no such file and no bundled config"),
+    (["Llama-3.1-70B", "--gpu-memory", "80GB"], 1, "exceed the usable"),
+    (["no-such-model", "--kv-cache-memory", "1GB"], 1, "no such file and no bundled config"),
+    (["Llama-3.1-8B", "--gpu", "h1000"], 2, "did you mean 'H100-SXM'"),
 ])
-def test_invalid_input_exits_1_with_one_line(run_plan: RunPlan, argv: list[str],
-                                             message: str) -> None:
-    code, out, err = run_plan(*argv)
-    assert code == 1 and out == ""
-    assert err.startswith("pagedkv plan: error: ") and message in err
+def test_refusals_are_one_line_with_the_rule_s_exit_code(
+        capsys: pytest.CaptureFixture[str], argv: list[str], code: int, message: str) -> None:
+    """2: the caller's mistake (a usage line naming ``pagedkv plan --help``); 1: the plan
+    cannot be made."""
+    from pagedkv.cli import main
+
+    try:
+        got = main(["plan", *argv])
+    except SystemExit as exc:
+        got = exc.code if isinstance(exc.code, int) else -1
+    out, err = capsys.readouterr()
+    assert got == code and out == "", err
+    assert err.startswith("pagedkv plan: error: ") and message in err, err
     assert err.count("\n") == 1
+
+
+def test_a_context_that_does_not_fit_is_capped_with_a_note(run_plan: RunPlan) -> None:
+    """A bundled model at its defaults plans (exit 0) at the longest context that fits,
+    and says so and what to change; an explicit --max-model-len is not capped."""
+    code, out, err = run_plan("Llama-3.1-70B", "--kv-cache-memory", "1GiB", "--brief")
+    assert (code, err) == (0, "")
+    assert out.startswith("max_model_len: 3,248, capped: the model's full 131,072 tokens "
+                          "do not fit") and "--max-model-len N" in out
+    report = plan_json(run_plan, "Llama-3.1-70B", "--kv-cache-memory", "1GiB")
+    assert report["plans"]["hybrid_on"]["max_model_len"] == 3248
+    assert report["notes"][0].startswith("max_model_len: 3,248, capped")
 
 
 def test_bad_config_file_exits_1(run_plan: RunPlan, tmp_path: Path) -> None:
@@ -146,7 +168,7 @@ def test_no_memory_flag_assumes_the_gpus_memory(run_plan: RunPlan) -> None:
     # README: `pagedkv plan MODEL` answers; the memory is one GPU's of --gpu, said first.
     code, out, err = run_plan("Llama-3.1-8B", "--brief")
     assert (code, err) == (0, "")
-    assert out.startswith("GPU memory: 80GiB, an H100's (no --gpu-memory")
+    assert out.startswith("GPU memory: 80GiB, the H100-SXM's (no --gpu-memory")
     assert plan_json(run_plan, "Llama-3.1-8B") == plan_json(run_plan, "Llama-3.1-8B",
                                                             "--gpu-memory", "80GiB")
     h200 = plan_json(run_plan, "Llama-3.1-8B", "--gpu", "h200")
@@ -181,3 +203,25 @@ def test_compare_shows_an_unchanged_layout_once(run_plan: RunPlan) -> None:
                             "--max-model-len", "32768", "--compare-hybrid", "--brief")
     assert "Groups (hybrid on)" in out and "Groups (hybrid off)" in out
     assert "hybrid off: sliding-window and chunked layers costed as full attention" in out
+
+
+@pytest.mark.parametrize(("gpu", "name", "family", "batched", "backend"), [
+    ("h100", "H100-SXM", "hopper", 8192, "FLASH_ATTN"),
+    ("HOPPER", "H100-SXM", "hopper", 8192, "FLASH_ATTN"),
+    ("H200", "H200", "hopper", 8192, "FLASH_ATTN"),
+    ("a100", "A100-80GB", "ampere", 2048, "FLASH_ATTN"),
+    ("b200", "B200", "blackwell", 16384, "FLASHINFER"),
+    ("L40S", "L40S", "ada", 2048, "FLASH_ATTN"),
+    ("mi300x", "MI300X", "cdna3", 16384, "ROCM_ATTN"),
+])
+def test_every_name_of_the_gpu_table_plans(run_plan: RunPlan, gpu: str, name: str,
+                                           family: str, batched: int, backend: str) -> None:
+    """``plan --gpu`` takes the names ``simulate --gpu`` takes (one table, any case): the
+    memory, family, backend and vLLM's serving batch default follow the card."""
+    from pagedkv.planner.gpus import GPUS
+
+    report = plan_json(run_plan, "Llama-3.1-8B", "--gpu", gpu)
+    assert report["memory"]["gpu_memory_bytes"] == int(GPUS[name].memory_gib * GiB)
+    assumed = report["assumptions"]
+    assert assumed["gpu_family"] == family and assumed["attention_backend"] == backend
+    assert assumed["max_num_batched_tokens"] == batched

@@ -1,6 +1,6 @@
 """Every bad ``pagedkv plan`` invocation, run as a new user would run it (a subprocess):
-exactly one line on stderr, exit 1 (invalid input) or 2 (usage), nothing on stdout, no
-traceback."""
+exactly one line on stderr, exit 1 (the plan cannot be made) or 2 (the caller's mistake,
+:func:`pagedkv.cli_args.exit_code`), nothing on stdout, no traceback."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ BAD: list[tuple[str, list[str], int, str]] = [
     ("num-blocks-beyond-memory", ["Llama-3.1-8B", "--kv-cache-memory", "50GiB",
                                   "--num-blocks", str(10**15)], 1,
      "lower --num-blocks or give the KV cache more memory"),
-    ("bare-number-memory", ["Llama-3.1-8B", "--gpu-memory", "80"], 1,
+    ("bare-number-memory", ["Llama-3.1-8B", "--gpu-memory", "80"], 2,
      "did you mean 80GiB?"),
-    ("negative-memory", ["Llama-3.1-8B", "--gpu-memory", "-1GiB"], 1,
-     "--gpu-memory must not be negative"),
-    ("negative-kv-memory", ["Llama-3.1-8B", "--kv-cache-memory=-5GB"], 1,
+    ("negative-memory", ["Llama-3.1-8B", "--gpu-memory", "-1GiB"], 2,
+     "--gpu-memory: the size must not be negative"),
+    ("negative-kv-memory", ["Llama-3.1-8B", "--kv-cache-memory=-5GB"], 2,
      "must not be negative"),
-    ("not-a-size", ["Llama-3.1-8B", "--gpu-memory", "lots"], 1, "is not a size"),
+    ("not-a-size", ["Llama-3.1-8B", "--gpu-memory", "lots"], 2, "is not a size"),
     ("binary-config", ["{bin}", "--kv-cache-memory", "10GiB"], 1,
      "a binary file, not text"),
     ("latin1-config", ["{latin1}", "--kv-cache-memory", "10GiB"], 1, "not UTF-8 text"),
@@ -38,12 +38,14 @@ BAD: list[tuple[str, list[str], int, str]] = [
                                   "--max-model-len", "40000"], 1,
      "above the model's limit of 32,768 tokens"),
     ("max-model-len-zero", ["Llama-3.1-8B", "--kv-cache-memory", "10GiB",
-                            "--max-model-len", "0"], 1, "--max-model-len must be a positive"),
-    ("negative-tp", ["Llama-3.1-8B", "--kv-cache-memory", "10GiB", "--tp", "-2"], 1,
-     "--tp must be a positive integer"),
+                            "--max-model-len", "0"], 2,
+     "--max-model-len: must be a whole number >= 1"),
+    ("negative-tp", ["Llama-3.1-8B", "--kv-cache-memory", "10GiB", "--tp", "-2"], 2,
+     "--tp: must be a whole number >= 1"),
     ("tp-not-dividing", ["Llama-3.1-70B", "--kv-cache-memory", "10GB", "--tp", "3"], 1,
      "does not divide num_attention_heads = 64"),
-    ("not-enough-memory", ["Llama-3.1-70B", "--kv-cache-memory", "1GiB"], 1,
+    ("not-enough-memory", ["Llama-3.1-70B", "--kv-cache-memory", "1GiB",
+                           "--max-model-len", "131072"], 1,
      "the largest max_model_len that fits"),
     ("zero-kv-memory", ["Llama-3.1-8B", "--kv-cache-memory", "0"], 1,
      "not even a one-token request fits"),
@@ -66,7 +68,10 @@ BAD: list[tuple[str, list[str], int, str]] = [
     ("tp-not-int", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--tp", "two"], 2,
      "must be a whole number"),
     ("unknown-gpu", ["Llama-3.1-8B", "--kv-cache-memory", "1GiB", "--gpu", "tpu"], 2,
-     "invalid choice"),
+     "unknown GPU 'tpu'"),
+    ("misspelled-gpu", ["Llama-3.1-8B", "--gpu", "b20"], 2, "did you mean 'B200'"),
+    ("misspelled-flag", ["Llama-3.1-8B", "--max-modle-len", "4096"], 2,
+     "did you mean --max-model-len? (see 'pagedkv plan --help')"),
     ("unknown-ssm-dtype", ["Jamba", "--kv-cache-memory", "1GiB", "--mamba-ssm-cache-dtype",
                            "int8"], 2, "invalid choice"),
     ("missing-value", ["Llama-3.1-8B", "--gpu-memory"], 2, "expected one argument"),

@@ -93,14 +93,14 @@ CASES: list[tuple[str, list[str], int, str]] = [
      "--host-bandwidth-gbps"),
     ("bad policy", ["--host-memory", "1GiB", "--host-write-policy", "never"], 2,
      "invalid choice"),
-    ("smaller than a block", ["--host-memory", "1KiB", "--num-blocks", "100"], 1,
+    ("smaller than a block", ["--host-memory", "1KiB", "--num-blocks", "100"], 2,
      "holds no block"),
-    ("bandwidth alone", ["--host-bandwidth-gbps", "25"], 1, "needs --host-memory"),
-    ("policy alone", ["--host-write-policy", "write-through"], 1, "needs --host-memory"),
-    ("baseline alone", ["--no-host-baseline"], 1, "needs --host-memory"),
-    ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 1, "--mode engine"),
-    ("replicas", ["--host-memory", "1GiB,2GiB", "--replicas", "2"], 1, "one size"),
-    ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 1, "drop --host-memory"),
+    ("bandwidth alone", ["--host-bandwidth-gbps", "25"], 2, "needs --host-memory"),
+    ("policy alone", ["--host-write-policy", "write-through"], 2, "needs --host-memory"),
+    ("baseline alone", ["--no-host-baseline"], 2, "needs --host-memory"),
+    ("pure-cache", ["--host-memory", "1GiB", "--mode", "pure-cache"], 2, "--mode engine"),
+    ("replicas", ["--host-memory", "1GiB,2GiB", "--replicas", "2"], 2, "one size"),
+    ("find capacity", ["--host-memory", "1GiB", "--find-capacity"], 2, "drop --host-memory"),
 ]
 
 

@@ -54,17 +54,19 @@ def test_generator_reports_ideal(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "code", "message"),
     [
-        (["--groups", "3"], "--groups is a generator parameter"),
-        (["--generator", "multi-turn", "--groups", "3"], "does not apply"),
-        (["--block-size", "48"], "divisor of 512"),
-        (["--num-blocks", "10", "--model", "Llama-3.1-8B"], "either --num-blocks"),
-        (["--trace", "/nonexistent.jsonl"], "cannot open"),
+        (["--groups", "3"], 2, "--groups is a generator parameter"),
+        (["--generator", "multi-turn", "--groups", "3"], 2, "does not apply"),
+        (["--block-size", "48"], 2, "divisor of 512"),
+        (["--num-blocks", "10", "--model", "Llama-3.1-8B"], 2, "either --num-blocks"),
+        (["--trace", "/nonexistent.jsonl"], 1, "cannot open"),
     ],
 )
-def test_errors_exit_1(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--no-plots", *argv]) == 1
+def test_errors_exit_by_the_rule(argv: list[str], code: int, message: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """2: options that contradict or a value out of range; 1: the run cannot be done."""
+    assert main(["simulate", "--no-plots", *argv]) == code
     err = capsys.readouterr().err
     assert err.startswith("pagedkv simulate: error:") and message in err
 

@@ -1,5 +1,6 @@
-"""Every bad ``pagedkv simulate`` invocation: exactly one line on stderr, exit 1 (bad input)
-or 2 (usage), no traceback — run in a subprocess, as a user would."""
+"""Every bad ``pagedkv simulate`` invocation: exactly one line on stderr, exit 1 (the run
+cannot be done: a bad file) or 2 (the caller's mistake: usage, a value out of range,
+options that contradict), no traceback — run in a subprocess, as a user would."""
 
 from __future__ import annotations
 
@@ -25,22 +26,22 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("glob without match", ["--trace", "{tmp}/*.nothing"], 1, "matches no file"),
     ("unwritable plot dir", ["--plot-dir", "{blocker}/sub", "--limit", "5"], 1,
      "plot directory not writable"),
-    ("reference in engine mode", ["--semantics", "reference"], 1, "--mode pure-cache"),
+    ("reference in engine mode", ["--semantics", "reference"], 2, "--mode pure-cache"),
     ("reference at a multiple", ["--semantics", "reference", "--mode", "pure-cache",
-                                 "--block-size", "1024"], 1, "dividing 512"),
-    ("bad ttft", ["--find-capacity", "--ttft-p99", "soon"], 1, "positive duration"),
-    ("find capacity in pure cache", ["--find-capacity", "--mode", "pure-cache"], 1,
+                                 "--block-size", "1024"], 2, "dividing 512"),
+    ("bad ttft", ["--find-capacity", "--ttft-p99", "soon"], 2, "positive duration"),
+    ("find capacity in pure cache", ["--find-capacity", "--mode", "pure-cache"], 2,
      "--mode engine"),
-    ("zero jobs", ["--jobs", "0"], 1, "--jobs"),
-    ("one block", ["--num-blocks", "1"], 1, ">= 2"),
-    ("num blocks and model", ["--num-blocks", "9", "--model", "Llama-3.1-8B"], 1,
+    ("zero jobs", ["--jobs", "0"], 2, "--jobs"),
+    ("one block", ["--num-blocks", "1"], 2, ">= 2"),
+    ("num blocks and model", ["--num-blocks", "9", "--model", "Llama-3.1-8B"], 2,
      "either --num-blocks"),
     ("unknown model", ["--model", "no-such-model"], 1, "no bundled config"),
-    ("bad block size", ["--block-size", "48"], 1, "divisor of 512"),
+    ("bad block size", ["--block-size", "48"], 2, "divisor of 512"),
     ("negative stagger", ["--trace", "{tmp}", "--session-stagger-s", "-1"], 2, "stagger"),
-    ("pool too large", ["--trace", "{hugecsv}", "--num-blocks", str(10**12)], 1, "at most"),
-    ("bad sweep", ["--capacity-sweep", "lots", "--mode", "pure-cache"], 1, "token count"),
-    ("sweep below a block", ["--capacity-sweep", "3", "--mode", "pure-cache"], 1,
+    ("pool too large", ["--trace", "{hugecsv}", "--num-blocks", str(10**12)], 2, "at most"),
+    ("bad sweep", ["--capacity-sweep", "lots", "--mode", "pure-cache"], 2, "token count"),
+    ("sweep below a block", ["--capacity-sweep", "3", "--mode", "pure-cache"], 2,
      "less than one block"),
     ("warm-up fraction", ["--warmup-fraction", "1.5"], 2, "[0, 1)"),
     ("unknown flag", ["--frobnicate"], 2, "unrecognized arguments"),

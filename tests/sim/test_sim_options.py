@@ -14,6 +14,7 @@ import pytest
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.sim import SimConfig
 from pagedkv.sim.options import GROUPS, OPTIONS, add_simulate_options, parse_option_value
+from pagedkv.sim.scheduler import SchedulerConfig
 from pagedkv.sim.setup import (
     DEFAULT_SWEEP_TOKENS,
     CalibrateRequest,
@@ -113,7 +114,8 @@ def test_switches_lists_and_unknown_names() -> None:
 def test_no_values_ask_for_the_default_run() -> None:
     req = simulate_request({})
     assert isinstance(req, SimulateRequest)
-    assert req.config == SimConfig()
+    # the engine refuses what the default model cannot take: its context, 131,072 tokens
+    assert req.config == SimConfig(scheduler=SchedulerConfig(max_model_len=131072))
     assert req.workload.trace is None and req.workload.generator is None
     assert req.output.plot_dir == "pagedkv-report" and req.output.progress
     assert req.observe is None and req.replicas is None and req.ttft_p99_target_s is None

@@ -29,7 +29,7 @@ def test_replicas_bad_values_are_one_line() -> None:
     p = _sim(*GEN, "--replicas", "0")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     p = _sim(*GEN, "--router", "cache-aware")
-    assert p.returncode == 1 and "--replicas" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "--replicas" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("feature", [[], ["--host-memory", "8GiB"], ["--explain-misses"]],
@@ -75,7 +75,7 @@ def test_one_replica_table_wording() -> None:
 def test_replicas_refuse_what_one_engine_owns() -> None:
     # a host-memory sweep compares sizes on one engine: one line
     p = _sim(*GEN, "--replicas", "2", "--host-memory", "1GiB,2GiB")
-    assert p.returncode == 1 and "one size" in p.stderr, p.stderr
+    assert p.returncode == 2 and "one size" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
 
 

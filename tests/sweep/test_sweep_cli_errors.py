@@ -1,5 +1,6 @@
 """Bad input to ``pagedkv sweep``: one line on stderr naming the problem and the fix, exit
-1 (2 for usage), nothing computed."""
+1 (a file that cannot be read) or 2 (the caller's mistake: usage, an unknown option or
+value, points that contradict), nothing computed."""
 
 from __future__ import annotations
 
@@ -29,20 +30,21 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str], code: int = 1) -
     return lines[0]
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--axis", "colour=red,blue"], "unknown option 'colour'; sweepable options: trace, "),
-    (["--axis", "tp=1,x"], "argument --tp: invalid int value: 'x'"),
-    (["--axis", "gpu=H100,TPU-v9"], "unknown GPU 'TPU-v9': give one of A100-40GB"),
-    (["--axis", "model=Llama-3.1-8B,NoSuchModel-1B"], "NoSuchModel-1B"),
-    ([], "the grid has no axis"),
-    (["--axis", "tp=1,2", "--axis", "num-blocks=100,200", "--set", "model=Llama-3.1-8B"],
+@pytest.mark.parametrize(("args", "code", "needle"), [
+    (["--axis", "colour=red,blue"], 2, "unknown option 'colour'; sweepable options: trace, "),
+    (["--axis", "tp=1,x"], 2, "argument --tp: must be a whole number in [1, 1024], got 'x'"),
+    (["--axis", "gpu=H100,TPU-v9"], 2, "unknown GPU 'TPU-v9': give one of A100-40GB"),
+    (["--axis", "model=Llama-3.1-8B,NoSuchModel-1B"], 1, "NoSuchModel-1B"),
+    ([], 2, "the grid has no axis"),
+    (["--axis", "tp=1,2", "--axis", "num-blocks=100,200", "--set", "model=Llama-3.1-8B"], 2,
      "point 0 (tp=1 num_blocks=100): give either --num-blocks or --model"),
-    (["--axis", "replicas=2", "--axis", "router=compare"], "router 'compare' runs every"),
-    (["--axis", "tp=1,2", "--prices", "nope.json"], "nope.json: cannot open the price table"),
+    (["--axis", "replicas=2", "--axis", "router=compare"], 2, "router 'compare' runs every"),
+    (["--axis", "tp=1,2", "--prices", "nope.json"], 1,
+     "nope.json: cannot open the price table"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                               args: list[str], needle: str) -> None:
-    line = _error(capsys, ["sweep", *W, "--out", str(tmp_path / "o"), *args])
+                               args: list[str], code: int, needle: str) -> None:
+    line = _error(capsys, ["sweep", *W, "--out", str(tmp_path / "o"), *args], code=code)
     assert line.startswith("pagedkv sweep: error: ")
     assert needle in line
     assert not (tmp_path / "o").exists()  # refused before anything ran
@@ -54,7 +56,7 @@ def test_bad_grid_file_and_usage(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "g.json:1: not valid JSON" in _error(capsys, ["sweep", str(bad)])
     empty = tmp_path / "e.json"
     empty.write_text(json.dumps({"limit": 5}))
-    assert "the grid has no axis" in _error(capsys, ["sweep", str(empty)])
+    assert "the grid has no axis" in _error(capsys, ["sweep", str(empty)], code=2)
     assert "--jobs" in _error(capsys, ["sweep", "--jobs", "0", "--axis", "tp=1"], code=2)
     assert "--slo-ttft-p99-s" in _error(capsys, ["sweep", "--slo-ttft-p99-s", "nan"], code=2)
 
@@ -139,5 +141,5 @@ def test_points_are_checked_before_ray_starts(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # a Ray start would fail differently
     line = _error(capsys, ["sweep", *W, "--axis", "num-blocks=300", "--set", "model=Llama-3.1-8B",
-                           "--ray", "--out", str(tmp_path / "o")])
+                           "--ray", "--out", str(tmp_path / "o")], code=2)
     assert "point 0 (num_blocks=300): give either --num-blocks or --model" in line

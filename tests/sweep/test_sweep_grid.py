@@ -61,7 +61,7 @@ def test_flags_add_to_and_override_the_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("data", "needle"), [
     ({"colour": [1, 2]}, "unknown option 'colour'; sweepable options: trace, generator"),
     ({"json": [True, False]}, "not a sweep option"),
-    ({"tp": ["one", 2]}, "argument --tp: invalid int value: 'one'"),
+    ({"tp": ["one", 2]}, "argument --tp: must be a whole number in [1, 1024], got 'one'"),
     ({"router": ["fastest"]}, "invalid choice: 'fastest'"),
     ({"rate_scale": [float("nan")]}, "not a finite number"),
     ({"rate_scale": [-1]}, "--rate-scale"),

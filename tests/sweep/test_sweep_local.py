@@ -96,7 +96,7 @@ def test_a_crashing_point_gets_an_error_row_and_exit_1(
     out, err = capsys.readouterr()
     rows = json.loads((tmp_path / "o" / "rows.json").read_text())
     assert [r["status"] for r in rows] == ["ok", "error"]
-    assert rows[1]["error"].startswith("InsufficientMemoryError: Llama-3.1-70B")
+    assert rows[1]["error"].startswith("ConfigError: Llama-3.1-70B: the weights")
     assert rows[0]["hit_rate"] is not None and rows[1]["hit_rate"] is None
     assert "1 point(s) failed" in err
     assert "computed 2 points, 0 from the cache, 1 failed" in out

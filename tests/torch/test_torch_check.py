@@ -94,10 +94,10 @@ def test_cli_json_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-attention", "--layout", "full", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] and doc["layouts"][0]["bitwise_equal"] and doc["layouts"][0]["hit_tokens"]
-    assert main(["check-attention", "--layout", "nope"]) == 1
+    assert main(["check-attention", "--layout", "nope"]) == 2
     assert "unknown layout 'nope'" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert main(["check-attention", "--device", "cuda"]) == 1
+        assert main(["check-attention", "--device", "cuda"]) == 2
         assert "CUDA is not available" in capsys.readouterr().err
 
 

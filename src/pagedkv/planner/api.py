@@ -21,8 +21,9 @@ from pathlib import Path
 
 from pagedkv.core.specs import AttentionSpec, MambaSpec, MLAAttentionSpec
 from pagedkv.errors import ConfigError, InvalidArgumentError
-from pagedkv.planner.backends import AttentionBackend, GpuFamily, gpu_family, pick_backend
+from pagedkv.planner.backends import GPU_FAMILIES, AttentionBackend, GpuFamily, pick_backend
 from pagedkv.planner.bundled import load_config
+from pagedkv.planner.gpus import resolve_gpu
 from pagedkv.planner.layer_file import is_layer_file, load_layer_file, parse_layer_file
 from pagedkv.planner.model_spec import KV_DTYPE_BYTES, ModelSpec
 from pagedkv.planner.plan import KVCachePlan, plan_kv_cache
@@ -192,15 +193,21 @@ def _kernel_alignment(
     return alignment, checkpoint_blocks
 
 
-def _check_budget(spec: ModelSpec, weights: WeightEstimate, budget: MemoryBudget) -> None:
-    """Raise ConfigError when weights and the activation reserve leave no KV memory."""
+def _check_budget(spec: ModelSpec, weights: WeightEstimate, budget: MemoryBudget,
+                  tp_size: int) -> None:
+    """Raise ConfigError when weights and the activation reserve leave no KV memory,
+    naming the tensor-parallel size that would leave some (weights split evenly)."""
     if budget.kv_cache_bytes <= 0:
+        per_rank = weights.weight_bytes_per_rank
+        room = budget.usable_bytes - budget.activation_reserve_bytes
+        tp = next((n for n in (2, 4, 8, 16, 32, 64)
+                   if n > tp_size and per_rank * tp_size / n < room), None)
         raise ConfigError(
-            f"{spec.name}: weights ({format_bytes(weights.weight_bytes_per_rank)} per "
-            f"rank) and the activation reserve "
-            f"({format_bytes(budget.activation_reserve_bytes)}) exceed the usable "
-            f"{format_bytes(budget.usable_bytes)} of GPU memory; use more tensor "
-            "parallelism, lower-precision weights, or give the KV-cache memory directly"
+            f"{spec.name}: the weights ({format_bytes(per_rank)} per GPU at TP {tp_size}) "
+            f"and the activation reserve ({format_bytes(budget.activation_reserve_bytes)}) "
+            f"exceed the usable {format_bytes(budget.usable_bytes)} of one GPU: use "
+            f"--tp {tp or 'N'}, a larger GPU (--gpu), lower-precision weights "
+            "(--weight-dtype), or give the KV-cache memory directly (--kv-cache-memory)"
         )
 
 
@@ -258,7 +265,7 @@ def plan_model(
     Exactly one of ``gpu_memory_bytes`` (KV gets what ``gpu_memory_utilization`` leaves
     after estimated weights and ``activation_reserve_bytes``) and ``kv_cache_bytes``.
     ``None`` for ``max_model_len`` / ``max_num_batched_tokens`` / ``block_size`` means
-    vLLM's default: the config's ``max_position_embeddings``, the GPU family's serving
+    vLLM's default: the config's ``max_position_embeddings``, the GPU's serving
     default, the backend's preferred block size (grown for Mamba hybrids).
 
     Raises:
@@ -274,7 +281,8 @@ def plan_model(
         (tp_size, "tp_size"), (max_model_len, "max_model_len"),
         (max_num_batched_tokens, "max_num_batched_tokens"), (block_size, "block_size"),
         (num_blocks, "num_blocks"), (kernel_block_alignment, "kernel_block_alignment")))
-    family = gpu_family(gpu)
+    gpu_spec = resolve_gpu(gpu)
+    family = GPU_FAMILIES[gpu_spec.family]
     spec, source, weights, from_file = _read_model(
         model, tp_size=tp_size, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, with_weights=gpu_memory_bytes is not None,
@@ -303,9 +311,9 @@ def plan_model(
                                  weight_bytes=weights.weight_bytes_per_rank,
                                  activation_reserve_bytes=activation_reserve_bytes)
         kv_bytes = budget.kv_cache_bytes
-        _check_budget(spec, weights, budget)
+        _check_budget(spec, weights, budget, tp_size)
     max_model_len = _max_model_len(spec, source, max_model_len)
-    mnbt = max_num_batched_tokens or family.default_max_num_batched_tokens
+    mnbt = max_num_batched_tokens or gpu_spec.serve_batched_tokens
     modes = {"on": [("hybrid on", True)], "off": [("hybrid off", False)],
              "compare": [("hybrid on", True), ("hybrid off", False)]}[hybrid]
     plans = tuple(

@@ -88,9 +88,12 @@ def load_config(model: str) -> tuple[dict[str, Any], str, str]:
     else:
         bundled = _resolve_bundled(model)
         if bundled is None:
+            from pagedkv.planner.gpus import close_matches
+
             raise InputFileError(
                 model,
-                "no such file and no bundled config of that name; bundled configs: "
+                "no such file and no bundled config of that name"
+                + close_matches(model, bundled_model_names()) + "; bundled configs: "
                 + ", ".join(bundled_model_names()),
             )
         entry = _bundled_folder().joinpath(bundled + ".json")

@@ -1,5 +1,7 @@
 """``pagedkv plan``: a model + GPU memory -> KV-cache plan, as tables or JSON. Without a
-memory flag the GPU's own memory is assumed (:data:`DEFAULT_GPU_MEMORY`) and said so.
+memory flag the ``--gpu``'s own memory (the GPU table, :mod:`pagedkv.planner.gpus`) is
+assumed and said so. Without ``--max-model-len``, a model whose full context does not fit
+is planned at the longest that does, and a note says so and what to change.
 
 Parse -> :func:`pagedkv.planner.plan_model` -> render (:mod:`pagedkv.planner.render`).
 Wiring (done by ``pagedkv.cli``)::
@@ -9,46 +11,32 @@ Wiring (done by ``pagedkv.cli``)::
     args = parser.parse_args()
     sys.exit(args.func(args))
 
-Exit codes: 0 success; 2 usage errors (unknown flag, missing or malformed argument: one
-line, from ``pagedkv.cli.OneLineParser``); 1 invalid input (bad config file, negative
-memory, TP not dividing heads, not enough memory): one line on stderr, never a traceback.
+Exit codes (the rule of every command, :mod:`pagedkv.cli`): 0 success; 2 a caller's
+mistake (unknown flag, malformed or out-of-range value, negative memory, unknown GPU); 1
+the plan cannot be made (bad config file, TP not dividing heads, not enough memory): one
+line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any, TextIO
 
-from pagedkv.cli_args import number_arg
-from pagedkv.errors import InvalidArgumentError, PagedKVError
-from pagedkv.planner.api import plan_model
-from pagedkv.planner.backends import BACKENDS, GPU_ALIASES
+from pagedkv.cli_args import exit_code, number_arg, whole_arg
+from pagedkv.errors import InsufficientMemoryError, PagedKVError
+from pagedkv.planner.api import ModelPlan, plan_model
+from pagedkv.planner.args import check_size, gpu_arg, size_arg
+from pagedkv.planner.backends import BACKENDS
+from pagedkv.planner.gpus import DEFAULT_GPU, GPUS, resolve_gpu
 from pagedkv.planner.model_spec import KV_DTYPE_BYTES, STATE_DTYPE_NAMES
 from pagedkv.planner.render import as_json, render_tables
-from pagedkv.planner.units import parse_bytes
 from pagedkv.planner.weights import WEIGHT_DTYPE_BYTES
 
 __all__ = ["add_parser", "run"]
 
 _DEFAULT_ACTIVATION_RESERVE = "2GiB"
-
-#: The memory of one GPU of each ``--gpu`` name, used when neither ``--gpu-memory`` nor
-#: ``--kv-cache-memory`` is given (nominal sizes: H100 and A100 80 GiB, H200 141 GiB).
-DEFAULT_GPU_MEMORY: dict[str, tuple[str, str]] = {
-    "h100": ("80GiB", "an H100"), "hopper": ("80GiB", "an H100"),
-    "h200": ("141GiB", "an H200"), "a100": ("80GiB", "an 80 GB A100"),
-    "ampere": ("80GiB", "an 80 GB A100"),
-}
-
-#: A bare number below this many bytes given as a GPU / KV memory size is a forgotten unit.
-_SMALLEST_BARE_SIZE = 1 << 20
-
-#: Values that start with ``-`` and a digit (``-1GiB``) are taken as values, so that a
-#: negative size is rejected with a message instead of argparse's "expected one argument".
-_NEGATIVE_VALUE = re.compile(r"^-\d")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -65,32 +53,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "a layer-spec file (JSON/YAML), or a bundled config name such as Llama-3.1-8B."
         ),
     )
-    # "-1GiB" read as a value (to be rejected with a message), not as an unknown option.
-    setattr(parser, "_negative_number_matcher", _NEGATIVE_VALUE)  # noqa: B010
     parser.add_argument("model", metavar="MODEL",
                         help="config.json path or folder, layer-spec file, or bundled name")
-    memory = parser.add_mutually_exclusive_group()
-    memory.add_argument("--gpu-memory", metavar="SIZE",
-                        help="memory of one GPU (80GiB, 80G, 80GB, 81920MiB); KV gets what "
-                        "utilization leaves after estimated weights and activations "
-                        "(default: the --gpu's, 80GiB for h100/a100, 141GiB for h200)")
-    memory.add_argument("--kv-cache-memory", metavar="SIZE",
-                        help="bytes for the KV cache per GPU (bypasses the weights estimate)")
-    parser.add_argument("--gpu-memory-utilization",
-                        type=number_arg("--gpu-memory-utilization", minimum=0,
-                                        minimum_exclusive=True, maximum=1),
-                        default=0.9, metavar="FRACTION",
-                        help="share of GPU memory the engine may use (default 0.9)")
-    parser.add_argument("--activation-reserve", default=_DEFAULT_ACTIVATION_RESERVE,
-                        metavar="SIZE", help="memory kept for activations and runtime "
-                        f"(default {_DEFAULT_ACTIVATION_RESERVE})")
-    parser.add_argument("--gpu", default="h100", choices=sorted(GPU_ALIASES),
-                        help="GPU (family): picks the attention backend, its block size and "
-                        "the max_num_batched_tokens default (default h100)")
+    _add_memory_options(parser)
+    parser.add_argument("--gpu", default=DEFAULT_GPU, type=gpu_arg("--gpu"),
+                        metavar="NAME|SPEC.json",
+                        help=f"the GPU: one of {', '.join(GPUS)}, a family (hopper, ampere, "
+                        "blackwell, ada, cdna3) or short name (h100, b200; any case), or a "
+                        "JSON spec; picks the attention backend, its block size, the "
+                        f"max_num_batched_tokens default and the memory (default {DEFAULT_GPU})")
     parser.add_argument("--attention-backend", choices=sorted(BACKENDS), metavar="NAME",
                         help="attention backend instead of vLLM's choice for the GPU "
                         f"({', '.join(sorted(BACKENDS))})")
-    parser.add_argument("--tp", type=int, default=1, metavar="N",
+    parser.add_argument("--tp", type=whole_arg("--tp", minimum=1), default=1, metavar="N",
                         help="tensor-parallel size (default 1)")
     parser.add_argument("--kv-dtype", choices=["auto", *KV_DTYPE_BYTES], default="auto",
                         help="KV-cache dtype (default auto: the model's dtype)")
@@ -100,22 +75,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--weight-dtype", choices=["auto", *WEIGHT_DTYPE_BYTES],
                         default="auto", help="weight storage type for the estimate "
                         "(default auto: quantization_config, else torch_dtype)")
-    parser.add_argument("--max-model-len", type=int, metavar="TOKENS",
+    parser.add_argument("--max-model-len", type=whole_arg("--max-model-len", minimum=1),
+                        metavar="TOKENS",
                         help="longest request (default and maximum: the config's "
                         "max_position_embeddings)")
-    parser.add_argument("--max-num-batched-tokens", type=int, metavar="TOKENS",
+    parser.add_argument("--max-num-batched-tokens",
+                        type=whole_arg("--max-num-batched-tokens", minimum=1),
+                        metavar="TOKENS",
                         help="tokens per scheduling step (default: vllm serve's for the GPU, "
-                        "8192 on H100/H200, 2048 on A100)")
+                        "8192 on H100/H200, 16384 on B200/MI300X, 2048 on A100/L40S)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                         default=True, help="two batches in flight, so windowed layers hold "
                         "2 x max_num_batched_tokens beyond the window (default on)")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
                         default=True, help="prefix caching; on Mamba hybrids it keeps "
                         "state checkpoints (align mode) and aligns the block size (default on)")
-    parser.add_argument("--block-size", type=int, metavar="TOKENS",
+    parser.add_argument("--block-size", type=whole_arg("--block-size", minimum=1),
+                        metavar="TOKENS",
                         help="tokens per block (default: the backend's; grown for Mamba "
                         "hybrids)")
-    parser.add_argument("--kernel-block-alignment", type=int, metavar="TOKENS",
+    parser.add_argument("--kernel-block-alignment",
+                        type=whole_arg("--kernel-block-alignment", minimum=1),
+                        metavar="TOKENS",
                         help="a grown block size is a multiple of this (default: the "
                         "backend's, with the Mamba checkpoint alignment)")
     hybrid = parser.add_mutually_exclusive_group()
@@ -123,7 +104,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="hybrid allocator off (vLLM's --disable-hybrid-kv-cache-manager)")
     hybrid.add_argument("--compare-hybrid", action="store_true",
                         help="show the plan with the hybrid allocator on and off side by side")
-    parser.add_argument("--num-blocks", type=int, metavar="N",
+    parser.add_argument("--num-blocks", type=whole_arg("--num-blocks", minimum=1),
+                        metavar="N",
                         help="override the number of blocks (at most what the memory holds)")
     parser.add_argument("--brief", action="store_true", help="omit the per-layer table")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -131,70 +113,89 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _memory(text: str, flag: str) -> int:
-    """``text`` as bytes; a bare number under 1 MiB is taken as a forgotten unit."""
-    value = parse_bytes(text, what=flag)
-    if text.strip().isdigit() and 0 < value < _SMALLEST_BARE_SIZE:
-        raise InvalidArgumentError(
-            f"{flag} {text} is {value} bytes; did you mean {text}GiB? Give a unit "
-            "(GiB, GB, G, MiB, TiB)"
-        )
-    return value
+def _add_memory_options(parser: argparse.ArgumentParser) -> None:
+    """``--gpu-memory`` or ``--kv-cache-memory``, the utilization and the reserve."""
+    memory = parser.add_mutually_exclusive_group()
+    memory.add_argument("--gpu-memory", metavar="SIZE", type=size_arg("--gpu-memory"),
+                        help="memory of one GPU (80GiB, 80G, 80GB, 81920MiB); KV gets what "
+                        "utilization leaves after estimated weights and activations "
+                        "(default: the --gpu's, 80GiB for an H100, 141GiB for an H200)")
+    memory.add_argument("--kv-cache-memory", metavar="SIZE",
+                        type=size_arg("--kv-cache-memory"),
+                        help="bytes for the KV cache per GPU (bypasses the weights estimate)")
+    parser.add_argument("--gpu-memory-utilization",
+                        type=number_arg("--gpu-memory-utilization", minimum=0,
+                                        minimum_exclusive=True, maximum=1),
+                        default=0.9, metavar="FRACTION",
+                        help="share of GPU memory the engine may use (default 0.9)")
+    parser.add_argument("--activation-reserve", default=_DEFAULT_ACTIVATION_RESERVE,
+                        metavar="SIZE", type=size_arg("--activation-reserve"),
+                        help="memory kept for activations and runtime "
+                        f"(default {_DEFAULT_ACTIVATION_RESERVE})")
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None,
         stderr: TextIO | None = None) -> int:
-    """Run ``pagedkv plan`` for parsed ``args``; returns the exit code (0 or 1).
+    """Run ``pagedkv plan`` for parsed ``args``; returns the exit code (0, or 1 / 2 by
+    :func:`pagedkv.cli_args.exit_code`).
 
-    Invalid input is reported as one line on ``stderr`` (default ``sys.stderr``).
+    A failure is reported as one line on ``stderr`` (default ``sys.stderr``).
     """
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
-    gpu_memory, note = args.gpu_memory, ""
-    if gpu_memory is None and args.kv_cache_memory is None:
-        gpu_memory, gpu_name = DEFAULT_GPU_MEMORY[args.gpu.lower()]
-        note = (f"GPU memory: {gpu_memory}, {gpu_name}'s (no --gpu-memory or "
-                "--kv-cache-memory given)\n")
+    note = ""
     try:
-        report = plan_model(
-            args.model,
-            gpu_memory_bytes=None if gpu_memory is None
-            else _memory(gpu_memory, "--gpu-memory"),
-            kv_cache_bytes=None if args.kv_cache_memory is None
-            else _memory(args.kv_cache_memory, "--kv-cache-memory"),
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            activation_reserve_bytes=parse_bytes(args.activation_reserve,
-                                                 what="--activation-reserve"),
-            tp_size=_flag_int(args.tp, "--tp") or 1, kv_dtype=args.kv_dtype,
-            weight_dtype=args.weight_dtype,
-            max_model_len=_flag_int(args.max_model_len, "--max-model-len"),
-            max_num_batched_tokens=_flag_int(args.max_num_batched_tokens,
-                                             "--max-num-batched-tokens"),
-            block_size=_flag_int(args.block_size, "--block-size"), gpu=args.gpu,
-            attention_backend=args.attention_backend,
-            prefix_caching=args.prefix_caching, async_scheduling=args.async_scheduling,
-            hybrid="compare" if args.compare_hybrid else "off" if args.no_hybrid else "on",
-            mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
-            num_blocks=_flag_int(args.num_blocks, "--num-blocks"),
-            kernel_block_alignment=_flag_int(args.kernel_block_alignment,
-                                             "--kernel-block-alignment"),
-        )
+        gpu_memory = args.gpu_memory
+        if gpu_memory is None and args.kv_cache_memory is None:
+            gpu = resolve_gpu(args.gpu)
+            gpu_memory = gpu.memory
+            note = (f"GPU memory: {gpu_memory}, the {gpu.name}'s (no --gpu-memory or "
+                    "--kv-cache-memory given)\n")
+        report, capped = _plan(args, gpu_memory)
     except (PagedKVError, OSError) as exc:
         print(f"pagedkv plan: error: {_one_line(str(exc))}", file=err)
-        return 1
+        return exit_code(exc)
     if args.json:
-        json.dump(as_json(report), out, indent=2)
+        data = as_json(report)
+        if capped:
+            data["notes"] = [capped.strip()]
+        json.dump(data, out, indent=2)
         out.write("\n")
     else:  # JSON carries the assumed memory in memory.gpu_memory_bytes
-        out.write(note)
+        out.write(note + capped)
         render_tables(report, out, brief=args.brief)
     return 0
 
 
-def _flag_int(value: int | None, flag: str) -> int | None:
-    if value is not None and value <= 0:
-        raise InvalidArgumentError(f"{flag} must be a positive integer, got {value}")
-    return value
+def _plan(args: argparse.Namespace, gpu_memory: str | None) -> tuple[ModelPlan, str]:
+    """The plan ``args`` ask for, and a note when the model's full context did not fit
+    and ``max_model_len`` was capped to what does (only without ``--max-model-len``)."""
+    kwargs: dict[str, Any] = dict(
+        gpu_memory_bytes=None if gpu_memory is None else check_size(gpu_memory),
+        kv_cache_bytes=None if args.kv_cache_memory is None
+        else check_size(args.kv_cache_memory),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        activation_reserve_bytes=check_size(args.activation_reserve),
+        tp_size=args.tp, kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype,
+        max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size, gpu=args.gpu, attention_backend=args.attention_backend,
+        prefix_caching=args.prefix_caching, async_scheduling=args.async_scheduling,
+        hybrid="compare" if args.compare_hybrid else "off" if args.no_hybrid else "on",
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, num_blocks=args.num_blocks,
+        kernel_block_alignment=args.kernel_block_alignment)
+    try:
+        return plan_model(args.model, **kwargs), ""
+    except InsufficientMemoryError as exc:
+        fits = exc.max_model_len_that_fits
+        if args.max_model_len is not None or fits < 1:
+            raise
+        kwargs["max_model_len"] = fits
+        report = plan_model(args.model, **kwargs)
+    full = report.model.max_position_embeddings
+    return report, (
+        f"max_model_len: {fits:,}, capped: the model's full {full:,} tokens do not fit in "
+        f"the KV cache (give --max-model-len N to choose, or a larger --tp or GPU for the "
+        "full context)\n")
 
 
 def _one_line(text: str) -> str:

@@ -180,6 +180,7 @@ def capacity_for(workload: Workload, config: SimConfig) -> CapacityPlan:
         gpu_memory=memory or DEFAULT_GPU_MEMORY,
         utilization=config.gpu_memory_utilization, tp=config.tp,
         block_size=config.block_size, memory_scale=config.memory_scale,
+        max_model_len=config.scheduler.max_model_len,
     )
 
 
@@ -333,7 +334,8 @@ def _settings(cfg: SimConfig) -> dict[str, Any]:
                         step_overhead_s=s.step_time.step_overhead_s,
                         prefill_token_s=s.step_time.prefill_token_s,
                         decode_seq_s=s.step_time.decode_seq_s,
-                        clock=clock_summary(s.step_time)["clock"])
+                        clock=clock_summary(s.step_time)["clock"],
+                        max_model_len=s.max_model_len)
         if s.kv_events is not None:
             settings["kv_events_endpoint"] = s.kv_events.endpoint
     return settings

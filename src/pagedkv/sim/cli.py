@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pagedkv.errors import MissingDependencyError
+from pagedkv.errors import ConfigError, InsufficientMemoryError, MissingDependencyError
 from pagedkv.sim.api import run, with_clock
 from pagedkv.sim.clock.cli import run_calibrate
 from pagedkv.sim.observe_cli import SimObserving
@@ -54,7 +54,27 @@ def main_run(args: argparse.Namespace) -> int:
 
     Raises:
         PagedKVError: bad input (trace lines, impossible settings); the CLI prints it.
+            A pool that cannot hold the longest request says which simulate options help.
     """
+    try:
+        return _main_run(args)
+    except InsufficientMemoryError as exc:
+        what = str(exc).split(". Lower max_model_len")[0]
+        fits = exc.max_model_len_that_fits
+        if fits > 0 and getattr(args, "max_model_len", 0) is None \
+                and getattr(args, "num_blocks", 0) is None:
+            # at the model's defaults: the longest context that fits, said first
+            print(f"note: max_model_len capped to {fits:,}, the longest the KV cache holds "
+                  "(longer requests are rejected); give --max-model-len N, a larger --tp or "
+                  "a larger GPU to change it", file=sys.stderr)
+            args.max_model_len = fits
+            return _main_run(args)
+        cap = f"--max-model-len {fits} (longer requests are rejected), " if fits > 0 else ""
+        raise ConfigError(f"{what}: use {cap}--tp N, or a larger GPU (--gpu, --gpu-memory, "
+                          "--gpu-memory-utilization)") from None
+
+
+def _main_run(args: argparse.Namespace) -> int:
     request = simulate_request(vars(args))
     if isinstance(request, CalibrateRequest):
         return run_calibrate(request)

@@ -23,9 +23,8 @@ One step, as vLLM's v1 scheduler does it:
    every scheduled request advances; one that completes its known tokens samples an
    output token (the first: its time to first token) or, with all of them, finishes.
 
-The clock jumps to the next arrival when nothing runs or waits. A request that could not
-fit even in an empty cache (the blocks its groups need for prompt + output - 1 tokens
-exceed the capacity) is rejected on arrival and counted.
+The clock jumps to the next arrival when nothing runs or waits. A request longer than
+``max_model_len`` or than an empty cache holds is rejected on arrival and counted by reason.
 
 **One replica stepped from outside** (:mod:`pagedkv.sim.replicas`: N of these on one
 clock): :meth:`~EngineSimulator.submit` requests (workload indices) at their arrival times
@@ -249,8 +248,9 @@ class EngineSimulator:
         while pending and pending[0][0] <= self.now_s:
             t, i = heapq.heappop(pending)
             res.arrival_s[i] = t - self._latency_s
-            if self._blocks_needed(reqs[i]) > self.capacity_blocks:
-                res.rejected += 1
+            over = reqs[i].over_context(self.config.max_model_len)
+            if over or self._blocks_needed(reqs[i]) > self.capacity_blocks:
+                res.count_rejected(over_context=over)
                 self._done(i, t)
             else:
                 self.waiting.append(

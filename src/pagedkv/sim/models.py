@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pagedkv import CacheConfig, KVCacheManager, KVCacheSpec, planner
-from pagedkv.errors import InvalidArgumentError
+from pagedkv.errors import ConfigError, InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
 from pagedkv.planner import KVCachePlan
 from pagedkv.sim.scheduler import ManagerFactory, build_manager, workload_max_len
@@ -148,10 +148,12 @@ def plan_capacity(
     tp: int = 1,
     block_size: int = 16,
     memory_scale: float = 1.0,
+    max_model_len: int | None = None,
 ) -> CapacityPlan:
     """The planner's capacity for ``model`` (bundled name or config.json) on one GPU of
     ``gpu_memory`` (``memory_scale`` multiplies the KV-cache budget: a capacity search).
-    Every group of the plan is simulated by its own manager.
+    Every group of the plan is simulated by its own manager. The plan's
+    ``max_model_len`` is the workload's longest request, at most ``max_model_len``.
 
     Raises:
         InputFileError, ConfigError, InvalidArgumentError: from the planner.
@@ -167,19 +169,30 @@ def plan_capacity(
         weight_bytes=weights.weight_bytes_per_rank,
         activation_reserve_bytes=planner.parse_bytes(ACTIVATION_RESERVE, what="reserve"),
     )
-    available = int(max(budget.kv_cache_bytes, 0) * memory_scale)
+    if budget.kv_cache_bytes <= 0:
+        fits = next((n for n in (2, 4, 8, 16) if n > tp and planner.estimate_weights(
+            config, source=source, tp_size=n).weight_bytes_per_rank
+            < budget.kv_cache_bytes + weights.weight_bytes_per_rank), None)
+        raise ConfigError(
+            f"{spec.name}: the weights ({planner.format_bytes(weights.weight_bytes_per_rank)} "
+            f"per GPU at TP {tp}) do not fit on one GPU of {gpu_memory}: use "
+            f"--tp {fits or 'N'} or a larger GPU (--gpu, --gpu-memory)")
+    available = int(budget.kv_cache_bytes * memory_scale)
+    longest = workload_max_len(workload, block_size)
     plan = planner.plan_kv_cache(
-        spec.layer_to_spec, available_bytes=available,
-        max_model_len=workload_max_len(workload, block_size), model_name=spec.name,
+        spec.layer_to_spec, available_bytes=available, model_name=spec.name,
+        max_model_len=longest if max_model_len is None else min(longest, max_model_len),
     )
     groups = tuple(g.spec for g in plan.groups)
     hash_bs = min(g.block_size for g in groups)
     src = workload.source_block_size
     if src is not None and src % hash_bs and hash_bs % src:
+        fit = next((d for d in range(hash_bs, src + 1) if src % d == 0),
+                   -(-hash_bs // src) * src)
         raise InvalidArgumentError(
             f"{spec.name}'s plan uses {hash_bs}-token blocks (the planner's block size for "
             f"--block-size {block_size}; hybrid state pages can force it) and cannot replay "
-            f"a trace of {src}-token hash blocks; try another --block-size, or a generator")
+            f"a trace of {src}-token hash blocks; use --block-size {fit}, or a generator")
     scale = "" if memory_scale == 1.0 else f", KV memory x{memory_scale:g}"
     where = (f"planner: {spec.name} on {gpu_memory} (utilization {utilization:g}, TP {tp}"
            f"{scale}): {len(groups)} KV-cache group{'s' if len(groups) > 1 else ''}")

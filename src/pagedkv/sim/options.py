@@ -26,6 +26,7 @@ from typing import Any
 
 from pagedkv.cli_args import MAX_SECONDS, number_arg, seconds_arg, whole_arg
 from pagedkv.errors import InvalidArgumentError, PagedKVError
+from pagedkv.planner.args import check_size, gpu_arg, size_arg
 from pagedkv.planner.gpus import DEFAULT_GPU, GPUS
 from pagedkv.sim.clock import STEP_MODELS
 from pagedkv.sim.clock.constants import CONSTANT_SETS
@@ -102,6 +103,8 @@ class Option:
 
 def _host_sizes(text: str) -> tuple[int, ...]:
     try:
+        for part in text.split(","):
+            check_size(part)  # the one size rule: negative, a bare number without a unit
         return parse_host_sizes(text)
     except PagedKVError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
@@ -156,14 +159,20 @@ OPTIONS: tuple[Option, ...] = (
            type=int, metavar="N"),
     Option("--model", f"size the pool with the planner: config.json or bundled name "
            f"(default without --num-blocks: {DEFAULT_MODEL})", "capacity", metavar="MODEL"),
-    Option("--gpu-memory", f"GPU memory for --model (default {DEFAULT_GPU_MEMORY}: an "
-           "'80 GB' H100)", "capacity", metavar="SIZE"),
+    Option("--gpu-memory", f"GPU memory for --model (default: the --gpu's, "
+           f"{DEFAULT_GPU_MEMORY} for the default {DEFAULT_GPU})", "capacity",
+           type=size_arg("--gpu-memory"), metavar="SIZE"),
     Option("--gpu-memory-utilization", "share of GPU memory the engine may use (default "
            "0.9)", "capacity", type=number_arg("--gpu-memory-utilization", minimum=0,
                                                minimum_exclusive=True, maximum=1),
            default=0.9, metavar="FRACTION"),
-    Option("--tp", "tensor-parallel size for --model (default 1)", "capacity", type=int,
-           default=1, metavar="N"),
+    Option("--max-model-len", "longest request (prompt + output tokens) the engine takes: "
+           "a longer one is rejected on arrival, as vLLM's server refuses it, and counted "
+           "by reason (default: the model's context, max_position_embeddings; engine mode "
+           "with --model)", "capacity", type=whole_arg("--max-model-len", minimum=1),
+           metavar="TOKENS"),
+    Option("--tp", "tensor-parallel size for --model (default 1)", "capacity",
+           type=whole_arg("--tp", minimum=1, maximum=1024), default=1, metavar="N"),
     # engine
     Option("--semantics", "vllm: full blocks only, the last token recomputed (default); "
            "reference: every hash id incl. the partial last block is stored and credited, "
@@ -181,9 +190,10 @@ OPTIONS: tuple[Option, ...] = (
                                      maximum=1e6), default=1.0, metavar="X"),
     Option("--arrivals", "arrival times from the workload (default) or all at time 0",
            "engine", default="trace", choices=("trace", "at-once")),
-    Option("--gpu", f"the GPU: one of {', '.join(GPUS)} (default {DEFAULT_GPU}), or a JSON "
-           "spec; sets the clock's peaks and, without --gpu-memory, the memory", "engine",
-           metavar="NAME|SPEC.json"),
+    Option("--gpu", f"the GPU: one of {', '.join(GPUS)} (default {DEFAULT_GPU}), a family "
+           "(hopper, ampere, blackwell, ada, cdna3) or short name (h100, b200; any case), "
+           "or a JSON spec; sets the clock's peaks and, without --gpu-memory, the memory",
+           "engine", type=gpu_arg("--gpu"), metavar="NAME|SPEC.json"),
     Option("--step-model", "auto (default): the roofline clock whenever the model is known "
            "(not with --num-blocks); linear: the fixed per-step/token/sequence costs",
            "engine", choices=tuple(STEP_MODELS)),
@@ -235,6 +245,8 @@ OPTIONS: tuple[Option, ...] = (
            default="pagedkv-report", metavar="DIR"),
     Option("--no-plots", "write no plots", "output", action=_FLAG),
     Option("--no-progress", "no progress bar", "output", action=_FLAG),
+    Option("--quiet", "for scripts: no progress and no search log on stderr (the report, "
+           "notes and errors still print)", "output", action=_FLAG),
     Option("--retention", "also replay the workload in pure-cache mode under this "
            "retention policy and under LRU at the same capacity, and report both beside "
            "Belady: " + ", ".join(POLICIES) + " (see docs/retention.md)", "output",
@@ -396,7 +408,7 @@ def check_option_value(name: str, value: Any) -> None:
         if not ok:
             raise InvalidArgumentError(f"argument {o.flag}: takes {what}, got {value!r}")
         return
-    if o.type is None:
+    if o.type is None or getattr(o.type, "returns_text", False):
         if not isinstance(value, str):
             raise InvalidArgumentError(f"argument {o.flag}: takes text, got {value!r}")
         _convert(o, value)

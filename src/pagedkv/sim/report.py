@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from pagedkv.sim.host_sweep import host_sections, host_sweep_table
 from pagedkv.sim.progress import ProgressReporter, rich_console
-from pagedkv.sim.summary import SimReport
+from pagedkv.sim.summary import SimReport, rejected_reasons
 
 __all__ = ["ProgressReporter", "clock_line", "print_report", "render_text", "verdict_line"]
 
@@ -48,6 +48,19 @@ def clock_line(s: dict[str, Any]) -> str | None:
         line += (f"; decode step {c['decode_step_s'] * 1e3:.1f} ms at the mean context; "
                  f"time: {', '.join(parts)}; dominant: {c['dominant']}")
     return line
+
+
+def _rejected(s: dict[str, Any]) -> str:
+    """``99  (99 longer than max_model_len 40,960, ...)``: the count, then the reasons."""
+    total = s["rejected_requests"]
+    if not total:
+        return "0"
+    reasons = s.get("rejected_by_reason") or {}
+    text = rejected_reasons(total, reasons.get("over_max_model_len", 0))
+    limit = s["settings"].get("max_model_len")
+    if limit is not None:
+        text = text.replace("max_model_len", f"max_model_len {limit:,}")
+    return f"{total:,}  ({text})"
 
 
 def _cap(tokens: int | None) -> str:
@@ -88,7 +101,7 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
             ("preemptions", f"{s['preemptions']:,}  (re-lookups hit "
                             f"{s['preempted_relookup_hit_tokens']:,} of "
                             f"{s['preempted_relookup_tokens']:,} tokens)"),
-            ("rejected (longer than the cache)", f"{s['rejected_requests']:,}"),
+            ("rejected", _rejected(s)),
             ("queue delay mean / p50 / p90 / p99", " / ".join(_sec(q.get(k)) for k in STATS)),
             ("TTFT mean / p50 / p90 / p99", " / ".join(_sec(t.get(k)) for k in STATS)),
             ("TPOT mean / p50 / p90 / p99",

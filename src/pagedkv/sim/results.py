@@ -44,6 +44,8 @@ class SimResult:
     preempted_query_tokens: int = 0
     preempted_hit_tokens: int = 0
     rejected: int = 0
+    #: of ``rejected``: longer than the model's context (``SchedulerConfig.max_model_len``)
+    rejected_over_context: int = 0
     sample_time_s: list[float] = field(default_factory=list)
     sample_usage: list[float] = field(default_factory=list)
     sample_running: list[int] = field(default_factory=list)
@@ -61,6 +63,12 @@ class SimResult:
     clock_terms_s: list[float] = field(default_factory=list)
     #: output tokens per request (engine mode; for TPOT and throughput)
     output_tokens: list[int] = field(default_factory=list)
+
+    def count_rejected(self, *, over_context: bool) -> None:
+        """One more request rejected on arrival: longer than max_model_len
+        (``over_context``) or than the whole cache."""
+        self.rejected += 1
+        self.rejected_over_context += over_context
 
     @property
     def capacity_tokens(self) -> int:

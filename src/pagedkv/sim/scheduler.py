@@ -69,7 +69,9 @@ class StepTimeModel:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     """Engine-mode knobs (module docstring). ``token_budget``: tokens computed per step
-    (vLLM's ``max_num_batched_tokens``); ``max_running``: ``max_num_seqs``."""
+    (vLLM's ``max_num_batched_tokens``); ``max_running``: ``max_num_seqs``;
+    ``max_model_len``: a request whose prompt + output is longer is rejected on arrival,
+    as vLLM's server refuses it (None: no limit but the cache's)."""
 
     token_budget: int = 8192
     max_running: int = 256
@@ -79,9 +81,12 @@ class SchedulerConfig:
     num_samples: int = 400
     check_invariants_every_step: bool = False
     kv_events: KVEventsConfig | None = None
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         check_whole("SchedulerConfig.token_budget", self.token_budget, minimum=1)
+        if self.max_model_len is not None:
+            check_whole("SchedulerConfig.max_model_len", self.max_model_len, minimum=1)
         check_whole("SchedulerConfig.max_running", self.max_running, minimum=1)
         check_whole("SchedulerConfig.num_samples", self.num_samples, minimum=1)
         check_flag("SchedulerConfig.check_invariants_every_step",

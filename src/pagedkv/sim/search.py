@@ -22,11 +22,12 @@ SEARCHED_FLAGS = ("--gpu", "--tp", "--replicas", "--router", "--gpu-memory",
                   "--num-blocks")
 #: Flags of the run's output, not of what it simulates (left out too).
 _OUTPUT_FLAGS = ("--find-capacity", "--no-find-capacity", "--ttft-p99", "--tpot-p99",
-                 "--json", "--no-plots", "--no-progress", "--no-bounds", "--plot-dir", "--jobs")
+                 "--json", "--no-plots", "--no-progress", "--quiet", "--no-bounds", "--plot-dir",
+                 "--jobs")
 #: Options that shape the run's output (not passed to the search's replays).
 _NOT_SEARCHED = ("find_capacity", "no_find_capacity", "ttft_p99", "tpot_p99", "json",
-                 "plot_dir", "no_plots", "no_progress", "no_bounds", "jobs", "func", "command",
-                 "argv", "ray")
+                 "plot_dir", "no_plots", "no_progress", "quiet", "no_bounds", "jobs", "func",
+                 "command", "argv", "ray")
 
 
 def reproducing_args(argv: Sequence[str]) -> list[str]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedkv import planner
 from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError
 from pagedkv.events.config import KVEventsConfig
@@ -32,6 +33,7 @@ from pagedkv.sim.durations import parse_seconds
 from pagedkv.sim.generators import GENERATORS
 from pagedkv.sim.host_tier import DEFAULT_BANDWIDTH_GBPS, HostMemoryConfig
 from pagedkv.sim.loaders import load_trace
+from pagedkv.sim.models import DEFAULT_MODEL
 from pagedkv.sim.options import check_option_value, defaults
 from pagedkv.sim.scheduler import SchedulerConfig, StepTimeModel
 from pagedkv.sim.workloads import Workload, bundled_trace_path
@@ -215,7 +217,7 @@ def simulate_request(values: Mapping[str, Any]) -> SimulateRequest | CalibrateRe
     return SimulateRequest(
         config=config, workload=_workload(v),
         output=OutputOptions(json=v["json"], plot_dir=None if v["no_plots"] else v["plot_dir"],
-                             progress=not v["no_progress"]),
+                             progress=not (v["no_progress"] or v["quiet"])),
         observe=observe, replicas=replicas, ttft_p99_target_s=target,
         tpot_p99_target_s=tpot)
 
@@ -340,6 +342,22 @@ def _host(v: dict[str, Any]) -> HostMemoryConfig | None:
                             device_only_baseline=not v["no_host_baseline"])
 
 
+def _context(v: dict[str, Any]) -> int | None:
+    """The engine's ``max_model_len``: ``--max-model-len``, else the model's context
+    (``max_position_embeddings``) when the pool is planned from a model; None without one
+    (``--num-blocks``) or in pure-cache mode."""
+    given: int | None = v["max_model_len"]
+    if given is not None and (v["mode"] != "engine" or v["num_blocks"] is not None):
+        raise InvalidArgumentError("--max-model-len sets the engine's context for --model: "
+                                   "use it with --mode engine, without --num-blocks")
+    if given is not None or v["mode"] != "engine" or v["num_blocks"] is not None:
+        return given
+    config, source, name = planner.load_config(v["model"] or DEFAULT_MODEL)
+    limit: int | None = planner.model_spec_from_config(
+        config, name=name, source=source).max_position_embeddings
+    return limit
+
+
 def _config(v: dict[str, Any]) -> SimConfig:
     step = _linear_step_time(v)
     kv_events = None
@@ -351,7 +369,8 @@ def _config(v: dict[str, Any]) -> SimConfig:
     sched = SchedulerConfig(
         token_budget=v["token_budget"], max_running=v["max_running"], arrivals=v["arrivals"],
         rate_scale=v["rate_scale"], step_time=step,
-        check_invariants_every_step=v["check_invariants"], kv_events=kv_events)
+        check_invariants_every_step=v["check_invariants"], kv_events=kv_events,
+        max_model_len=_context(v))
     sweep = sweep_capacities(v["capacity_sweep"]) if v["capacity_sweep"] else ()
     host = _host(v)
     step_model = _step_model(v)

@@ -39,6 +39,7 @@ __all__ = [
     "Verdict",
     "build_report",
     "judge",
+    "rejected_reasons",
     "searched",
 ]
 
@@ -145,6 +146,10 @@ class SimReport:
     settings: dict[str, Any]
     requests: int
     rejected_requests: int
+    #: ``rejected_requests`` by reason: ``over_max_model_len`` (prompt + output longer
+    #: than the engine's max_model_len: vLLM's server refuses them) and ``over_cache``
+    #: (more blocks than the whole cache holds); empty in pure-cache mode.
+    rejected_by_reason: dict[str, int]
     prompt_tokens: int
     hit_tokens: int
     hit_rate: float | None
@@ -248,8 +253,10 @@ def _per_request(res: SimResult) -> tuple[list[float], list[float], int]:
     return tpot, e2e, total
 
 
-def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:
-    """The verdict on an engine run (module docstring)."""
+def judge(engine: EngineStats, *, preemptions: int, rejected: int,
+          over_context: int = 0) -> Verdict:
+    """The verdict on an engine run (module docstring); ``over_context`` of the
+    ``rejected`` requests were longer than max_model_len, the rest than the cache."""
     queue99 = engine.queue_delay.p99 or 0.0
     usage_max = engine.usage_max or 0.0
     usage_mean = engine.usage_mean or 0.0
@@ -258,7 +265,7 @@ def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:
                f"TTFT p50 {_s(engine.ttft.p50)} / p99 {_s(engine.ttft.p99)}, up to "
                f"{engine.max_waiting:,} waiting")
     if rejected:
-        figures += f", {rejected:,} rejected (longer than the whole cache)"
+        figures += f", {rejected:,} rejected ({rejected_reasons(rejected, over_context)})"
     if queue99 > SATURATED_QUEUE_S or preemptions:
         kv_bound = preemptions > 0 or usage_max >= 0.98
         if kv_bound:
@@ -273,6 +280,16 @@ def judge(engine: EngineStats, *, preemptions: int, rejected: int) -> Verdict:
         return Verdict(state="idle", evidence=figures,
                        advice=f"A smaller deployment may do; {FIND_CAPACITY_ADVICE}")
     return Verdict(state="healthy", evidence=figures)
+
+
+def rejected_reasons(rejected: int, over_context: int) -> str:
+    """``99 longer than max_model_len, 3 longer than the whole cache`` (the nonzero
+    reasons of ``rejected`` requests, ``over_context`` of them longer than
+    max_model_len)."""
+    parts = [f"{n:,} {why}" for n, why in (
+        (over_context, "longer than max_model_len"),
+        (rejected - over_context, "longer than the whole cache")) if n]
+    return ", ".join(parts) or "none"
 
 
 def _s(x: float | None) -> str:
@@ -302,14 +319,17 @@ def build_report(
     hit, query = result.totals()
     hit2, query2 = result.totals(warmup_start)
     engine = _engine_stats(result) if result.mode == "engine" else None
+    over = result.rejected_over_context
     verdict = None if engine is None else judge(
-        engine, preemptions=result.preemptions, rejected=result.rejected)
+        engine, preemptions=result.preemptions, rejected=result.rejected, over_context=over)
     return SimReport(
         workload=result.workload, description=description, mode=result.mode,
         semantics=semantics, block_size=result.block_size, num_blocks=result.num_blocks,
         capacity_tokens=result.capacity_tokens, capacity=capacity,
         settings=dict(settings or {}), requests=result.num_requests,
         rejected_requests=result.rejected, prompt_tokens=query, hit_tokens=hit,
+        rejected_by_reason={} if engine is None else {
+            "over_max_model_len": over, "over_cache": result.rejected - over},
         hit_rate=_rate(hit, query), warmup_requests=warmup_start,
         hit_rate_after_warmup=_rate(hit2, query2), ideal_hit_rate=ideal_hit_rate,
         infinite_cache_hit_rate=infinite.hit_rate() if infinite else None,

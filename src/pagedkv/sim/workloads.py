@@ -81,6 +81,12 @@ class SimRequest:
     parent: int | None = None
     think_s: float = 0.0
 
+    def over_context(self, max_model_len: int | None) -> bool:
+        """Whether prompt + output (at least one token) is longer than ``max_model_len``
+        (None: no limit): vLLM's server refuses such a request."""
+        return max_model_len is not None and \
+            self.num_prompt_tokens + max(1, self.num_output_tokens) > max_model_len
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:

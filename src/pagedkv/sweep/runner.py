@@ -30,6 +30,7 @@ from pagedkv import __version__
 from pagedkv.arg_types import check_fields
 from pagedkv.errors import InvalidArgumentError, MissingDependencyError
 from pagedkv.planner.gpus import resolve_gpu
+from pagedkv.sim.progress import line_every_s
 from pagedkv.sim.workloads import Workload
 from pagedkv.sweep.backends import Backend, LocalBackend, Outcome
 from pagedkv.sweep.cache import ResultCache, point_key, workload_digest
@@ -115,12 +116,13 @@ def check_points(grid: Grid) -> list[tuple[Point, dict[str, Any]]]:
 
 class _Progress:
     """``sweep: 5/16 points · 2 cached · 1 failed · elapsed 12 s · ETA 30 s`` on a
-    terminal's stderr, rewritten in place."""
+    terminal's stderr, rewritten in place; elsewhere (a pipe, a log) a whole line every
+    few seconds (:func:`pagedkv.sim.progress.line_every_s`) and the last."""
 
     def __init__(self, total: int, cached: int, enabled: bool) -> None:
         self.total, self.cached = total, cached
-        self.enabled = enabled and sys.stderr.isatty()
-        self.t0 = time.monotonic()
+        self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.t0 = self.last_line = time.monotonic()
         self.done = self.failed = 0
 
     def update(self, failed: bool) -> None:
@@ -133,13 +135,17 @@ class _Progress:
         eta = elapsed / self.done * left
         n = self.cached + self.done
         bar = "#" * (24 * n // self.total)
-        sys.stderr.write(f"\rsweep [{bar:<24}] {n}/{self.total} points · {self.cached} "
-                         f"cached · {self.failed} failed · elapsed {elapsed:.0f} s · ETA "
-                         f"{eta:.0f} s  ")
+        text = (f"{n}/{self.total} points · {self.cached} cached · {self.failed} failed · "
+                f"elapsed {elapsed:.0f} s · ETA {eta:.0f} s")
+        if self.tty:
+            sys.stderr.write(f"\rsweep [{bar:<24}] {text}  ")
+        elif n == self.total or time.monotonic() - self.last_line >= line_every_s():
+            self.last_line = time.monotonic()
+            sys.stderr.write(f"sweep: {text}\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled and self.done:
+        if self.enabled and self.tty and self.done:
             sys.stderr.write("\r" + " " * 100 + "\r")
             sys.stderr.flush()
 
