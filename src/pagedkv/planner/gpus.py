@@ -83,13 +83,27 @@ class GpuSpec:
 
     @property
     def serve_batched_tokens(self) -> int:
-        """``vllm serve``'s default ``max_num_batched_tokens`` on this GPU (vLLM 0.33's
-        rule: 16,384 from 160 GiB of memory, 8,192 from 70 GiB except A100s, else 2,048)."""
+        """``vllm serve``'s default ``max_num_batched_tokens`` on this GPU
+        (:meth:`vllm_batch_defaults`)."""
+        return self.vllm_batch_defaults()[0]
+
+    def vllm_batch_defaults(self, *, server: bool = True) -> tuple[int, int]:
+        """vLLM's default ``--max-num-batched-tokens`` and ``--max-num-seqs`` on this GPU,
+        behind the API server (``vllm serve``) or in-process (``LLM``, MLPerf offline):
+        the tiers of ``EngineArgs.get_batch_defaults`` (``vllm/engine/arg_utils.py``,
+        vLLM 0.33.0). 160 GiB and up: 16,384 / 1,024 both ways; 70 GiB and up except
+        A100s: 8,192 / 1,024 served, 16,384 / 1,024 in-process; anything else 2,048 / 256
+        served, 8,192 / 256 in-process.
+
+        >>> find_gpu("L40S").vllm_batch_defaults(), find_gpu("H100").vllm_batch_defaults(
+        ...     server=False)
+        ((2048, 256), (16384, 1024))
+        """
         if self.memory_gib >= 160:
-            return 16384
+            return 16384, 1024
         if self.memory_gib >= 70 and "a100" not in self.name.lower():
-            return 8192
-        return 2048
+            return (8192 if server else 16384), 1024
+        return (2048 if server else 8192), 256
 
     @property
     def hbm_bytes_s(self) -> float:

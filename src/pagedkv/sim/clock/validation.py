@@ -31,7 +31,6 @@ __all__ = [
     "setup_key",
     "simulate_point",
     "simulate_run",
-    "vllm_batch_defaults",
 ]
 
 #: Not in the table: given as a spec as any other GPU would be (NVIDIA Ada Lovelace
@@ -104,32 +103,12 @@ _LAMBDA_MIXTRAL = ((14, 129), (30, 529), (28, 273), (12, 207), (375, 118), (29, 
                    (369, 26), (5, 9), (236, 49))
 
 
-def vllm_batch_defaults(memory_gib: float, name: str, *, server: bool) -> tuple[int, int]:
-    """vLLM's default ``--max-num-batched-tokens`` and ``--max-num-seqs`` for a GPU of
-    ``memory_gib`` named ``name``: behind the API server (``vllm serve``) or in-process
-    (``LLM``, MLPerf offline). The tiers of ``EngineArgs.get_batch_defaults``
-    (``vllm/engine/arg_utils.py``, vLLM 0.33.0; the V1 engine's defaults): 160 GiB and up
-    16,384 / 1,024 both ways; 70 GiB and up except A100s 8,192 / 1,024 served, 16,384 /
-    1,024 in-process; anything else 2,048 / 256 served, 8,192 / 256 in-process.
-
-    >>> vllm_batch_defaults(24, "RTX-4090", server=True)
-    (2048, 256)
-    >>> vllm_batch_defaults(80, "H100-SXM", server=False)
-    (16384, 1024)
-    """
-    if memory_gib >= 160:
-        return 16384, 1024
-    if memory_gib >= 70 and "a100" not in name.lower():
-        return (8192 if server else 16384), 1024
-    return (2048 if server else 8192), 256
-
-
 def _served(run: Run, *, server: bool = True) -> Run:
     """``run`` with the engine's default batch limits on its GPU (no flags given)."""
     from pagedkv.planner.gpus import resolve_gpu
 
     gpu = run.gpu if isinstance(run.gpu, GpuSpec) else resolve_gpu(run.gpu)
-    budget, seqs = vllm_batch_defaults(gpu.memory_gib, gpu.name, server=server)
+    budget, seqs = gpu.vllm_batch_defaults(server=server)
     return replace(run, token_budget=budget, max_running=seqs)
 
 
