@@ -8,9 +8,10 @@ the repository root::
         --out benchmarks/data/cpu_engine
 
 One engine (in-process engine core, ``PagedKVScheduler``, prefix caching off so every
-request costs the same). Per load, ``--requests`` requests of ``--input-len`` random
-prompt tokens and ``--output-len`` generated tokens run as ``C`` closed-loop streams (a
-stream sends its next request when its previous one finished: ``vllm bench serve
+request costs the same). Per load, ``--requests`` requests (over ``--rounds`` rounds,
+every load once a round) of ``--input-len`` random prompt tokens and ``--output-len``
+generated tokens run as ``C`` closed-loop streams (a stream sends its next request when
+its previous one finished: ``vllm bench serve
 --max-concurrency C``). A request's arrival is the start of the first engine step that
 can schedule it (the driver hands requests over between steps); its first-token and
 finish times and every token's time are taken from the engine's step outputs. The
@@ -121,7 +122,7 @@ def _gemm_flops_s(rows: int, k: int, n: int) -> float:
 
     x, w = torch.randn(rows, k), torch.randn(k, n)
     reps = max(3, 20_000 // rows)
-    return 2.0 * rows * k * n * reps / _best_s(lambda: [x @ w for _ in range(reps)])
+    return 2.0 * rows * k * n * reps / _best_s(lambda: [x @ w for _ in range(reps)], rounds=9)
 
 
 def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
@@ -156,11 +157,28 @@ def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
             "gemm_half_tokens": round(half, 1), "interconnect": "none (one process, TP 1)"}
 
 
+def _one_run(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One load's rounds as one recording: each round's times shifted to start where the
+    previous round ended."""
+    out = dict(rounds[0])
+    for key in ("input_lens", "output_lens", "ttfts", "itls"):
+        out[key] = [x for r in rounds for x in r[key]]
+    offset = 0.0
+    for key in ("arrival_s", "first_token_s", "finish_s"):
+        out[key] = []
+    for r in rounds:
+        for key in ("arrival_s", "first_token_s", "finish_s"):
+            out[key] += [t + offset for t in r[key]]
+        offset += max(r["finish_s"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cpu_engine_recording")
     ap.add_argument("--out", required=True, help="folder for the concurrency-C.json files")
     ap.add_argument("--concurrency", default="1,4,8,12")
-    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=96, help="per load, over all rounds")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--model-dir", default=None, help="where the model is written "
@@ -174,15 +192,26 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(c) for c in a.concurrency.split(",")]
     engine = _engine(model, max(levels))
     config = json.loads((Path(model) / "config.json").read_text())
-    spec = measure_cpu_spec(config["hidden_size"], config["intermediate_size"])
-    (out / "cpu-gpu-spec.json").write_text(json.dumps(spec, indent=1) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    print(f"this CPU: {spec['bf16_tflops'] * 1e3:.1f} GFLOP/s, "
+    run_load(engine, 2, 4, a.input_len, a.output_len, seed=99)  # warm-up, not recorded
+    # rounds: every load (and the CPU's spec) measured once a round, so that each sees the
+    # machine in the same states (a shared VM's speed drifts from minute to minute)
+    specs: list[dict[str, Any]] = []
+    runs: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
+    per_round = max(1, a.requests // a.rounds)
+    for r in range(a.rounds):
+        specs.append(measure_cpu_spec(config["hidden_size"], config["intermediate_size"]))
+        for c in levels:
+            runs[c].append(run_load(engine, c, per_round, a.input_len, a.output_len,
+                                    seed=1000 * r + c))
+    spec = {k: (sorted(s[k] for s in specs)[len(specs) // 2]
+                if isinstance(specs[0][k], float) else specs[0][k]) for k in specs[0]}
+    (out / "cpu-gpu-spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    print(f"this CPU (median of {a.rounds} rounds): {spec['bf16_tflops'] * 1e3:.1f} GFLOP/s, "
           f"{spec['hbm_tb_s'] * 1e3:.1f} GB/s read, GEMMs at half rate at "
           f"{spec['gemm_half_tokens']} rows", flush=True)
-    run_load(engine, 2, 4, a.input_len, a.output_len, seed=99)  # warm-up, not recorded
     for c in levels:
-        res = run_load(engine, c, a.requests, a.input_len, a.output_len, seed=c)
+        res = _one_run(runs[c])
         (out / f"concurrency-{c}.json").write_text(json.dumps(res, indent=0))
         n = len(res["ttfts"])
         tpots = [sum(x) / len(x) for x in res["itls"] if x]

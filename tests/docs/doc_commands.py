@@ -183,6 +183,7 @@ PLAN: dict[str, Run | Skip] = {
              "exactly this on a free port"),
     "pagedkv simulate --model benchmarks/data/cpu_engine/config.json --gpu "
     "benchmarks/data/cpu_engine/cpu-gpu-spec.json --token-budget 2048 --max-running 12 "
+    "--calibration offline "
     "--calibrate benchmarks/data/cpu_engine/concurrency-4.json --save-calibration cpu.json":
         Run(),
     "V=/path/to/venv-with-vllm-0.33/bin/python": NO_VLLM_PATH,

@@ -153,5 +153,5 @@ def test_a_contradictory_sweep_point_is_named(tmp_path: pathlib.Path) -> None:
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     row = re.search(r"\| contradictory point \| `([^`]+)` \|",
                     (ROOT / "docs/sweep.md").read_text())
-    assert row is not None and proc.returncode == 1
+    assert row is not None and proc.returncode == 2
     assert proc.stderr.strip() == f"pagedkv sweep: error: {row.group(1)}"

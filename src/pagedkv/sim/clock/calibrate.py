@@ -131,7 +131,7 @@ def fit_constants(data: Sequence[Measured], setup: ReplaySetup,
     # replayed figures already count the start's constants: a gap comes on top of them.
     ttft_gap, tpot_gap = _median_gaps(data, setup, base)
     starts = []
-    if ttft_gap > 0:
+    if ttft_gap > 0 and base.request_latency_s > 0:
         starts.append({"request_latency_s": base.request_latency_s + ttft_gap})
     if tpot_gap > 0:
         starts.append({"step_overhead_s": base.step_overhead_s + tpot_gap})
@@ -196,6 +196,9 @@ class _Problem:
         self.scale = [abs(t) if t else d for t, d in
                       zip(self.theta0, (1.0, 1.0, 1e-5, 1e-5, 0.02), strict=True)]
         self.num_data = 0
+        #: a start without request latency keeps none (an engine driven in-process, the
+        #: ``offline`` set: no API server between client and engine): not fitted
+        self.held = {4} if base.request_latency_s == 0 else set()
 
     def constants(self, theta: Sequence[float]) -> ClockConstants:
         return _constants(self.base, theta, self.name)
@@ -218,6 +221,9 @@ def _gauss_newton_step(prob: _Problem, theta: list[float], r: list[float]) -> li
     scale = prob.scale
     cols = []
     for j in range(_N):
+        if j in prob.held:  # a zero column: the ridge keeps its step at 0
+            cols.append([0.0] * len(r))
+            continue
         t2 = theta[:]
         t2[j] += scale[j] * _FD
         r2 = prob.residuals(t2)
