@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "vllm_engine"))
 
 from engine_driver import BLOCK_SIZE_TOKENS, VOCAB, write_model  # noqa: E402
+from micro import best_of  # noqa: E402
 
 
 def _engine(model: str, max_seqs: int) -> Any:
@@ -106,23 +107,13 @@ def run_load(engine: Any, concurrency: int, num_requests: int, input_len: int,
     }
 
 
-def _best_s(fn: Any, rounds: int = 5) -> float:
-    """The fastest of ``rounds`` timed calls of ``fn`` (seconds)."""
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def _gemm_flops_s(rows: int, k: int, n: int) -> float:
     """float32 ``(rows x k) @ (k x n)`` FLOP/s."""
     import torch
 
     x, w = torch.randn(rows, k), torch.randn(k, n)
     reps = max(3, 20_000 // rows)
-    return 2.0 * rows * k * n * reps / _best_s(lambda: [x @ w for _ in range(reps)], rounds=9)
+    return 2.0 * rows * k * n * reps / best_of(lambda: [x @ w for _ in range(reps)], 9)
 
 
 def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
@@ -138,7 +129,7 @@ def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
 
     peak = _gemm_flops_s(1024, 1024, 1024)
     big = torch.randn(256 * 1024 * 1024 // 4)
-    read_bytes_s = big.numel() * 4 / _best_s(big.sum)
+    read_bytes_s = big.numel() * 4 / best_of(big.sum, 5)
     del big
     top = _gemm_flops_s(512, hidden, intermediate)
     half = 1.0

@@ -151,15 +151,10 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_metrics(port: int) -> Any:
     """Start the index service's metrics server (its address on stderr)."""
     from pagedkv.cluster.index_metrics import IndexServiceExporter
+    from pagedkv.observe.metrics_endpoint import serve_metrics
 
     exporter = IndexServiceExporter()
-    try:
-        bound = exporter.serve(port)
-    except OSError as exc:
-        raise InvalidArgumentError(
-            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
-            f"({exc.strerror or exc}); choose another port or 0 for a free one") from None
-    print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
+    serve_metrics(exporter, port)
     return exporter
 
 

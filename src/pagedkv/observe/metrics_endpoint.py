@@ -14,11 +14,13 @@ in their ``__init__`` and call :meth:`MetricsEndpoint.__init__` first::
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from pagedkv.arg_types import check_port
+from pagedkv.errors import InvalidArgumentError
 
-__all__ = ["MetricsEndpoint"]
+__all__ = ["MetricsEndpoint", "serve_metrics"]
 
 
 class MetricsEndpoint:
@@ -56,3 +58,20 @@ class MetricsEndpoint:
             self._server.server_close()
             self._thread.join(timeout=5)
             self._server = self._thread = None
+
+
+def serve_metrics(endpoint: MetricsEndpoint, port: int) -> int:
+    """``--metrics-port``: serve ``endpoint`` on 127.0.0.1:``port`` (0: a free one), say
+    where on stderr and return the bound port.
+
+    Raises:
+        InvalidArgumentError: the port is taken (naming it and the fix).
+    """
+    try:
+        bound = endpoint.serve(port)
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
+            f"({exc.strerror or exc}); choose another port or 0 for a free one") from None
+    print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
+    return bound

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pagedkv.errors import InvalidArgumentError, MissingDependencyError
-from pagedkv.observe.metrics_endpoint import MetricsEndpoint
+from pagedkv.errors import MissingDependencyError
+from pagedkv.observe.metrics_endpoint import serve_metrics
 from pagedkv.sim.observe_engine import MissBreakdown, ReplayObserver
 from pagedkv.sim.observe_support import plot_missed_tokens
 from pagedkv.sim.setup import ObserveOptions
@@ -28,23 +28,6 @@ from pagedkv.sim.setup import ObserveOptions
 __all__ = ["PLOT_NAME", "SimObserving", "linger", "serve_metrics"]
 
 PLOT_NAME = "missed_tokens_by_reason.png"
-
-
-def serve_metrics(endpoint: MetricsEndpoint, port: int) -> int:
-    """Serve ``endpoint`` on 127.0.0.1:``port`` (0: a free one), say where on stderr and
-    return the bound port.
-
-    Raises:
-        InvalidArgumentError: the port is taken.
-    """
-    try:
-        bound = endpoint.serve(port)
-    except OSError as exc:
-        raise InvalidArgumentError(
-            f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
-            f"({exc.strerror or exc}); choose another port or 0 for a free one") from None
-    print(f"metrics: serving http://127.0.0.1:{bound}/metrics", file=sys.stderr, flush=True)
-    return bound
 
 
 def linger(seconds: float) -> None:
