@@ -41,6 +41,7 @@ CASES: dict[tuple[str, ...], tuple[list[str], list[str] | None]] = {
                           "--block-size", "0"], None),
     ("index", "serve"): (["--redis", "redis://127.0.0.1:1", "--status-every", "0"], None),
     ("check-attention",): (["--threads", "0"], None),
+    ("doctor",): (["extra-argument"], None),
 }
 EXTRA_MISTAKES = [
     ["simulate", "--replicas", "0"],
@@ -103,8 +104,8 @@ def test_the_same_mistake_is_refused_alike_by_every_command(
 def test_a_misspelled_option_gets_did_you_mean_and_its_own_help(
         path: tuple[str, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = LEAVES[path]
-    flag = next(f for a in parser._actions for f in a.option_strings
-                if f.startswith("--") and len(f) > 6 and f != "--help")
+    flag = next((f for a in parser._actions for f in a.option_strings
+                 if f.startswith("--") and len(f) > 6 and f != "--help"), "--help")
     typo = flag[:3] + flag[4:]  # one letter left out
     positional = ["Llama-3.1-8B"] if path == ("plan",) else []
     code, _, err = _run([*path, *positional, typo, "1"], tmp_path, monkeypatch)
