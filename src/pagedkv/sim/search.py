@@ -75,9 +75,9 @@ def search_deployment(workload: Workload, values: Mapping[str, Any], *, ttft_p99
                                backend=LocalBackend(jobs=values.get("jobs")), log=log)
     from pagedkv.sweep.ray_backend import RayBackend
 
-    ray = RayBackend(values["ray"], num_cpus=values.get("jobs"))
-    ray.open()  # a missing extra or an unreachable cluster: one line, now
+    ray_backend = RayBackend(values["ray"], num_cpus=values.get("jobs"))
+    ray_backend.open()  # a missing extra or an unreachable cluster: one line, now
     try:
-        return find_deployment(workload, base, slo, backend=ray, log=log)
+        return find_deployment(workload, base, slo, backend=ray_backend, log=log)
     finally:
-        ray.close()
+        ray_backend.close()
