@@ -140,7 +140,7 @@ PLAN: dict[str, Run | Skip] = {
     "pagedkv simulate --trace data/traces/kv-cache-tester/ --session-stagger-s 60":
         Run(LIMIT),
     "pagedkv simulate --trace 'data/traces/kv-cache-tester/*.json.gz' --mode pure-cache":
-        Run(),
+        Run(LIMIT),
     "pagedkv simulate --model llama-70b-fp8.json --gpu H100 --tp 4 --calibrate "
     "tests/sim/data/lambda_70b_fp8_tp4_h100.json --save-calibration h100-tp4.json":
         Skip("llama-70b-fp8.json is the config the reader writes (the comment above); "
@@ -161,11 +161,13 @@ PLAN: dict[str, Run | Skip] = {
     "data/traces/conversation_trace.jsonl.gz --runs 3":
         Skip("compares against an older checkout the reader names"),
     # docs/sweep.md
-    "pagedkv sweep docs/examples/sweep_grid.yaml --out sweep-example": Run(),
+    "pagedkv sweep docs/examples/sweep_grid.yaml --out sweep-example":
+        Skip("tests/sweep/test_sweep_doc.py runs it as written and compares its output "
+             "with the doc's, line by line"),
     # docs/torch.md
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": INSTALL,
     "pip install 'pagedkv[torch]'": INSTALL,
-    "pagedkv check-attention": Run(needs="torch"),
+    "pagedkv check-attention": Skip("CI's checks step runs it as written (.ci/run)"),
     "python benchmarks/torch_tables.py": Run(needs="torch"),
     # docs/vllm.md
     "pagedkv doctor": Run(),
@@ -185,7 +187,8 @@ PLAN: dict[str, Run | Skip] = {
     "benchmarks/data/cpu_engine/cpu-gpu-spec.json --token-budget 2048 --max-running 12 "
     "--calibration offline "
     "--calibrate benchmarks/data/cpu_engine/concurrency-4.json --save-calibration cpu.json":
-        Run(),
+        Skip("tests/vllm_engine/test_ground_truth.py runs it as written and checks the "
+             "doc's table"),
     "V=/path/to/venv-with-vllm-0.33/bin/python": NO_VLLM_PATH,
     "python conformance/vllm_scheduler_tests.py --vllm-python '$V'": NO_VLLM_PATH,
     "python conformance/vllm_scheduler_tests.py --vllm-python '$V' --smoke": NO_VLLM_PATH,
