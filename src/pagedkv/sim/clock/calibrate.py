@@ -39,6 +39,8 @@ __all__ = ["Fit", "fit_constants", "mean_abs_error", "synthetic_measurements"]
 #: overhead is not: with one model it cannot be told from the per-step one, so it keeps
 #: its set's value).
 _N = 5
+#: theta's index of the request latency.
+_LATENCY = 4
 #: Relative size of a forward-difference step (the replay is piecewise smooth in theta).
 _FD = 1e-3
 
@@ -198,7 +200,7 @@ class _Problem:
         self.num_data = 0
         #: a start without request latency keeps none (an engine driven in-process, the
         #: ``offline`` set: no API server between client and engine): not fitted
-        self.held = {4} if base.request_latency_s == 0 else set()
+        self.held = {_LATENCY} if base.request_latency_s == 0 else set()
 
     def constants(self, theta: Sequence[float]) -> ClockConstants:
         return _constants(self.base, theta, self.name)
