@@ -220,6 +220,35 @@ class CompiledVsPure(RuleBasedStateMachine):
                 req.num_computed_tokens = c
 
     @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 6), delta=st.integers(-2, 2),
+          in_flight=st.sampled_from([None, 0, 1, 2, 100, -1, True, 1.0]),
+          lenient=st.sampled_from([None, True, False, 1]),
+          other=st.booleans())
+    def engine_decode(self, i: int, n: int, delta: int, in_flight: Any, lenient: Any,
+                      other: bool) -> None:
+        """An engine's counting (vLLM 0.33's async scheduling: the in-flight token counted
+        as computed, new tokens past the request's): ``num_in_flight_tokens`` and
+        ``lenient_counts`` as keywords, which the compiled entry point takes itself when
+        they are in range, else hands to the Python method; ``other`` adds a keyword it
+        never takes."""
+        pair = self.running[i % len(self.running)]
+        saved = [r.num_computed_tokens for r in pair]
+        kwargs: dict[str, Any] = {}
+        if in_flight is not None:
+            kwargs["num_in_flight_tokens"] = in_flight
+        if lenient is not None:
+            kwargs["lenient_counts"] = lenient
+        if other:
+            kwargs["reserved_blocks"] = 0
+        for req in pair:
+            req.num_computed_tokens = max(0, req.num_tokens + delta)
+        try:
+            self.both(lambda m, k: m.allocate_slots(pair[k], n, **kwargs))
+        finally:
+            for req, c in zip(pair, saved, strict=True):
+                req.num_computed_tokens = c
+
+    @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))
     def finish(self, i: int) -> None:
         pair = self.running.pop(i % len(self.running))

@@ -6,7 +6,13 @@
  * path checks a dozen conditions, grows the one block table and registers blocks that
  * became full. This object does the same checks and the same steps in C, calling the
  * pool's get_new_blocks and the coordinator's cache_blocks (Python) only when a block is
- * taken or becomes full. Anything else — keywords, a request the manager does not hold,
+ * taken or becomes full. It also takes the engine's counting (vLLM 0.33's async
+ * scheduling): the keywords num_in_flight_tokens (an int in [0, computed]) and
+ * lenient_counts (a bool), and nothing else; with lenient_counts=True new tokens may run
+ * past the request's (slots to max_model_len, never registered) and blocks are
+ * registered only as far as the request has tokens and block hashes — the Python
+ * method's rule. In-flight tokens change nothing for one full-attention group (no window
+ * frees blocks). Anything else — other keywords, a request the manager does not hold,
  * a count that is not a plain int in range, a zeroing group — goes to the Python method
  * unchanged (it validates, raises the documented errors, or takes the general path), and
  * it does so before anything has changed. So both cores return the same values, change
@@ -25,11 +31,13 @@ typedef struct {
     PyObject *zeroing;      /* coordinator.zeroing: list of bools */
     PyObject *request_type; /* pagedkv's Request (num_tokens read from all_token_ids) */
     Py_ssize_t block_size;
+    Py_ssize_t hash_block_size; /* the pool's: block_hashes cover this many tokens each */
     Py_ssize_t max_model_len;
 } DecodeAllocate;
 
 static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
-    *str_all_token_ids, *str_owned_tokens, *str_free_queue, *str_num_free, *str_get_new_blocks;
+    *str_all_token_ids, *str_owned_tokens, *str_free_queue, *str_num_free, *str_get_new_blocks,
+    *str_block_hashes, *str_num_in_flight_tokens, *str_lenient_counts;
 
 static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
@@ -181,11 +189,58 @@ static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t
     return out;
 }
 
+/* The engine-counting keywords of a call: 1 with *lenient set when every keyword is
+ * num_in_flight_tokens (an exact int in [0, computed] — it frees nothing for one
+ * full-attention group) or lenient_counts (exactly True or False), else 0 (fall back;
+ * the Python method validates). Reads no attribute and changes nothing. */
+static int da_keywords(PyObject *const *values, PyObject *kwnames, Py_ssize_t computed,
+                       int *lenient) {
+    *lenient = 0;
+    if (kwnames == NULL) return 1;
+    Py_ssize_t n = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i), *v = values[i];
+        if (name == str_lenient_counts
+            || PyUnicode_Compare(name, str_lenient_counts) == 0) {
+            if (v != Py_True && v != Py_False) return 0;
+            *lenient = v == Py_True;
+        } else if (name == str_num_in_flight_tokens
+                   || PyUnicode_Compare(name, str_num_in_flight_tokens) == 0) {
+            if (!PyLong_CheckExact(v)) return 0;
+            Py_ssize_t k = PyLong_AsSsize_t(v);
+            if (k < 0 || k > computed) {
+                if (k == -1) PyErr_Clear();
+                return 0;
+            }
+        } else {
+            if (PyErr_Occurred()) PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Under lenient_counts, how far blocks are registered: the end of the new tokens, capped
+ * at the request's tokens and at its block hashes; -1 (fall back) when block_hashes is
+ * not a list. */
+static Py_ssize_t da_lenient_cache_end(DecodeAllocate *self, PyObject *request,
+                                       Py_ssize_t end, Py_ssize_t num_tokens) {
+    PyObject *hashes = PyObject_GetAttr(request, str_block_hashes);
+    if (hashes == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t hashed = PyList_CheckExact(hashes) ? PyList_GET_SIZE(hashes) : -1;
+    Py_DECREF(hashes);
+    if (hashed < 0 || hashed > PY_SSIZE_T_MAX / self->hash_block_size) return -1;
+    hashed *= self->hash_block_size;
+    if (end > num_tokens) end = num_tokens;
+    return end < hashed ? end : hashed;
+}
+
 static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
                          PyObject *kwnames) {
-    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2) {
-        return da_fallback(self, args, nargsf, kwnames);
-    }
+    if (PyVectorcall_NARGS(nargsf) != 2) return da_fallback(self, args, nargsf, kwnames);
     PyObject *mgr = da_manager(self); /* a freed manager fails every call, not only some */
     if (mgr == NULL) return NULL;
     Py_DECREF(mgr); /* alive: the caller's request and this call's state keep what we use */
@@ -207,9 +262,19 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     if (!PyUnicode_CheckExact(rid) || da_get(self->live, rid) != request) goto fallback;
     computed = da_count(request, str_num_computed_tokens);
     if (computed < 0) goto fallback;
+    int lenient;
+    if (!da_keywords(args + 2, kwnames, computed, &lenient)) goto fallback;
     num_tokens = da_num_tokens(self, request);
     if (num_tokens < 0 || num_tokens > self->max_model_len) goto fallback;
-    if (num_new > num_tokens || computed > num_tokens - num_new) goto fallback;
+    if (lenient ? num_new > PY_SSIZE_T_MAX - computed
+                : (num_new > num_tokens || computed > num_tokens - num_new)) goto fallback;
+    Py_ssize_t end = computed + num_new; /* strict: <= num_tokens <= max_model_len */
+    Py_ssize_t slots_end = end < self->max_model_len ? end : self->max_model_len;
+    Py_ssize_t cache_end = end;
+    if (lenient) {
+        cache_end = da_lenient_cache_end(self, request, end, num_tokens);
+        if (cache_end < 0) goto fallback;
+    }
     table = da_get(self->tables, rid);
     cached = da_get(self->cached, rid);
     if (table == NULL || !PyList_CheckExact(table) || cached == NULL
@@ -219,8 +284,8 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     }
     Py_INCREF(table); /* held to the end: the pool's Python code runs below */
 
-    Py_ssize_t end = computed + num_new; /* <= num_tokens <= max_model_len */
-    Py_ssize_t need = (end + self->block_size - 1) / self->block_size - PyList_GET_SIZE(table);
+    Py_ssize_t need =
+        (slots_end + self->block_size - 1) / self->block_size - PyList_GET_SIZE(table);
     PyObject *new_ids;
     if (need > 0) {
         PyObject *zero = PyList_GET_SIZE(self->zeroing) ? PyList_GET_ITEM(self->zeroing, 0)
@@ -258,8 +323,8 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     cached = da_get(self->cached, rid);
     Py_ssize_t num_cached = cached != NULL ? PyLong_AsSsize_t(cached) : -1;
     if (num_cached == -1 && PyErr_Occurred()) PyErr_Clear();
-    if (cached == NULL || end / self->block_size > num_cached) {
-        PyObject *end_obj = PyLong_FromSsize_t(end);
+    if (cached == NULL || cache_end / self->block_size > num_cached) {
+        PyObject *end_obj = PyLong_FromSsize_t(cache_end);
         if (end_obj == NULL) {
             Py_DECREF(new_ids);
             goto error;
@@ -296,19 +361,21 @@ error:
 static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "live_requests", "tables", "num_cached",
                              "pool", "cache_blocks", "zeroing", "request_type", "block_size",
-                             "max_model_len", NULL};
+                             "max_model_len", "hash_block_size", NULL};
     PyObject *function, *manager, *live, *tables, *cached, *pool, *cache_blocks, *zeroing,
         *rtype;
-    Py_ssize_t block_size, max_len;
+    Py_ssize_t block_size, max_len, hash_block_size = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOO!O!O!OOO!O!nn:DecodeAllocate", kwlist, &function, &manager,
+            args, kwds, "OOO!O!O!OOO!O!nn|n:DecodeAllocate", kwlist, &function, &manager,
             &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool,
             &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
-            &max_len)) {
+            &max_len, &hash_block_size)) {
         return -1;
     }
-    if (block_size <= 0 || max_len <= 0) {
-        PyErr_SetString(PyExc_ValueError, "DecodeAllocate: block_size and max_model_len > 0");
+    if (hash_block_size == 0) hash_block_size = block_size;
+    if (block_size <= 0 || max_len <= 0 || hash_block_size < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "DecodeAllocate: block_size, hash_block_size and max_model_len > 0");
         return -1;
     }
     if (!PyCallable_Check(function) || !PyCallable_Check(cache_blocks)) {
@@ -327,6 +394,7 @@ static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
         Py_XSETREF(*slots[i], objs[i]);
     }
     self->block_size = block_size;
+    self->hash_block_size = hash_block_size;
     self->max_model_len = max_len;
     self->vectorcall = (vectorcallfunc)da_call;
     return 0;
@@ -366,6 +434,10 @@ static int ccore_fast_add(PyObject *m) {
     str_free_queue = PyUnicode_InternFromString("free_queue");
     str_num_free = PyUnicode_InternFromString("num_free");
     str_get_new_blocks = PyUnicode_InternFromString("get_new_blocks");
+    str_block_hashes = PyUnicode_InternFromString("block_hashes");
+    str_num_in_flight_tokens = PyUnicode_InternFromString("num_in_flight_tokens");
+    str_lenient_counts = PyUnicode_InternFromString("lenient_counts");
+    if (!str_block_hashes || !str_num_in_flight_tokens || !str_lenient_counts) return -1;
     if (!str_request_id || !str_num_computed_tokens || !str_num_tokens || !str_all_token_ids
         || !str_owned_tokens
         || !str_free_queue || !str_num_free || !str_get_new_blocks) return -1;

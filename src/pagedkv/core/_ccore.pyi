@@ -47,6 +47,6 @@ class DecodeAllocate:
         self, *, function: Callable[..., Any], manager: Any, live_requests: dict[str, Any],
         tables: dict[str, list[int]], num_cached: dict[str, int], pool: Any,
         cache_blocks: Callable[[Any, int], None], zeroing: list[bool], request_type: type,
-        block_size: int, max_model_len: int,
+        block_size: int, max_model_len: int, hash_block_size: int = 0,
     ) -> None: ...
     def __call__(self, request: Any, num_new_tokens: int, /, **kwargs: Any) -> Any: ...

@@ -8,9 +8,13 @@ component hooking the allocation, one hash block per block — :func:`install` p
 compiled core's ``DecodeAllocate`` (``pagedkv/_csrc/ccore_fast.h``) in front of the
 method, as the manager's own ``allocate_slots`` attribute. It takes the calls with
 exactly two positional arguments from a request this manager already holds, with counts
-that are plain ints in range, and does what the Python method does on them: grow the
-table (the pool's ``get_new_blocks``), register the blocks that became full (the
-coordinator's ``cache_blocks``), or return ``None`` when the pool is short. Every other
+that are plain ints in range, and optionally an engine's counting as keywords
+(``num_in_flight_tokens``, an int in ``[0, num_computed_tokens]``; ``lenient_counts``, a
+bool: new tokens may run past the request's, blocks register only as far as the request
+has tokens and block hashes — vLLM 0.33's async scheduling), and does what the Python
+method does on them: grow the table (the pool's ``get_new_blocks``), register the blocks
+that became full (the coordinator's ``cache_blocks``), or return ``None`` when the pool
+is short. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
 errors; the pure core (``PAGEDKV_PURE=1``) never installs it.
@@ -25,6 +29,9 @@ errors; the pure core (``PAGEDKV_PURE=1``) never installs it.
 >>> req.append_output_tokens(4)
 >>> mgr.allocate_slots(req, 1)          # a running request: the fast path, if compiled
 ([],)
+>>> req.num_computed_tokens = 4         # one token in flight, counted as computed
+>>> mgr.allocate_slots(req, 1, num_in_flight_tokens=1, lenient_counts=True)
+([2],)
 """
 
 from __future__ import annotations
@@ -58,5 +65,6 @@ def install(mgr: Any, function: Callable[..., Any]) -> Callable[..., Any] | None
         function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
-        request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len)
+        request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
+        hash_block_size=coordinator.pool.hash_block_size)
     return fast
