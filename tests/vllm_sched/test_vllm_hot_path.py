@@ -1,7 +1,14 @@
-"""The compiled core on vLLM's hot path: under pagedkv's vLLM schedulers (sync) a running
-request's decode allocation reaches the façade as ``allocate_slots(view, n)`` (no
-keywords), which the compiled core's ``DecodeAllocate`` takes without calling Python.
-That the schedules stay exactly stock's is ``test_scheduler_cls``'s check (both cores)."""
+"""The compiled core on vLLM's hot path, sync and async scheduling.
+
+A running request's decode allocation reaches the façade as ``allocate_slots(view, n,
+num_in_flight_tokens=k, lenient_counts=True)`` (vLLM's own counting, one step in flight
+under async scheduling), which the compiled core's ``DecodeAllocate`` takes without
+calling Python; only admissions (a hit to adopt, a first allocation) reach the Python
+method. On a hybrid (full attention + sliding window) allocation stays in Python (the
+compiled decode path covers one group), and the lookups, frees, block takes and
+registrations reach the compiled loops as far as the core has them: counted here per
+path, with the Python fallbacks. That the schedules stay exactly stock's is
+``test_scheduler_cls``'s check (both cores)."""
 
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from pagedkv.core import fast_paths, native
 from pagedkv.core.manager import KVCacheManager
 
 NUM_REQUESTS = 12
+MAX_TOKENS = 24
+compiled_only = pytest.mark.skipif(native.active() is None,
+                                   reason="the compiled core is not in use")
 
 
 def _scheduler(tmp: Path, async_scheduling: bool, window: int | None = None) -> Any:
@@ -28,48 +38,43 @@ def _scheduler(tmp: Path, async_scheduling: bool, window: int | None = None) -> 
                            window=window)
 
 
-def _count_adapter_calls(s: Any) -> dict[str, int]:
-    """Wrap the façade's allocate_slots (whatever it is) to count calls by shape."""
+def _count_adapter_calls(s: Any) -> dict[str, Any]:
+    """Wrap the façade's allocate_slots (whatever it is) to count calls by keyword set."""
     mgr = s.kv_cache_manager.pagedkv
     inner = mgr.allocate_slots
-    seen = {"positional": 0, "keywords": 0}
+    seen: dict[str, Any] = {"calls": 0, "steady": 0}
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        seen["keywords" if kwargs else "positional"] += 1
+        seen["calls"] += 1
+        if sorted(kwargs) == ["lenient_counts", "num_in_flight_tokens"]:
+            seen["steady"] += 1
         return inner(*args, **kwargs)
 
     mgr.allocate_slots = counted
     return seen
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("window", [None, 32], ids=["full", "full+swa"])
-def test_only_first_allocations_carry_keywords(tmp_path: Path, window: int | None) -> None:
-    s = _scheduler(tmp_path, False, window)
+def test_decode_calls_carry_only_the_engine_counting(tmp_path: Path, window: int | None,
+                                                     overlap: bool) -> None:
+    s = _scheduler(tmp_path, overlap, window)
     seen = _count_adapter_calls(s)
-    run(s, make_requests(NUM_REQUESTS, max_tokens=24))
-    # One admission per request (roomy pool: no preemption), every decode step positional.
-    assert seen["keywords"] == NUM_REQUESTS
-    assert seen["positional"] >= NUM_REQUESTS * 20
+    run(s, make_requests(NUM_REQUESTS, max_tokens=MAX_TOKENS), overlap=overlap)
+    # One general call per admission (roomy pool: no preemption), every decode steady.
+    assert seen["calls"] - seen["steady"] == NUM_REQUESTS
+    assert seen["steady"] >= NUM_REQUESTS * (MAX_TOKENS - 4)
 
 
-def test_async_steps_in_flight_keep_the_lenient_call(tmp_path: Path) -> None:
-    # With one step in flight vLLM counts its token as computed before appending it, so
-    # a decode call's tokens run past the request's: only the lenient (keyword) call
-    # means that, and the compiled decode path does not take it (docs/vllm.md).
-    s = _scheduler(tmp_path, True)
-    seen = _count_adapter_calls(s)
-    run(s, make_requests(NUM_REQUESTS, max_tokens=24), overlap=True)
-    assert seen["keywords"] >= NUM_REQUESTS * 20
-
-
-@pytest.mark.skipif(native.active() is None, reason="the compiled core is not in use")
-def test_compiled_decode_path_takes_the_adapters_calls(tmp_path: Path) -> None:
-    s = _scheduler(tmp_path, False)  # one full-attention group: what the fast path covers
+@compiled_only
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_compiled_decode_path_takes_every_decode_call(tmp_path: Path, overlap: bool) -> None:
+    s = _scheduler(tmp_path, overlap)  # one full-attention group: what the fast path covers
     mgr = s.kv_cache_manager.pagedkv
-    python_calls = [0]
+    fallbacks = [0]
 
     def python_method(self: KVCacheManager, *args: Any, **kwargs: Any) -> Any:
-        python_calls[0] += 1
+        fallbacks[0] += 1
         return KVCacheManager.allocate_slots(self, *args, **kwargs)
 
     # The same compiled object the manager installs, with a counting Python method.
@@ -77,8 +82,48 @@ def test_compiled_decode_path_takes_the_adapters_calls(tmp_path: Path) -> None:
     assert fast is not None and type(fast).__name__ == "DecodeAllocate"
     mgr.allocate_slots = fast
     seen = _count_adapter_calls(s)
-    run(s, make_requests(NUM_REQUESTS, max_tokens=24))
-    total = seen["keywords"] + seen["positional"]
-    assert total >= NUM_REQUESTS * 21
-    # Only the admissions reach Python; every decode step stays in C.
-    assert python_calls[0] == NUM_REQUESTS
+    run(s, make_requests(NUM_REQUESTS, max_tokens=MAX_TOKENS), overlap=overlap)
+    assert seen["calls"] >= NUM_REQUESTS * (MAX_TOKENS - 3)
+    # Only the admissions reach Python; every decode step stays in C, async included.
+    assert fallbacks[0] == NUM_REQUESTS
+
+
+def _count_compiled_loops(pool: Any) -> dict[str, int]:
+    """Wrap the pool's compiled loops, and the Python entry points that would use them,
+    with counters (instance attributes, read on every call)."""
+    counts: dict[str, int] = {}
+
+    def wrap(name: str, key: str) -> None:
+        inner = getattr(pool, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[key] = counts.get(key, 0) + 1
+            return inner(*args, **kwargs)
+
+        setattr(pool, name, counted)
+
+    for name, key in [("_cfree", "free: C"), ("free_blocks", "free: calls"),
+                      ("_ctake", "take: C"), ("get_new_blocks", "take: calls"),
+                      ("_cregister", "register: C"),
+                      ("cache_full_blocks", "register: calls"),
+                      ("clongest_hit", "lookup: C")]:
+        wrap(name, key)
+    return counts
+
+
+@compiled_only
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_hybrid_pool_loops_reach_the_compiled_core(tmp_path: Path, overlap: bool) -> None:
+    s = _scheduler(tmp_path, overlap, window=32)
+    mgr = s.kv_cache_manager.pagedkv
+    assert type(mgr.allocate_slots).__name__ == "method"  # two groups: Python allocation
+    counts = _count_compiled_loops(mgr.pool)
+    run(s, make_requests(NUM_REQUESTS, max_tokens=MAX_TOKENS), overlap=overlap)
+    # Frees, takes and registrations: every call in C (block 16, window 32: every
+    # window block is reachable, so registration takes no mask and stays compiled).
+    for path in ("free", "take", "register"):
+        assert counts[f"{path}: calls"] > NUM_REQUESTS, path
+        assert counts[f"{path}: C"] == counts[f"{path}: calls"], path
+    # The full-attention group's lookups probe in C, one per admission lookup (the
+    # window group's right-to-left run search is Python: the core has no C probe).
+    assert counts["lookup: C"] >= NUM_REQUESTS

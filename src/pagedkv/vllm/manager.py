@@ -12,9 +12,9 @@ Translation, call by call (vLLM name -> pagedkv):
   req.num_in_flight_tokens, lenient_counts=True)`` (windows freed on processed tokens;
   draft tokens and output placeholders past the request's tokens); the steady-state
   decode call (a live request, no hit, lookahead, external or encoder tokens, no delayed
-  caching or reserve, in-flight tokens only where no group has a window, new tokens within
-  the request's tokens and block hashes) goes positionally as ``allocate_slots(view, n)``,
-  which means the same there and is what the compiled core's decode path takes;
+  caching or reserve) goes as ``allocate_slots(view, n, num_in_flight_tokens=k,
+  lenient_counts=True)`` and nothing else, which the compiled core's decode path takes
+  (sync and async scheduling alike);
 * ``free`` / ``pop_blocks_for_free`` / ``block_pool.free_blocks`` -> ``free`` /
   ``pop_blocks_for_free`` / ``release_blocks``;
 * ``take_events`` -> the façade's records as vLLM events, each stored batch stamped with
@@ -87,9 +87,6 @@ class VLLMKVCacheManager:
                     self._junction_block_size = int(
                         kv_cache_config.kv_cache_groups[g].kv_cache_spec.block_size)
                     break
-        #: Whether a group frees blocks behind a window (in-flight tokens matter there).
-        self._windowed = any(k not in ("FullAttentionSpec", "MLAAttentionSpec")
-                             for k in kinds)
         self._table = BlockTable(self.pagedkv)
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
@@ -230,15 +227,14 @@ class VLLMKVCacheManager:
         in_flight = request.num_in_flight_tokens
         if in_flight:
             in_flight = min(in_flight, request.num_computed_tokens)
-        if (live and hit is None and not (
+        if live and hit is None and not (
                 num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
-                or delay_cache_blocks or reserved or full_sequence_must_fit
-                or (in_flight and self._windowed))
-                and self._plain_counts(request, num_new_tokens)):
-            # The steady-state decode call: positional, so that the compiled core's
-            # allocate_slots (pagedkv.core.fast_paths) takes it; it means what the keyword
-            # call below means for these arguments (module docstring).
-            new = mgr.allocate_slots(view, num_new_tokens)
+                or delay_cache_blocks or reserved or full_sequence_must_fit):
+            # The steady-state decode call: only the engine's counting as keywords, which
+            # the compiled core's allocate_slots (pagedkv.core.fast_paths) takes itself;
+            # it means what the general call below means for these arguments.
+            new = mgr.allocate_slots(view, num_new_tokens, num_in_flight_tokens=in_flight,
+                                     lenient_counts=True)
         else:
             new = self._allocate_general(
                 view, request, num_new_tokens, hit, num_new_computed_tokens,
@@ -255,14 +251,6 @@ class VLLMKVCacheManager:
         if not any(new):
             return self.empty_kv_cache_blocks
         return self._table.blocks(new)
-
-    def _plain_counts(self, request: Any, num_new_tokens: int) -> bool:
-        """Whether the call needs none of ``lenient_counts``' leniency: its new tokens
-        end within the request's tokens and within its block hashes (so that the strict
-        call registers exactly the blocks the lenient one does)."""
-        end = request.num_computed_tokens + num_new_tokens
-        return bool(end <= request.num_tokens
-                    and end // self._hash_block_size <= len(request.block_hashes))
 
     def _allocate_general(self, view: RequestView, request: Any, num_new_tokens: int,
                           hit: Any, num_new_computed_tokens: int,
