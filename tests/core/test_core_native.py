@@ -149,6 +149,7 @@ class CompiledVsPure(RuleBasedStateMachine):
         # The compiled manager takes a running request's plain call in C (fast_paths).
         assert type(self.mgrs[0].allocate_slots).__name__ == "DecodeAllocate"
         assert type(self.mgrs[1].allocate_slots).__name__ == "method"
+        assert type(self.mgrs[0].cache_blocks).__name__ == "builtin_function_or_method"
         self.waiting: list[tuple[Request, Request]] = []
         self.running: list[tuple[Request, Request]] = []
         self.counter = 0
@@ -174,14 +175,16 @@ class CompiledVsPure(RuleBasedStateMachine):
         self.waiting.append((reqs[0], reqs[1]))
 
     @precondition(lambda self: self.waiting)
-    @rule(i=st.integers(0, 100))
-    def admit(self, i: int) -> None:
+    @rule(i=st.integers(0, 100), delay=st.booleans())
+    def admit(self, i: int, delay: bool = False) -> None:
+        """``delay``: the blocks wait for a ``cache_blocks`` call (KV arriving later)."""
         pair = self.waiting[i % len(self.waiting)]
         hits = [m.get_computed_blocks(pair[k]) for k, m in enumerate(self.mgrs)]
         assert hit_view(hits[0]) == hit_view(hits[1])
         n_new = pair[0].num_tokens - hits[0].num_computed_tokens
         new = self.both(lambda m, k: m.allocate_slots(pair[k], n_new,
-                                                      new_computed_blocks=hits[k]))
+                                                      new_computed_blocks=hits[k],
+                                                      delay_caching=delay))
         if new is not None:
             for req in pair:
                 req.num_computed_tokens = req.num_tokens
@@ -247,6 +250,15 @@ class CompiledVsPure(RuleBasedStateMachine):
         finally:
             for req, c in zip(pair, saved, strict=True):
                 req.num_computed_tokens = c
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), n=st.sampled_from([0, 1, 4, 15, 16, 17, 33, 64, 10**9, -1,
+                                                     True, 2.0, None]))
+    def cache_blocks(self, i: int, n: Any) -> None:
+        """cache_blocks, which the compiled manager's ``cache_blocks`` takes in C for a
+        plain count within the request's slots and hands to Python otherwise."""
+        pair = self.running[i % len(self.running)]
+        self.both(lambda m, k: m.cache_blocks(pair[k], n))
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))
@@ -378,6 +390,7 @@ def test_compiled_allocate_slots_survives_copy_and_pickle() -> None:
     for twin in (copy.deepcopy(mgr), pickle.loads(pickle.dumps(mgr))):
         assert type(twin.allocate_slots).__name__ == "DecodeAllocate"
         assert twin.allocate_slots.manager is twin
+        assert twin.cache_blocks.__self__ is twin.allocate_slots
         assert twin.debug_state() == mgr.debug_state()
         twin_req = twin.live_requests["a"]
         twin_req.append_output_tokens([7, 8, 9])

@@ -22,6 +22,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *function;     /* KVCacheManager.allocate_slots, called with the manager */
+    PyObject *cache_function; /* KVCacheManager.cache_blocks (or None), the same way */
     PyObject *manager_ref;  /* a weak reference to the manager (no reference cycle) */
     PyObject *live;         /* manager.live_requests: request id -> request */
     PyObject *tables;       /* the group's req_to_blocks: request id -> list of ids */
@@ -41,6 +42,7 @@ static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
 
 static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
     Py_VISIT(self->function);
+    Py_VISIT(self->cache_function);
     Py_VISIT(self->manager_ref);
     Py_VISIT(self->live);
     Py_VISIT(self->tables);
@@ -54,6 +56,7 @@ static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
 
 static int da_clear(DecodeAllocate *self) {
     Py_CLEAR(self->function);
+    Py_CLEAR(self->cache_function);
     Py_CLEAR(self->manager_ref);
     Py_CLEAR(self->live);
     Py_CLEAR(self->tables);
@@ -167,9 +170,9 @@ static PyObject *da_manager(DecodeAllocate *self) {
     return mgr;
 }
 
-/* The Python method on the manager with the same arguments. */
-static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
-                             PyObject *kwnames) {
+/* The Python method `function` on the manager with the same arguments. */
+static PyObject *da_call_python(DecodeAllocate *self, PyObject *function,
+                                PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyObject *mgr = da_manager(self);
     if (mgr == NULL) return NULL;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -183,10 +186,16 @@ static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t
     }
     stack[0] = mgr;
     if (total) memcpy(stack + 1, args, sizeof(PyObject *) * (size_t)total);
-    PyObject *out = PyObject_Vectorcall(self->function, stack, (size_t)(nargs + 1), kwnames);
+    PyObject *out = PyObject_Vectorcall(function, stack, (size_t)(nargs + 1), kwnames);
     if (stack != small) PyMem_Free(stack);
     Py_DECREF(mgr);
     return out;
+}
+
+/* allocate_slots in Python with the same arguments. */
+static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames) {
+    return da_call_python(self, self->function, args, nargsf, kwnames);
 }
 
 /* The engine-counting keywords of a call: 1 with *lenient set when every keyword is
@@ -358,18 +367,87 @@ error:
     return NULL;
 }
 
+/* cache_blocks(request, num_computed_tokens) for a request this manager holds: the
+ * façade's check (a plain count, no more tokens than the request's slots) and the
+ * coordinator's test (a block became full) in C; the coordinator's cache_blocks (Python)
+ * runs only when a block is to be registered. Anything else goes to the Python method
+ * (KVCacheManager.cache_blocks), which raises the documented errors. */
+static PyObject *da_cache_blocks(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    if (self->cache_function == NULL || self->cache_function == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: built without cache_function");
+        return NULL;
+    }
+    if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2 || !PyLong_CheckExact(args[1])) {
+        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+    }
+    PyObject *mgr = da_manager(self);
+    if (mgr == NULL) return NULL;
+    Py_DECREF(mgr);
+    PyObject *request = args[0];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n < 0) {
+        if (n == -1) PyErr_Clear();
+        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+    }
+    PyObject *rid = PyObject_GetAttr(request, str_request_id);
+    if (rid == NULL) {
+        PyErr_Clear();
+        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+    }
+    PyObject *table = NULL, *cached = NULL;
+    Py_ssize_t num_tokens = -1;
+    if (!PyUnicode_CheckExact(rid) || da_get(self->live, rid) != request) goto fallback;
+    num_tokens = da_num_tokens(self, request);
+    if (num_tokens < 0) goto fallback;
+    if (n > num_tokens) n = num_tokens;
+    table = da_get(self->tables, rid);
+    cached = da_get(self->cached, rid);
+    if (table == NULL || !PyList_CheckExact(table) || cached == NULL
+        || !PyLong_CheckExact(cached)) goto fallback;
+    if (n > PyList_GET_SIZE(table) * self->block_size) goto fallback; /* past its slots */
+    Py_ssize_t num_cached = PyLong_AsSsize_t(cached);
+    if (num_cached == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto fallback;
+    }
+    Py_DECREF(rid);
+    if (n / self->block_size > num_cached) { /* a block became full: register it */
+        PyObject *end_obj = PyLong_FromSsize_t(n);
+        if (end_obj == NULL) return NULL;
+        PyObject *call_args[2] = {request, end_obj};
+        PyObject *r = PyObject_Vectorcall(self->cache_blocks, call_args, 2, NULL);
+        Py_DECREF(end_obj);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+fallback:
+    Py_DECREF(rid);
+    return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+}
+
+static PyMethodDef da_methods[] = {
+    {"cache_blocks", (PyCFunction)(void (*)(void))da_cache_blocks,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cache_blocks(request, num_computed_tokens): KVCacheManager.cache_blocks, the "
+     "common call in C."},
+    {NULL, NULL, 0, NULL},
+};
+
 static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "live_requests", "tables", "num_cached",
                              "pool", "cache_blocks", "zeroing", "request_type", "block_size",
-                             "max_model_len", "hash_block_size", NULL};
+                             "max_model_len", "hash_block_size", "cache_function", NULL};
     PyObject *function, *manager, *live, *tables, *cached, *pool, *cache_blocks, *zeroing,
         *rtype;
     Py_ssize_t block_size, max_len, hash_block_size = 0;
+    PyObject *cache_function = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOO!O!O!OOO!O!nn|n:DecodeAllocate", kwlist, &function, &manager,
+            args, kwds, "OOO!O!O!OOO!O!nn|nO:DecodeAllocate", kwlist, &function, &manager,
             &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool,
             &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
-            &max_len, &hash_block_size)) {
+            &max_len, &hash_block_size, &cache_function)) {
         return -1;
     }
     if (hash_block_size == 0) hash_block_size = block_size;
@@ -378,18 +456,20 @@ static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
                         "DecodeAllocate: block_size, hash_block_size and max_model_len > 0");
         return -1;
     }
-    if (!PyCallable_Check(function) || !PyCallable_Check(cache_blocks)) {
+    if (!PyCallable_Check(function) || !PyCallable_Check(cache_blocks)
+        || (cache_function != Py_None && !PyCallable_Check(cache_function))) {
         PyErr_SetString(PyExc_TypeError, "DecodeAllocate: function and cache_blocks calls");
         return -1;
     }
     PyObject *ref = PyWeakref_NewRef(manager, NULL);
     if (ref == NULL) return -1;
     Py_XSETREF(self->manager_ref, ref);
-    PyObject *objs[8] = {function, live, tables, cached, pool, cache_blocks, zeroing, rtype};
-    PyObject **slots[8] = {&self->function, &self->live, &self->tables, &self->cached,
+    PyObject *objs[9] = {function, live, tables, cached, pool, cache_blocks, zeroing, rtype,
+                         cache_function};
+    PyObject **slots[9] = {&self->function, &self->live, &self->tables, &self->cached,
                            &self->pool, &self->cache_blocks, &self->zeroing,
-                           &self->request_type};
-    for (int i = 0; i < 8; i++) {
+                           &self->request_type, &self->cache_function};
+    for (int i = 0; i < 9; i++) {
         Py_INCREF(objs[i]);
         Py_XSETREF(*slots[i], objs[i]);
     }
@@ -454,6 +534,7 @@ static int ccore_fast_add(PyObject *m) {
     DecodeAllocateType.tp_vectorcall_offset = offsetof(DecodeAllocate, vectorcall);
     DecodeAllocateType.tp_members = da_members;
     DecodeAllocateType.tp_getset = da_getset;
+    DecodeAllocateType.tp_methods = da_methods;
     if (PyType_Ready(&DecodeAllocateType) < 0) return -1;
     Py_INCREF(&DecodeAllocateType);
     if (PyModule_AddObject(m, "DecodeAllocate", (PyObject *)&DecodeAllocateType) < 0) {

@@ -17,7 +17,9 @@ that became full (the coordinator's ``cache_blocks``), or return ``None`` when t
 is short. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
-errors; the pure core (``PAGEDKV_PURE=1``) never installs it.
+errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's ``cache_blocks`` method
+stands in for the manager's ``cache_blocks`` (vLLM's async scheduler calls it for every
+running request every step): the checks and the "did a block become full" test in C.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
@@ -46,12 +48,17 @@ from pagedkv.core.request import Request
 __all__ = ["install"]
 
 
-def install(mgr: Any, function: Callable[..., Any]) -> Callable[..., Any] | None:
+def install(mgr: Any, function: Callable[..., Any],
+            cache_function: Callable[..., Any] | None = None) -> Any:
     """The compiled ``allocate_slots`` for ``mgr`` (a :class:`pagedkv.KVCacheManager`, built
     up to its components), or ``None`` when the compiled core is not in use or ``mgr`` has
     anything the fast path does not cover. Every call it does not take goes to
-    ``function(mgr, ...)`` (the class's Python method). It holds ``mgr`` by a weak
-    reference, so the manager's attribute makes no reference cycle."""
+    ``function(mgr, ...)`` (the class's Python method). With ``cache_function`` (the
+    class's ``cache_blocks``) its ``cache_blocks`` attribute is the compiled
+    ``cache_blocks``: a held request's call with a plain count, within its slots, is
+    checked in C and reaches the coordinator only when a block became full; every other
+    call goes to ``cache_function(mgr, ...)``. It holds ``mgr`` by a weak reference, so
+    the manager's attributes make no reference cycle."""
     ccore = native.active()
     coordinator = mgr.coordinator
     if ccore is None or type(coordinator) is not UnitaryCoordinator:
@@ -66,5 +73,5 @@ def install(mgr: Any, function: Callable[..., Any]) -> Callable[..., Any] | None
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
-        hash_block_size=coordinator.pool.hash_block_size)
+        hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function)
     return fast

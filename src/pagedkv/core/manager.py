@@ -115,9 +115,11 @@ class KVCacheManager:
         self._fast_allocate = False
         if hooks.before_allocate or hooks.allocate_hit or hooks.after_allocate:
             self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
-        elif (fast := fast_paths.install(self, KVCacheManager.allocate_slots)) is not None:
-            # The compiled core takes a running request's plain call.
+        elif (fast := fast_paths.install(self, KVCacheManager.allocate_slots,
+                                         KVCacheManager.cache_blocks)) is not None:
+            # The compiled core takes a running request's plain calls.
             self.allocate_slots = fast  # type: ignore[method-assign]
+            self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
             self._fast_allocate = True
         self.publisher: EventPublisher | None = None
         if config.kv_events is not None:
@@ -129,16 +131,18 @@ class KVCacheManager:
         """Copy and pickle state: the compiled ``allocate_slots`` is built again, not copied."""
         state = dict(self.__dict__)
         if self._fast_allocate:
-            del state["allocate_slots"]
+            del state["allocate_slots"], state["cache_blocks"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._fast_allocate:
-            fast = fast_paths.install(self, KVCacheManager.allocate_slots)
+            fast = fast_paths.install(self, KVCacheManager.allocate_slots,
+                                      KVCacheManager.cache_blocks)
             self._fast_allocate = fast is not None
             if fast is not None:
                 self.allocate_slots = fast  # type: ignore[method-assign]
+                self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
 
     def component(self, kind: type[_C]) -> _C:
         """The attached component of class ``kind`` (typed access to ``mgr.retention``

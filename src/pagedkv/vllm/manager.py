@@ -213,34 +213,58 @@ class VLLMKVCacheManager:
         if not (num_new_tokens or num_external_computed_tokens or num_new_computed_tokens):
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "computed tokens to adopt")
+        view = self._views.get(request.request_id)
+        if (view is not None and view.request is request and new_computed_blocks is None
+                and not (num_lookahead_tokens or num_external_computed_tokens
+                         or num_encoder_tokens or delay_cache_blocks or reserved_blocks
+                         or full_sequence_must_fit)
+                and not (self.watermark_blocks and has_scheduled_reqs
+                         and request.status in _ADMITTING)):
+            # The steady-state decode call (a live request, nothing but new tokens): only
+            # the engine's counting as keywords, which the compiled core's allocate_slots
+            # (pagedkv.core.fast_paths) takes itself; it means what the general call
+            # (_allocate_general) means for these arguments.
+            in_flight = request.num_in_flight_tokens
+            if in_flight:
+                in_flight = min(in_flight, request.num_computed_tokens)
+            new = self.pagedkv.allocate_slots(view, num_new_tokens,
+                                              num_in_flight_tokens=in_flight,
+                                              lenient_counts=True)
+            if self.enable_kv_cache_events:
+                self._drain_events(request)
+            if new is None:
+                return None
+            return self._table.blocks(new) if any(new) else self.empty_kv_cache_blocks
+        return self._allocate_first(
+            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+            (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens),
+            (delay_cache_blocks, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit))
+
+    def _allocate_first(self, request: Any, num_new_tokens: int,
+                        num_new_computed_tokens: int, new_computed_blocks: Any,
+                        counts: tuple[int, int, int], flags: tuple[bool, int, bool, bool]
+                        ) -> PagedKVBlocks | None:
+        """:meth:`allocate_slots` for every call but the steady-state decode one: a
+        request's first allocation (a hit to adopt, the watermark), lookahead, external,
+        encoder tokens, delayed caching, a reserve."""
         hit = getattr(new_computed_blocks, "hit", None)
         if new_computed_blocks is not None and hit is None and any(new_computed_blocks.blocks):
             raise ValueError("new_computed_blocks must come from this manager's "
                              "get_computed_blocks")
+        delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit = flags
         view = self._view(request)
         mgr = self.pagedkv
         live = view.request_id in mgr.live_requests
-        reserved = reserved_blocks
         if (self.watermark_blocks and live and has_scheduled_reqs
                 and request.status in _ADMITTING):
             reserved += self.watermark_blocks  # vLLM: by status, pagedkv: by first call
         in_flight = request.num_in_flight_tokens
         if in_flight:
             in_flight = min(in_flight, request.num_computed_tokens)
-        if live and hit is None and not (
-                num_lookahead_tokens or num_external_computed_tokens or num_encoder_tokens
-                or delay_cache_blocks or reserved or full_sequence_must_fit):
-            # The steady-state decode call: only the engine's counting as keywords, which
-            # the compiled core's allocate_slots (pagedkv.core.fast_paths) takes itself;
-            # it means what the general call below means for these arguments.
-            new = mgr.allocate_slots(view, num_new_tokens, num_in_flight_tokens=in_flight,
-                                     lenient_counts=True)
-        else:
-            new = self._allocate_general(
-                view, request, num_new_tokens, hit, num_new_computed_tokens,
-                (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens),
-                (delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit),
-                in_flight)
+        new = self._allocate_general(
+            view, request, num_new_tokens, hit, num_new_computed_tokens, counts,
+            (delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit),
+            in_flight)
         self._drain_events(request)
         if new is None:
             return None
@@ -282,12 +306,19 @@ class VLLMKVCacheManager:
             _log.warning("request %s: pagedkv pin dropped: %s", view.request_id, e)
 
     def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        if not self.enable_caching or not self.pagedkv.has_request(request.request_id):
+        if not self.enable_caching:
             return
-        view = self._view(request)
+        view = self._views.get(request.request_id)
+        if view is None or view.request is not request:
+            if not self.pagedkv.has_request(request.request_id):
+                return
+            view = self._view(request)
+        # Only as far as the request has block hashes; the façade caps at its tokens
+        # (the compiled core's cache_blocks takes this call, pagedkv.core.fast_paths).
         hashed = len(request.block_hashes) * self._hash_block_size
-        self.pagedkv.cache_blocks(view, min(num_computed_tokens, request.num_tokens, hashed))
-        self._drain_events(request)
+        self.pagedkv.cache_blocks(view, min(num_computed_tokens, hashed))
+        if self.enable_kv_cache_events:
+            self._drain_events(request)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
