@@ -17,9 +17,10 @@ that became full (the coordinator's ``cache_blocks``), or return ``None`` when t
 is short. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
-errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's ``cache_blocks`` method
-stands in for the manager's ``cache_blocks`` (vLLM's async scheduler calls it for every
-running request every step): the checks and the "did a block become full" test in C.
+errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
+``cache_blocks`` method stands in for the manager's ``cache_blocks`` (vLLM's async
+scheduler calls it for every running request every step): the checks and the "did a
+block become full" test in C.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)

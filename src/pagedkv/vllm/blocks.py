@@ -17,7 +17,8 @@ from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.core.manager import KVCacheManager
 
-__all__ = ["BlockPoolView", "BlockView", "CoordinatorView", "GroupView", "PagedKVBlocks"]
+__all__ = ["BlockPoolView", "BlockView", "CoordinatorView", "EmptyBlocks", "GroupView",
+           "PagedKVBlocks"]
 
 
 class BlockView:
@@ -56,6 +57,19 @@ class PagedKVBlocks(KVCacheBlocks):  # type: ignore[misc]
     ``allocate_slots`` adopts exactly what the lookup found."""
 
     hit: ComputedBlocks | None = None
+
+
+@dataclass
+class EmptyBlocks(PagedKVBlocks):
+    """The manager's one empty ``KVCacheBlocks`` (most decode steps allocate nothing):
+    ``get_block_ids`` answers it without vLLM's per-group loop, with vLLM's results
+    (``None`` with ``allow_none``, else an empty list per group)."""
+
+    def get_block_ids(self, allow_none: bool = False, *,
+                      group_ids: Sequence[int] | None = None) -> tuple[list[int], ...] | None:
+        if group_ids is None:
+            return None if allow_none else tuple([] for _ in self.blocks)
+        return super().get_block_ids(allow_none, group_ids=group_ids)  # type: ignore[no-any-return]
 
 
 class BlockTable:

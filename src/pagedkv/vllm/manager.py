@@ -32,7 +32,13 @@ from vllm.v1.request import RequestStatus
 
 from pagedkv.core.manager import KVCacheManager
 from pagedkv.errors import PagedKVError
-from pagedkv.vllm.blocks import BlockPoolView, BlockTable, CoordinatorView, PagedKVBlocks
+from pagedkv.vllm.blocks import (
+    BlockPoolView,
+    BlockTable,
+    CoordinatorView,
+    EmptyBlocks,
+    PagedKVBlocks,
+)
 from pagedkv.vllm.events import EventConverter
 from pagedkv.vllm.extras import pin_of, retention_of
 from pagedkv.vllm.layout import cache_config_for
@@ -91,7 +97,7 @@ class VLLMKVCacheManager:
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.coordinator = CoordinatorView(self.pagedkv, self._table, specs, self.block_pool)
-        self.empty_kv_cache_blocks = PagedKVBlocks(tuple(() for _ in specs))
+        self.empty_kv_cache_blocks = EmptyBlocks(tuple(() for _ in specs))
         self._views: dict[str, RequestView] = {}
         self._events = EventConverter(kv_cache_config)
         #: pagedkv's Prometheus exporter (``additional_config["pagedkv"]["metrics_port"]``).
