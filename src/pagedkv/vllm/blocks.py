@@ -11,11 +11,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+from pagedkv.vllm.compat import require_vllm
 
-from pagedkv.core.coordinator import ComputedBlocks
-from pagedkv.core.manager import KVCacheManager
+require_vllm()  # before vLLM's modules: one line when vLLM is missing or another release
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
+
+from pagedkv.core.coordinator import ComputedBlocks  # noqa: E402
+from pagedkv.core.manager import KVCacheManager  # noqa: E402
 
 __all__ = ["BlockPoolView", "BlockView", "CoordinatorView", "EmptyBlocks", "GroupView",
            "PagedKVBlocks"]

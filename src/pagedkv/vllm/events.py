@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.distributed import kv_events as vk
-from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
-from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+from pagedkv.vllm.compat import require_vllm
 
-from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+require_vllm()  # before vLLM's modules: one line when vLLM is missing or another release
+
+from vllm.distributed import kv_events as vk  # noqa: E402
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window  # noqa: E402
+
+from pagedkv.core.records import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent  # noqa: E402
 
 __all__ = ["EventConverter"]
 

@@ -26,23 +26,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
-from vllm.v1.metrics.stats import PrefixCacheStats
-from vllm.v1.request import RequestStatus
+from pagedkv.vllm.compat import require_vllm
 
-from pagedkv.core.manager import KVCacheManager
-from pagedkv.errors import PagedKVError
-from pagedkv.vllm.blocks import (
+require_vllm()  # before vLLM's modules: one line when vLLM is missing or another release
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy  # noqa: E402
+from vllm.v1.metrics.stats import PrefixCacheStats  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from pagedkv.core.manager import KVCacheManager  # noqa: E402
+from pagedkv.errors import PagedKVError  # noqa: E402
+from pagedkv.vllm.blocks import (  # noqa: E402
     BlockPoolView,
     BlockTable,
     CoordinatorView,
     EmptyBlocks,
     PagedKVBlocks,
 )
-from pagedkv.vllm.events import EventConverter
-from pagedkv.vllm.extras import pin_of, retention_of
-from pagedkv.vllm.layout import cache_config_for
-from pagedkv.vllm.requests import RequestView
+from pagedkv.vllm.events import EventConverter  # noqa: E402
+from pagedkv.vllm.extras import pin_of, retention_of  # noqa: E402
+from pagedkv.vllm.layout import cache_config_for  # noqa: E402
+from pagedkv.vllm.requests import RequestView  # noqa: E402
 
 __all__ = ["VLLMKVCacheManager"]
 

@@ -27,17 +27,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-
 from pagedkv.vllm.compat import require_vllm
-from pagedkv.vllm.layout import refuse
-from pagedkv.vllm.manager import VLLMKVCacheManager
+
+#: The running vLLM's release series, checked once at import (``"0.32"`` or ``"0.33"``),
+#: before any of vLLM's modules is imported (one line when missing or another release).
+VLLM_RELEASE = require_vllm()
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+
+from pagedkv.vllm.layout import refuse  # noqa: E402
+from pagedkv.vllm.manager import VLLMKVCacheManager  # noqa: E402
 
 __all__ = ["VLLM_RELEASE", "PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
-
-#: The running vLLM's release series, checked once at import (``"0.32"`` or ``"0.33"``).
-VLLM_RELEASE = require_vllm()
 
 
 def _feature_fields(vllm_config: Any) -> dict[str, Any]:
