@@ -176,6 +176,7 @@ def profile(model: str, running: int, window: int | None, async_: bool,
     layout = f"full + window {window}" if window else "full attention"
     print(f"\nprofile: {running} running, {'async' if async_ else 'sync'}, {layout} "
           "(cProfile, one round per side; times inflated by the profiler)")
+    totals: dict[str, tuple[float, float]] = {}
     for side, cls in classes(async_).items():
         s = build(model, cls, running, window, async_, args)
         prof = cProfile.Profile()
@@ -186,11 +187,16 @@ def profile(model: str, running: int, window: int | None, async_: bool,
         raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
         total = stats.total_tt  # type: ignore[attr-defined]
         kv = kv_share(raw)
+        totals[side] = (total, kv)
         print(f"  {side}: {total:.2f} s profiled, KV-cache manager {kv:.2f} s "
               f"({100 * kv / total:.0f} %), the rest (vLLM's scheduler and requests, the "
               f"model-output stand-in) {total - kv:.2f} s")
         if side != "pagedkv":
             continue
+        ceiling = totals["stock"][0] / (total - kv)
+        print(f"  ceiling: stock / (pagedkv without its manager's time) = {ceiling:.2f} "
+              f"(profiled ratio {totals['stock'][0] / total:.2f}): the step ratio a "
+              "manager taking no time at all would give")
         top = sorted(raw.items(), key=lambda kv: -kv[1][2])[:args.profile_top]
         print("| own % | calls | function |\n| ---: | ---: | --- |")
         for (path, line, name), v in top:

@@ -6,6 +6,7 @@ the extra keys vLLM's would.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from pagedkv.core.hash_extras import HashExtras, LoRA, MultiModalItem
@@ -37,6 +38,11 @@ def hash_extras_of(request: Any) -> HashExtras | None:
     return None if extras.is_empty else extras
 
 
+def _through(name: str) -> Any:
+    """A read-only property answering ``self.request.<name>`` (the read runs in C)."""
+    return property(attrgetter(f"request.{name}"))
+
+
 class RequestView:
     """What pagedkv reads from a vLLM request; counts and tokens are read through
     (never copied), so the view follows the request as vLLM's scheduler advances it.
@@ -45,20 +51,21 @@ class RequestView:
 
     __slots__ = ("_extras", "_extras_done", "request", "request_id", "retention")
 
+    # Read through in C (attrgetter): the compiled core reads these per decode call, and
+    # a Python property would add a frame per read.
+    all_token_ids: Any = _through("all_token_ids")
+    block_hashes: list[bytes] = _through("block_hashes")
+    num_tokens: int = _through("num_tokens")
+    num_prompt_tokens: int = _through("num_prompt_tokens")
+    num_computed_tokens: int = _through("num_computed_tokens")
+    num_preemptions: int = _through("num_preemptions")
+
     def __init__(self, request: Any, retention: Any = None) -> None:
         self.request = request
         self.request_id: str = request.request_id
         self.retention = retention
         self._extras: HashExtras | None = None
         self._extras_done = False
-
-    @property
-    def all_token_ids(self) -> Any:
-        return self.request.all_token_ids
-
-    @property
-    def block_hashes(self) -> list[bytes]:
-        return self.request.block_hashes  # type: ignore[no-any-return]
 
     @property
     def block_extra_keys(self) -> list[list[Any] | None]:
@@ -71,18 +78,3 @@ class RequestView:
             self._extras_done = True
         return self._extras
 
-    @property
-    def num_tokens(self) -> int:
-        return self.request.num_tokens  # type: ignore[no-any-return]
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.request.num_prompt_tokens  # type: ignore[no-any-return]
-
-    @property
-    def num_computed_tokens(self) -> int:
-        return self.request.num_computed_tokens  # type: ignore[no-any-return]
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.request.num_preemptions  # type: ignore[no-any-return]
