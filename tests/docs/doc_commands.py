@@ -192,13 +192,12 @@ PLAN: dict[str, Run | Skip] = {
     "V=/path/to/venv-with-vllm-0.33/bin/python": NO_VLLM_PATH,
     "python conformance/vllm_scheduler_tests.py --vllm-python '$V'": NO_VLLM_PATH,
     "python conformance/vllm_scheduler_tests.py --vllm-python '$V' --smoke": NO_VLLM_PATH,
-    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --rounds 5":
-        NO_VLLM_PATH,
-    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --rounds 5 "
-    "--window 256 --async-scheduling": NO_VLLM_PATH,
+    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --running 64 "
+    "256 1024 --rounds 5": NO_VLLM_PATH,
+    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --running 256 "
+    "--rounds 9": NO_VLLM_PATH,
+    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --running 256 "
+    "--rounds 1 --layouts full --scheduling sync --profile": NO_VLLM_PATH,
     "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_startup.py --rounds 5 "
     "--num-blocks 100000": NO_VLLM_PATH,
-    "VLLM_TARGET_DEVICE=cpu PYTHONPATH=src '$V' benchmarks/vllm_scheduler_speed.py --rounds 3 "
-    "--max-num-seqs 256 --num-requests 300 --num-blocks 16000 '[--async-scheduling]'":
-        NO_VLLM_PATH,
 }

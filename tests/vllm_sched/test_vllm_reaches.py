@@ -118,3 +118,8 @@ def test_the_check_runs_once_per_release(monkeypatch: pytest.MonkeyPatch) -> Non
     series = compat.require_vllm()
     monkeypatch.setattr(compat, "release_of", lambda version: pytest.fail("checked again"))
     assert compat.require_vllm() == series
+
+
+def test_docs_print_the_table() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    assert compat.reaches_table() in doc
