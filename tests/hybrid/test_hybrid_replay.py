@@ -124,6 +124,17 @@ def test_a_model_of_replayed_groups_only_never_hits() -> None:
         mgr.check_invariants()
 
 
+def test_a_host_tier_refuses_the_replayed_group() -> None:
+    from pagedkv import CacheConfig
+    from pagedkv.errors import ConfigError
+    from pagedkv.host import HostTierConfig
+
+    config = CacheConfig(groups=(full(BS), swa_mla()), num_blocks=32, max_model_len=512,
+                         host_tier=HostTierConfig(num_blocks=16))
+    with pytest.raises(ConfigError, match="never cached .*ReplayedWindowManager"):
+        KVCacheManager(config)
+
+
 def test_external_tokens_get_window_blocks_as_a_hit_does() -> None:
     """A 64-token remote load (no local hit): the window group nulls the 2 blocks below the
     window of token 64 and allocates the rest; full attention allocates all 7."""
