@@ -131,7 +131,7 @@ def test_a_host_tier_refuses_the_replayed_group() -> None:
 
     config = CacheConfig(groups=(full(BS), swa_mla()), num_blocks=32, max_model_len=512,
                          host_tier=HostTierConfig(num_blocks=16))
-    with pytest.raises(ConfigError, match="never cached .*ReplayedWindowManager"):
+    with pytest.raises(ConfigError, match=r"never cached .*ReplayedWindowManager"):
         KVCacheManager(config)
 
 
