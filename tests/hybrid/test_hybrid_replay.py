@@ -21,6 +21,7 @@ from pagedkv.core.managers import (
 )
 from pagedkv.core.specs_window_mla import SlidingWindowMLASpec
 from pagedkv.errors import InvalidArgumentError
+from pagedkv.observe import ObserveConfig, Observer, Reason
 
 BS, WINDOW, PROMPT = 16, 32, 100
 HIT = PROMPT // BS * BS  # 96
@@ -147,10 +148,11 @@ def test_external_tokens_get_window_blocks_as_a_hit_does() -> None:
     assert len(tables[FULL]) == 7 and tables[SWA][:2] == [0, 0] and all(tables[SWA][2:])
 
 
-def _random_run(mgr: KVCacheManager, seed: int, num_ops: int) -> int:
+def _random_run(mgr: KVCacheManager, seed: int, num_ops: int, *, explain: bool = False) -> int:
     """Admissions that replay their hit (as vLLM's scheduler: a hit no longer than the
     window is dropped, a longer one rewound by the window), chunks, decodes, frees;
-    invariants after every call. Returns the number of replayed admissions."""
+    invariants after every call. ``explain``: the observer's miss attribution must agree
+    with every lookup's hit. Returns the number of replayed admissions."""
     rng = random.Random(seed)
     prefixes = [tokens(rng.randint(50, 120), base=5000 * k) for k in range(3)]
     running: dict[str, Request] = {}
@@ -172,6 +174,10 @@ def _random_run(mgr: KVCacheManager, seed: int, num_ops: int) -> int:
             req = mgr.new_request(f"r{i}", prompt)
             hit = mgr.get_computed_blocks(req)
             h = hit.num_computed_tokens
+            if explain:
+                why = mgr.component(Observer).explain_lookup(req)
+                assert why.num_hit_tokens == h, why
+                assert sum(x.end - x.start for x in why.segments if x.reason is Reason.HIT) == h
             use_hit = h > WINDOW
             start = h - WINDOW if use_hit else 0
             scheduled = rng.randint(1, len(prompt) - start)
@@ -190,3 +196,12 @@ def test_random_replays_keep_the_invariants(seed: int) -> None:
     layouts = ([full(BS), swa_mla()], [mla(BS), swa_mla(), full(BS)])
     mgr = make_mgr(layouts[seed % 2], num_blocks=120)
     assert _random_run(mgr, seed, 400) > 40
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_miss_attribution_leaves_the_replayed_group_out(seed: int) -> None:
+    """The observer replays the coordinator's lookup to say who shortened a hit: the
+    replayed group never does (it takes no part in lookups), so its explanation of every
+    lookup carries exactly the hit."""
+    mgr = make_mgr([full(BS), swa_mla()], num_blocks=48, observe=ObserveConfig())
+    assert _random_run(mgr, seed, 300, explain=True) > 10
