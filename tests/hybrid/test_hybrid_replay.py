@@ -205,3 +205,18 @@ def test_miss_attribution_leaves_the_replayed_group_out(seed: int) -> None:
     lookup carries exactly the hit."""
     mgr = make_mgr([full(BS), swa_mla()], num_blocks=48, observe=ObserveConfig())
     assert _random_run(mgr, seed, 300, explain=True) > 10
+
+
+def test_the_cluster_router_mirrors_the_replayed_group() -> None:
+    """The router's rules: full attention decides, the replayed group (which the index
+    never holds a block of) never lowers the hit; a model of replayed groups only is not
+    one the router can route."""
+    from pagedkv import UnsupportedModelError
+    from pagedkv.cluster.hit_rules import ReplayRule, hybrid_hit_blocks, rules_for
+
+    rules = rules_for([full(BS), swa_mla()])
+    assert isinstance(rules[1], ReplayRule)
+    assert hybrid_hit_blocks(rules, [set(range(6)), set()], max_blocks=6) == 6
+    assert hybrid_hit_blocks(rules, [{0, 1, 3}, set()], max_blocks=6) == 2
+    with pytest.raises(UnsupportedModelError, match="every group replays"):
+        rules_for([swa_mla()])
