@@ -165,7 +165,7 @@ def _pagedkv_built_in_place(s: Any) -> Iterator[None]:
             vllm_scheduler.KVCacheManager = stock
 
 
-_BUILD_LOCK = threading.Lock()
+_BUILD_LOCK = threading.RLock()  # reentrant: a class deriving from both schedulers nests
 
 
 def install_pagedkv(s: Any) -> VLLMKVCacheManager:
