@@ -16,11 +16,12 @@ __all__ = ["LAYOUTS", "GroupDesc", "Layout", "layout_by_name", "layouts_for", "r
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupDesc:
-    """One KV-cache group: ``kind`` is full / mla / swa / chunked / mamba."""
+    """One KV-cache group: ``kind`` is full / mla / swa / chunked / mamba / swamla
+    (DeepSeek-V4's sliding-window MLA with bounded prefix replay)."""
 
     kind: str
     block_size: int
-    window_tokens: int = 0  # sliding window (swa) or attention chunk (chunked)
+    window_tokens: int = 0  # sliding window (swa, swamla) or attention chunk (chunked)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +38,12 @@ class Layout:
     @property
     def scheduler_block_size(self) -> int:
         return math.lcm(*(g.block_size for g in self.groups))
+
+    @property
+    def replay_tokens(self) -> int:
+        """Tokens of a hit the scheduler recomputes (vLLM's ``prefix_replay_tokens``):
+        the window of a swamla group, else 0."""
+        return max((g.window_tokens for g in self.groups if g.kind == "swamla"), default=0)
 
     @property
     def hash_block_size(self) -> int:
@@ -83,6 +90,10 @@ LAYOUTS: tuple[Layout, ...] = (
            num_hash_lookahead_tokens=2),
     Layout(name="full+mamba/unit4/la4", groups=(_g("full", 16), _g("mamba", 16)),
            num_blocks=64, prefix_match_unit=4, num_hash_lookahead_tokens=4),
+    # DeepSeek-V4-style: a bounded-replay SWA-MLA group beside full attention / MLA (the
+    # workload replays each hit's last window, see conformance/replay.py).
+    Layout(name="full+swamla", groups=(_g("full", 16), _g("swamla", 16, 32)), num_blocks=96),
+    Layout(name="mla+swamla", groups=(_g("mla", 8), _g("swamla", 8, 20)), num_blocks=120),
 )
 
 

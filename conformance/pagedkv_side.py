@@ -9,6 +9,7 @@ import pagedkv
 from conformance.layouts import GroupDesc, Layout
 from conformance.model import ReqDesc, Snapshot
 from pagedkv.core.hashing import HashExtras, LoRA, MultiModalItem
+from pagedkv.core.specs_window_mla import SlidingWindowMLASpec
 from pagedkv.events.wire import encode_batch
 
 __all__ = ["WATERMARK", "PagedSide"]
@@ -67,6 +68,10 @@ class PagedSide:
             return pagedkv.SlidingWindowSpec(**common, sliding_window=g.window_tokens)
         if g.kind == "chunked":
             return pagedkv.ChunkedLocalAttentionSpec(**common, attention_chunk_size=g.window_tokens)
+        if g.kind == "swamla":
+            return SlidingWindowMLASpec(block_size=g.block_size, num_kv_heads=1, head_size=32,
+                                        dtype_bytes=2, sliding_window=g.window_tokens,
+                                        bounded_replay=True)
         if g.kind == "mamba":
             return pagedkv.MambaSpec(block_size=g.block_size, state_bytes=128)
         raise ValueError(f"unknown group kind {g.kind!r}")

@@ -115,6 +115,11 @@ class VllmSide:
             return kci.SlidingWindowSpec(**common, sliding_window=g.window_tokens)
         if g.kind == "chunked":
             return kci.ChunkedLocalAttentionSpec(**common, attention_chunk_size=g.window_tokens)
+        if g.kind == "swamla":
+            return kci.SlidingWindowMLASpec(
+                block_size=g.block_size, num_kv_heads=1, head_size=32, dtype=dt,
+                sliding_window=g.window_tokens, bounded_replay=True,
+            )
         if g.kind == "mamba":
             return kci.MambaSpec(
                 block_size=g.block_size,

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from conformance.layouts import Layout
 from conformance.model import ReqDesc, Snapshot
+from conformance.replay import plan_admission
 
 __all__ = ["Divergence", "Mismatch", "SeedResult", "Side", "run_seed"]
 
@@ -209,6 +210,14 @@ def run_seed(
         target = (len(r.desc.prompt) - 1) // unit * unit
         return target - done if done < target < done + num_new else num_new
 
+    # Bounded prefix replay (a swamla group): a fourth stream, drawn only on such layouts.
+    replay = layout.replay_tokens
+    rrng = random.Random(seed * 15485863 + 3)
+
+    def replay_chunk() -> int:
+        """Often a chunk ending inside the replayed range (0: none), on replay layouts."""
+        return rrng.randint(1, replay) if replay and rrng.random() < 0.3 else 0
+
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
     finished: list[list[int]] = []
@@ -266,20 +275,22 @@ def run_seed(
                     num_new = min(num_new, xrng.randint(1, 16))
                 num_new = to_tail_boundary(r, num_hit, num_new)
                 reserved, scheduled = headroom()
+                plan = plan_admission(replay, num_hit, num_new, replay_chunk())
                 out = pair.call(
-                    f"allocate {rid} new={num_new} hit={num_hit} la={lookahead} "
-                    f"reserved={reserved} has_scheduled={scheduled} must_fit={must_fit}",
+                    f"allocate {rid} new={plan.num_new} hit={num_hit} la={lookahead} "
+                    f"reserved={reserved} has_scheduled={scheduled} must_fit={must_fit}"
+                    + ("" if plan.use_hit else " (hit dropped: within the replay window)"),
                     "allocate",
                     rid,
-                    num_new,
+                    plan.num_new,
                     lookahead,
-                    True,
+                    plan.use_hit,
                     reserved,
                     scheduled,
                     must_fit,
                 )
                 if out is not None:
-                    r.computed = num_hit + num_new
+                    r.computed = plan.computed
                     r.state = "running"
                     pair.call("commit", "commit", rid, r.computed)
             elif op == "step" and running:
@@ -363,16 +374,17 @@ def run_seed(
                     reqs[rid] = r
                     num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
                     num_new = min(len(prompt) - num_hit, rng.randint(1, 8))
+                    plan = plan_admission(replay, num_hit, num_new)
                     out = pair.call(
-                        f"allocate {rid} new={num_new} hit={num_hit}",
+                        f"allocate {rid} new={plan.num_new} hit={num_hit}",
                         "allocate",
                         rid,
-                        num_new,
+                        plan.num_new,
                         0,
-                        True,
+                        plan.use_hit,
                     )
                     if out is not None:
-                        r.computed = num_hit + num_new
+                        r.computed = plan.computed
                         r.state = "running"
                         pair.call("commit", "commit", rid, r.computed)
             elif op == "reset":

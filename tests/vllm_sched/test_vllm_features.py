@@ -96,18 +96,23 @@ def test_prometheus_metrics_are_served_at_each_stats_interval(tmp_path: Path) ->
 
 def test_an_unsupported_layout_is_refused_at_construction_in_one_line(tmp_path: Path) -> None:
     import torch
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowMLASpec
+    from vllm.v1.kv_cache_interface import (
+        EncoderOnlyAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
 
     from pagedkv.vllm.layout import UnsupportedLayoutError, cache_config_for
 
-    spec = SlidingWindowMLASpec(block_size=16, num_kv_heads=1, head_size=16,
-                                dtype=torch.float16, sliding_window=64, bounded_replay=True)
+    spec = EncoderOnlyAttentionSpec(block_size=16, num_kv_heads=1, head_size=16,
+                                    dtype=torch.float16)
     cfg = KVCacheConfig(num_blocks=10, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["x"], spec)])
     with pytest.raises(UnsupportedLayoutError) as err:
         cache_config_for(cfg, max_model_len=128)
     msg = str(err.value)
-    assert "\n" not in msg and "SlidingWindowMLASpec" in msg and "without --scheduler-cls" in msg
+    assert "\n" not in msg and "EncoderOnlyAttentionSpec" in msg
+    assert "without --scheduler-cls" in msg
 
 
 def test_the_plugin_sets_the_default_scheduler_class_only_when_asked(

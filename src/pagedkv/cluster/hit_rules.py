@@ -15,7 +15,8 @@ applies the same rules to the mirrored presence:
   so it is asked again, not truncated).
 
 Every hit is also capped at ``num_tokens - 1`` tokens (the engine recomputes the last
-token for its logits). All groups must have one block size (the hash block size); other
+token for its logits). A sliding-window MLA group with bounded replay holds nothing and
+never lowers a hit. All groups must have one block size (the hash block size); other
 attention kinds (chunked local, Mamba, cross attention) raise UnsupportedModelError.
 
 Example: full attention + sliding window 8 at block size 4 (runs of 2 blocks), a 21-token
@@ -42,7 +43,8 @@ from pagedkv import (
     UnsupportedModelError,
 )
 
-__all__ = ["HitRule", "PrefixRule", "WindowRule", "hybrid_hit_blocks", "rules_for"]
+__all__ = ["HitRule", "PrefixRule", "ReplayRule", "WindowRule", "hybrid_hit_blocks",
+           "rules_for"]
 
 
 class HitRule(ABC):
@@ -100,6 +102,18 @@ class WindowRule(HitRule):
         return run  # the run that reached block 0 (possibly empty)
 
 
+class ReplayRule(HitRule):
+    """Sliding-window MLA with bounded prefix replay: the group holds no cached block and
+    takes no part in a hit (the engine recomputes its window), so it never lowers one.
+
+    >>> ReplayRule().hit_blocks(set(), 6)
+    6
+    """
+
+    def hit_blocks(self, held: Set[int], max_blocks: int) -> int:
+        return max_blocks
+
+
 def rules_for(specs: Sequence[KVCacheSpec]) -> tuple[HitRule, ...]:
     """The hit rule of each group, in group order.
 
@@ -116,8 +130,14 @@ def rules_for(specs: Sequence[KVCacheSpec]) -> tuple[HitRule, ...]:
             "configure the groups with the hash block size"
         )
     rules: list[HitRule] = []
-    for spec in specs:
-        if isinstance(spec, SlidingWindowSpec):
+    replayed = [getattr(s, "prefix_replay_tokens", 0) > 0 for s in specs]
+    if all(replayed):
+        raise UnsupportedModelError("the cluster router needs a group that caches; every "
+                                    "group replays its window (never a hit)")
+    for spec, replay in zip(specs, replayed, strict=True):
+        if replay:
+            rules.append(ReplayRule())
+        elif isinstance(spec, SlidingWindowSpec):
             rules.append(WindowRule(run_blocks=-(-(spec.sliding_window - 1) // spec.block_size)))
         elif isinstance(spec, FullAttentionSpec):
             rules.append(PrefixRule())

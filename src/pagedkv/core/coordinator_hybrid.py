@@ -57,15 +57,17 @@ class HybridCoordinator(Coordinator):
     would drop one block per pass and shrink every hit to 0.
 
     A group that can never hit (Mamba without checkpoints, cross attention) makes every
-    lookup miss, without any lookup.
+    lookup miss, without any lookup. A group that does not join lookups (``joins_lookup``
+    False: SWA-MLA with bounded replay) is left out: its part of every hit is empty.
     """
 
     def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
         super().__init__(managers, pool)
         self.lcm_block_size = lcm_block_size([m.spec for m in self.managers])
-        self._full = [i for i, m in enumerate(self.managers) if m.prefix_closed_hits]
-        self._others = [i for i, m in enumerate(self.managers) if not m.prefix_closed_hits]
-        self._never_hits = any(not m.cacheable for m in self.managers)
+        joining = [(i, m) for i, m in enumerate(self.managers) if m.joins_lookup]
+        self._full = [i for i, m in joining if m.prefix_closed_hits]
+        self._others = [i for i, m in joining if not m.prefix_closed_hits]
+        self._never_hits = not joining or any(not m.cacheable for _, m in joining)
         self._drop = [m.drop_last_hit for m in self.managers]
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size

@@ -331,10 +331,11 @@ def check_allocate(
             f"request {rid!r}: num_new_computed_tokens={new_computed} but the hit holds "
             f"{num_hit} tokens; leave it out (it defaults to the hit's)"
         )
-    if num_new == 0 and not external and not lookahead:
+    if num_new == 0 and not external and not lookahead and not num_hit:
+        # (a hit alone may be adopted: vLLM 0.33's replay-only chunk)
         raise InvalidArgumentError(
-            f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or external or "
-            "lookahead tokens); there is nothing to allocate"
+            f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or a hit, external "
+            "or lookahead tokens); there is nothing to allocate"
         )
     if has_hit:
         assert hit is not None

@@ -84,13 +84,15 @@ class ExplainerBase:
         self.group_ids = range(len(self.managers))
         self.never_labels: list[_Label] = [(Reason.NEVER_SEEN, g, None, None)
                                            for g in self.group_ids]
-        self.other_groups = [g for g in range(len(self.managers)) if g not in self.full_groups]
+        # (a group that does not join lookups, SWA-MLA with bounded replay, never limits)
+        self.other_groups = [g for g, m in enumerate(self.managers)
+                             if g not in self.full_groups and m.joins_lookup]
         #: What a group that shortens the replayed hit is charged with.
         self.replay_labels: list[_Label] = [
             (Reason.HIT_CAP, None, None, None) if g in self.full_groups
             else (Reason.CLAMPED, g, self.causes[g], None) for g in range(len(self.managers))]
-        self.never_group = next((g for g, m in enumerate(self.managers) if not m.cacheable),
-                                None)
+        self.never_group = next((g for g, m in enumerate(self.managers)
+                                 if not m.cacheable and m.joins_lookup), None)
 
     # ------------------------------------------------------------------ entry point
 

@@ -10,13 +10,17 @@ vLLM spec                                   pagedkv
 FullAttentionSpec (and uniform groups)      FullAttentionSpec
 MLAAttentionSpec                            MLAAttentionSpec
 SlidingWindowSpec                           SlidingWindowSpec
+SlidingWindowMLASpec (bounded replay too)   SlidingWindowMLASpec (``specs_window_mla``)
 ChunkedLocalAttentionSpec                   ChunkedLocalAttentionSpec
 SinkFullAttentionSpec                       SinkFullAttentionSpec
 CrossAttentionSpec                          CrossAttentionSpec (sized by the encoder)
 MambaSpec, ``mamba_cache_mode="align"``     MambaSpec
 ==========================================  =========================================
 
-Refused (:data:`REFUSED_KINDS`): SWA-MLA with bounded prefix replay, R-SWA, circular
+A bounded-replay SWA-MLA group never joins lookups (its part of a hit is empty) and
+must share the block size of every other group (vLLM aligns hits to the scheduler block).
+
+Refused (:data:`REFUSED_KINDS`): R-SWA, circular
 buffers, HiSparse host tiers, hidden-state caches, encoder-only groups, Mamba in any
 mode but ``align`` (with caching on) or with speculative or prefill-checkpoint blocks,
 Mamba hybrids without a full-attention group (with caching on).
@@ -37,6 +41,7 @@ from pagedkv.core.specs import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
+from pagedkv.core.specs_window_mla import SlidingWindowMLASpec
 from pagedkv.errors import ConfigError
 
 __all__ = ["FALLBACK", "REFUSED_KINDS", "UnsupportedLayoutError", "pagedkv_spec"]
@@ -46,8 +51,6 @@ FALLBACK = "run vLLM without --scheduler-cls (its own KV-cache manager)"
 
 #: vLLM spec class name -> why pagedkv refuses it.
 REFUSED_KINDS: dict[str, str] = {
-    "SlidingWindowMLASpec": "SWA-MLA (DeepSeek-V4 sliding-window MLA with bounded prefix "
-                            "replay) is not implemented in pagedkv",
     "RSWASpec": "R-SWA (sliding window with a retained prompt gap) is not implemented",
     "CircularBufferSpec": "circular-buffer attention is not implemented",
     "HiSparseHotSpec": "HiSparse host tiers are not implemented",
@@ -88,6 +91,15 @@ def _mamba(spec: Any, group: int, enable_caching: bool) -> KVCacheSpec:
     return MambaSpec(block_size=int(spec.block_size), state_bytes=int(spec.page_size_bytes))
 
 
+def _window_mla(spec: Any, group: int) -> KVCacheSpec:
+    """DeepSeek-V4's sliding-window MLA group (bounded replay or not), or a refusal."""
+    if getattr(spec, "extra_retained_tokens", 0):
+        raise refuse(f"group {group}: SlidingWindowMLASpec retaining "
+                     f"{spec.extra_retained_tokens} extra tokens (prefill lookahead)")
+    return SlidingWindowMLASpec(**_attention_fields(spec), sliding_window=int(spec.sliding_window),
+                                bounded_replay=bool(spec.bounded_replay))
+
+
 def pagedkv_spec(spec: Any, group: int, enable_caching: bool,
                  max_encoder_len: int = 0) -> KVCacheSpec:
     """The pagedkv spec for vLLM group ``group``'s spec.
@@ -100,6 +112,8 @@ def pagedkv_spec(spec: Any, group: int, enable_caching: bool,
     name = type(spec).__name__
     if name in REFUSED_KINDS:
         raise refuse(f"group {group}: {name}: {REFUSED_KINDS[name]}")
+    if type(spec) is kci.SlidingWindowMLASpec:
+        return _window_mla(spec, group)
     if getattr(spec, "prefix_replay_tokens", 0):
         raise refuse(f"group {group}: {name} with prefix replay (not implemented)")
     if isinstance(spec, kci.UniformTypeKVCacheSpecs):
@@ -143,12 +157,19 @@ def cache_config_for(kv_cache_config: Any, *, max_model_len: int, max_encoder_le
         UnsupportedLayoutError: a group pagedkv refuses.
     """
     enable_caching = bool(fields.get("enable_caching", True))
+    # vLLM zeroes new blocks with a Mamba group or groups of different precisions.
+    fields.setdefault("zero_new_blocks",
+                      bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)) or None)
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         raise refuse("HiSparse host blocks (not implemented)")
     groups = tuple(pagedkv_spec(g.kv_cache_spec, i, enable_caching, max_encoder_len)
                    for i, g in enumerate(kv_cache_config.kv_cache_groups))
     if not groups:
         raise refuse("a layout without KV-cache groups (an attention-free model)")
+    replayed = [g for g in groups if isinstance(g, SlidingWindowMLASpec) and g.bounded_replay]
+    if replayed and len({g.block_size for g in groups}) > 1:
+        raise refuse("a bounded-replay SWA-MLA group beside groups of other block sizes "
+                     f"({sorted({g.block_size for g in groups})}; hits align to one block)")
     kinds = {type(g).__name__ for g in groups}
     if (enable_caching and "MambaSpec" in kinds and len(kinds) > 1
             and not kinds & {"FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec"}):

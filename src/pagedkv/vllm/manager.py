@@ -47,6 +47,7 @@ from pagedkv.vllm.events import EventConverter  # noqa: E402
 from pagedkv.vllm.extras import pin_of, retention_of  # noqa: E402
 from pagedkv.vllm.layout import cache_config_for  # noqa: E402
 from pagedkv.vllm.requests import RequestView  # noqa: E402
+from pagedkv.vllm.zeroing import skip_loaded_blocks  # noqa: E402
 
 __all__ = ["VLLMKVCacheManager"]
 
@@ -278,6 +279,10 @@ class VLLMKVCacheManager:
         self._drain_events(request)
         if new is None:
             return None
+        if skip_zeroing_group_ids and num_external_computed_tokens:
+            skip_loaded_blocks(mgr, view.request_id, new, request.num_computed_tokens
+                               + num_new_computed_tokens + num_external_computed_tokens,
+                               skip_zeroing_group_ids)
         if not live:
             self._views[view.request_id] = view
             if mgr.retention is not None:

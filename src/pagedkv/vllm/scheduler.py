@@ -105,7 +105,8 @@ def _check_retention_interval(s: Any) -> None:
     interval = getattr(s.kv_cache_config, "prefix_cache_retention_interval", None)
     if interval is None or not s.cache_config.enable_prefix_caching:
         return
-    kinds = {type(g.kv_cache_spec).__name__ for g in s.kv_cache_config.kv_cache_groups}
+    kinds = {type(g.kv_cache_spec).__name__ for g in s.kv_cache_config.kv_cache_groups
+             if getattr(g.kv_cache_spec, "prefix_cacheable", True)}  # replayed SWA: never cached
     sparse = sorted(k for k in kinds if "SlidingWindow" in k or "Mamba" in k)
     if sparse:
         raise refuse(f"sparse prefix-cache retention (prefix_cache_retention_interval="
@@ -166,7 +167,7 @@ def _pagedkv_built_in_place(s: Any) -> Iterator[None]:
             vllm_scheduler.KVCacheManager = stock
 
 
-_BUILD_LOCK = threading.Lock()
+_BUILD_LOCK = threading.RLock()  # reentrant: a class deriving from both schedulers nests
 
 
 def install_pagedkv(s: Any) -> VLLMKVCacheManager:

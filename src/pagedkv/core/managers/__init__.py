@@ -15,12 +15,14 @@ Mamba, caching on      MambaAlignManager           deepest state (vLLM align) / 
 Mamba, caching off     MambaManager                never hits / one state block
 Mamba + checkpoints    MambaCheckpointManager      deepest checkpoint / finished checkpoints
 cross attention        CrossAttentionManager       never hits / encoder blocks held once
+SWA-MLA                WindowMLAManager            as sliding window
+SWA-MLA, replayed      ReplayedWindowManager       never joins lookups / before window
 =====================  ==========================  ==========================================
 
 Nothing outside this package names a manager class or asks a spec's type: the
 coordinators, the factory and the queries read the capabilities each class declares
 (class attributes of :class:`~pagedkv.core.managers.base.SingleTypeManager`, documented
-there: ``cacheable``, ``positional``, ``grows_plainly``, ``drops_blocks``,
+there: ``cacheable``, ``joins_lookup``, ``positional``, ``grows_plainly``, ``drops_blocks``,
 ``may_hold_null_blocks``, ``ignores_lookahead``, ``caps_registration_itself``,
 ``prefix_closed_hits``, ``drives_partial_hits``, ``partial_hit_class``, ``hit_shape``,
 and the method ``admission_cap_blocks``) and those of its spec (``event_kind``,
@@ -60,6 +62,7 @@ from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.managers.sinks import SinkFullAttentionManager
 from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.managers.window_mla import ReplayedWindowManager, WindowMLAManager
 
 __all__ = [
     "ChunkedLocalManager",
@@ -69,10 +72,12 @@ __all__ = [
     "MambaCheckpointManager",
     "MambaManager",
     "PartialHitManager",
+    "ReplayedWindowManager",
     "SingleTypeManager",
     "SinkFullAttentionManager",
     "SkippingManager",
     "SlidingWindowManager",
+    "WindowMLAManager",
     "manager_class_for",
     "register_manager",
 ]

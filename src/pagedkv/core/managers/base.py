@@ -87,6 +87,11 @@ class SingleTypeManager:
     drops_blocks: ClassVar[bool] = False
     #: Whether blocks of this kind are registered in the prefix index.
     cacheable: ClassVar[bool] = True
+    #: Whether the group takes part in prefix-cache lookups. False (a scratch group: SWA-MLA
+    #: with bounded replay, never cacheable): its part of every hit is empty whatever the
+    #: hit's length, it neither shortens nor prevents the other groups' hit, and the caller
+    #: recomputes its KV (see :mod:`pagedkv.core.managers.window_mla`).
+    joins_lookup: ClassVar[bool] = True
     #: Whether the table is sized by the main model's tokens only (no lookahead slots).
     ignores_lookahead: ClassVar[bool] = False
     #: Whether table position i stands for tokens ``i*bs .. i*bs + bs - 1`` (attention
@@ -214,7 +219,7 @@ class SingleTypeManager:
         """
         g = self.group
         if not self.cacheable:
-            if blocks or num_hit_tokens:
+            if blocks or (num_hit_tokens and self.joins_lookup):
                 return f"group {g} ({type(self).__name__}) never hits, but the hit has blocks"
             return None
         n = len(blocks)
