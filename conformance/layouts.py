@@ -33,6 +33,9 @@ class Layout:
     max_model_len: int = 512
     prefix_match_unit: int | None = None  # vLLM's cache_config.prefix_match_unit
     num_hash_lookahead_tokens: int = 0  # tokens after each block its hash covers
+    num_prefill_lookahead_tokens: int = 0  # a drafter's prefill lookahead (MTP: k tokens)
+    use_eagle: bool = False  # the EAGLE last-block drop (vLLM's use_eagle)
+    connector: bool = False  # a KV connector's calls: per-group hits, boundary offloads
 
     @property
     def scheduler_block_size(self) -> int:
@@ -83,6 +86,21 @@ LAYOUTS: tuple[Layout, ...] = (
            num_hash_lookahead_tokens=2),
     Layout(name="full+mamba/unit4/la4", groups=(_g("full", 16), _g("mamba", 16)),
            num_blocks=64, prefix_match_unit=4, num_hash_lookahead_tokens=4),
+    # Multi-module MTP with 3 speculative tokens: lookahead hashes, no EAGLE drop (vLLM's
+    # scheduler without a connector), the last 2 computed tokens never registered.
+    Layout(name="full-16/mtp3", groups=(_g("full", 16),), num_blocks=40,
+           num_hash_lookahead_tokens=3, num_prefill_lookahead_tokens=3),
+    Layout(name="full+mamba/mtp3", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           num_hash_lookahead_tokens=3, num_prefill_lookahead_tokens=3),
+    # MTP behind a connector (no lookahead hashes: the EAGLE drop instead).
+    Layout(name="full-16/eagle-mtp3", groups=(_g("full", 16),), num_blocks=40,
+           num_prefill_lookahead_tokens=3, use_eagle=True),
+    # A KV connector on a Mamba hybrid: per-group hits, evictions,
+    # boundary-state offloads (with sub-block producer tails under unit4).
+    Layout(name="full+mamba/conn", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           connector=True),
+    Layout(name="full+mamba/unit4/conn", groups=(_g("full", 16), _g("mamba", 16)),
+           num_blocks=64, prefix_match_unit=4, connector=True),
 )
 
 
@@ -101,7 +119,9 @@ def release_of(version: str) -> str:
 
 
 def layouts_for(release: str, layouts: tuple[Layout, ...] = LAYOUTS) -> tuple[Layout, ...]:
-    """The layouts vLLM ``release`` can run: hash lookahead is 0.33's (vLLM 0.32 has none)."""
+    """The layouts vLLM ``release`` can run: hash lookahead is 0.33's (vLLM 0.32 has none);
+    the drafter and connector layouts are recorded against 0.33 only."""
     if release == "0.32":
-        return tuple(x for x in layouts if not x.num_hash_lookahead_tokens)
+        return tuple(x for x in layouts if not (
+            x.num_hash_lookahead_tokens or x.num_prefill_lookahead_tokens or x.connector))
     return layouts
