@@ -17,8 +17,9 @@ The rule differs by coordinator, as vLLM's (``get_num_cacheable_tokens``):
   of the block sizes, 1 with sub-block hits): a group without the EAGLE drop registers
   ``n // A * A`` (R plays no part); a group with it, when that is positive, registers
   ``min(n - R, (n - R) // A * A + block_size)`` (the drop looks one of its blocks past the
-  aligned boundary), else nothing. A = 32, block 16, R = 2: n = 64 registers 62 tokens,
-  three blocks, in a dropping group and 64 in the others; n = 20 registers nothing.
+  aligned boundary), else nothing. A = 32, block 16, R = 2: n = 64 registers
+  ``min(62, 32 + 16)`` = 48 tokens (three blocks) in a dropping group and 64 in the
+  others; n = 20 registers nothing.
 
 R = 0 leaves every rule as the coordinator's plain one (the callers only come here when
 R > 0).
