@@ -164,3 +164,51 @@ def test_a_producer_tail_is_offered_as_its_copy_or_finalized_in_place() -> None:
     assert mgr.finalize_partial_tail_offloads("p", 42, 0) == []
     mgr.free(req)
     mgr.check_invariants()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_connector_traffic_keeps_the_invariants(seed: int) -> None:
+    """Per-group lookups (adopted when the groups agree), chunks, evictions, frees and
+    offer drains, with ``check_invariants`` after each; every offer names a block of a
+    live request's registration at a positive boundary."""
+    import random
+
+    rng = random.Random(seed)
+    mgr = _manager(hash_block_size=4, num_blocks=24)
+    prefix = [rng.randrange(1, 500) for _ in range(40)]
+    live: dict[str, pagedkv.Request] = {}
+    for step in range(150):
+        op = rng.random()
+        if op < 0.3 and len(live) < 4:
+            rid = f"r{step}"
+            req = mgr.new_request(rid, prefix[: rng.randint(4, 40)] + [step, 7])
+            hit = mgr.lookup_prefix_per_group(req)
+            assert hit.group_tokens is not None
+            if len(set(hit.group_tokens)) != 1:
+                hit = mgr.lookup_prefix(req)
+            n = min(req.num_tokens - hit.num_computed_tokens, rng.randint(1, 24))
+            if mgr.allocate_slots(req, n, new_computed_blocks=hit) is not None:
+                req.num_computed_tokens = hit.num_computed_tokens + n
+                live[rid] = req
+        elif op < 0.6 and live:
+            req = live[rng.choice(sorted(live))]
+            n = max(1, min(req.num_tokens - req.num_computed_tokens, rng.randint(1, 16)))
+            if req.num_computed_tokens >= req.num_tokens:
+                req.append_output_tokens(rng.randrange(1, 500))
+            if mgr.allocate_slots(req, n) is not None:
+                req.num_computed_tokens += n
+        elif op < 0.75 and live:
+            rid = rng.choice(sorted(live))
+            mgr.finalize_partial_tail_offloads(rid, live[rid].num_computed_tokens, 0)
+            mgr.free(live.pop(rid))
+        elif op < 0.85:
+            mgr.evict_blocks([rng.randrange(1, 24)])
+        else:
+            copies = mgr.take_block_copies()
+            mgr.release_blocks(copies.retained)
+            mgr.new_step_starts()
+        mgr.check_invariants()
+        for rid, offers in mgr.take_boundary_state_offloads().items():
+            assert rid in live
+            assert all(g == 1 and b > 0 and n > 0 for g, b, n in offers)
+        mgr.check_invariants()

@@ -28,6 +28,8 @@ the Mamba table ``[0, b]``; ``b`` is registered as the state after 32 tokens: re
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 __all__ = ["BoundaryOffload", "BoundaryStateOffloads"]
 
 #: ``(request_id, group, block_id, boundary_tokens)``.
@@ -77,6 +79,15 @@ class BoundaryStateOffloads:
         self._tails.pop(request_id, None)
         if any(r[0] == request_id for r in self.pending):
             self.pending = [r for r in self.pending if r[0] != request_id]
+
+    def check_invariants(self, live: Container[str]) -> None:
+        """Every record and producer tail belongs to a request in ``live`` (those
+        holding blocks): a freed request's are dropped. O(records)."""
+        for rid, group, _block, num_tokens in self.pending:
+            assert rid in live, f"group {group}: a record of freed request {rid}"
+            assert num_tokens > 0, f"group {group}: a record at {num_tokens} tokens"
+        for rid in self._tails:
+            assert rid in live, f"group {self.group}: a producer tail of freed request {rid}"
 
     def take(self) -> list[BoundaryOffload]:
         """The records since the last take, oldest first; clears them."""

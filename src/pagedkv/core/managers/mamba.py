@@ -425,6 +425,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         for rid, table in self.req_to_blocks.items():
             real = [b for b in table if b]
             assert len(real) <= 2, f"group {self.group}: {rid} holds {len(real)} states"
+        if self.offloads is not None:
+            self.offloads.check_invariants(self.req_to_blocks)
 
 
 MambaAlignManager.partial_hit_class = MambaAlignManager
