@@ -119,9 +119,7 @@ def release_of(version: str) -> str:
 
 
 def layouts_for(release: str, layouts: tuple[Layout, ...] = LAYOUTS) -> tuple[Layout, ...]:
-    """The layouts vLLM ``release`` can run: hash lookahead is 0.33's (vLLM 0.32 has none);
-    the drafter and connector layouts are recorded against 0.33 only."""
+    """The layouts vLLM ``release`` can run: hash lookahead is 0.33's (vLLM 0.32 has none)."""
     if release == "0.32":
-        return tuple(x for x in layouts if not (
-            x.num_hash_lookahead_tokens or x.num_prefill_lookahead_tokens or x.connector))
+        return tuple(x for x in layouts if not x.num_hash_lookahead_tokens)
     return layouts
