@@ -53,9 +53,13 @@ METHOD_CODES: dict[str, str] = {
     "reset": "r",
     "new_step": "S",
     "block_hashes": "h",
+    "lookup_groups": "G",
+    "take_offloads": "o",
+    "finalize_tails": "x",
+    "evict": "E",
 }
 #: Methods that return nothing: only their call letter is stored.
-VOID_METHODS = frozenset("NARZmFXS")
+VOID_METHODS = frozenset("NARZmFXSE")
 
 
 class SeedCodec:
@@ -125,7 +129,7 @@ class SeedCodec:
             out = self._last_hashes.get(args[0], [])[:shared] + [self._get_hash(r) for r in new]
             self._last_hashes[args[0]] = out
             return list(out)
-        if code in "LT":
+        if code in "LTG":
             return data[0], tuple(data[1])
         if code == "C":
             return None if data is None else tuple(data)

@@ -34,6 +34,9 @@ class Layout:
     max_model_len: int = 512
     prefix_match_unit: int | None = None  # vLLM's cache_config.prefix_match_unit
     num_hash_lookahead_tokens: int = 0  # tokens after each block its hash covers
+    num_prefill_lookahead_tokens: int = 0  # a drafter's prefill lookahead (MTP: k tokens)
+    use_eagle: bool = False  # the EAGLE last-block drop (vLLM's use_eagle)
+    connector: bool = False  # a KV connector's calls: per-group hits, boundary offloads
 
     @property
     def scheduler_block_size(self) -> int:
@@ -94,6 +97,21 @@ LAYOUTS: tuple[Layout, ...] = (
     # workload replays each hit's last window, see conformance/replay.py).
     Layout(name="full+swamla", groups=(_g("full", 16), _g("swamla", 16, 32)), num_blocks=96),
     Layout(name="mla+swamla", groups=(_g("mla", 8), _g("swamla", 8, 20)), num_blocks=120),
+    # Multi-module MTP with 3 speculative tokens: lookahead hashes, no EAGLE drop (vLLM's
+    # scheduler without a connector), the last 2 computed tokens never registered.
+    Layout(name="full-16/mtp3", groups=(_g("full", 16),), num_blocks=40,
+           num_hash_lookahead_tokens=3, num_prefill_lookahead_tokens=3),
+    Layout(name="full+mamba/mtp3", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           num_hash_lookahead_tokens=3, num_prefill_lookahead_tokens=3),
+    # MTP behind a connector (no lookahead hashes: the EAGLE drop instead).
+    Layout(name="full-16/eagle-mtp3", groups=(_g("full", 16),), num_blocks=40,
+           num_prefill_lookahead_tokens=3, use_eagle=True),
+    # A KV connector on a Mamba hybrid: per-group hits, evictions,
+    # boundary-state offloads (with sub-block producer tails under unit4).
+    Layout(name="full+mamba/conn", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           connector=True),
+    Layout(name="full+mamba/unit4/conn", groups=(_g("full", 16), _g("mamba", 16)),
+           num_blocks=64, prefix_match_unit=4, connector=True),
 )
 
 

@@ -45,6 +45,9 @@ class PagedSide:
                 watermark=WATERMARK,
                 max_in_flight_tokens=MAX_IN_FLIGHT_TOKENS,
                 num_hash_lookahead_tokens=layout.num_hash_lookahead_tokens,
+                num_prefill_lookahead_tokens=layout.num_prefill_lookahead_tokens,
+                drop_last_hit=layout.use_eagle,
+                record_boundary_states=layout.connector,
                 vllm_release=release,
             )
         )
@@ -99,6 +102,12 @@ class PagedSide:
         self._hits[rid] = cut
         return cut.num_computed_tokens, cut.block_ids
 
+    def lookup_groups(self, rid: str) -> tuple[list[int], tuple[list[int], ...]]:
+        """Each group's own hit (a connector's lookup), group 0 the reference."""
+        hit = self.mgr.lookup_prefix_per_group(self.reqs[rid], reference_group=0)
+        self._hits[rid] = hit
+        return list(hit.group_tokens or ()), hit.block_ids
+
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
         reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
@@ -110,6 +119,18 @@ class PagedSide:
             full_sequence_must_fit=must_fit,
         )
         return out
+
+    def take_offloads(self) -> dict[str, list[list[int]]]:
+        return {rid: [list(x) for x in found]
+                for rid, found in self.mgr.take_boundary_state_offloads().items()}
+
+    def finalize_tails(self, rid: str) -> list[list[int]]:
+        req = self.reqs[rid]
+        return [list(x) for x in self.mgr.finalize_partial_tail_offloads(
+            rid, req.num_computed_tokens, 0)]
+
+    def evict(self, block_id: int) -> None:
+        self.mgr.evict_blocks([block_id])
 
     def pop_for_free(self, rid: str) -> list[int]:
         blocks = self.mgr.pop_blocks_for_free(self.reqs.pop(rid))

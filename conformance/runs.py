@@ -114,6 +114,15 @@ def _coverage_line(num_layouts: int, counts: dict[str, int]) -> str:
         ("events", "event batches"),
     )
     parts = ", ".join(f"{counts.get(key, 0)} {label}" for key, label in shown)
+    # A KV connector's calls, named only where a layout makes them.
+    connector = (
+        ("lookup_groups", "per-group lookups"),
+        ("evict", "evictions"),
+        ("take_offloads", "offload lists"),
+        ("finalize_tails", "tail finalizations"),
+    )
+    parts += "".join(f", {counts[key]} {label}" for key, label in connector
+                     if counts.get(key))
     return (
         f"compared {counts['operations']} operations on {num_layouts} layouts (state after "
         f"each): {parts}"

@@ -215,6 +215,11 @@ def layout_header(layout: Layout) -> dict[str, Any]:
         "max_model_len": layout.max_model_len,
         "prefix_match_unit": layout.prefix_match_unit,
         "num_hash_lookahead_tokens": layout.num_hash_lookahead_tokens,
+        # Recorded only where set, so that earlier transcripts' headers still match.
+        **({"num_prefill_lookahead_tokens": layout.num_prefill_lookahead_tokens}
+           if layout.num_prefill_lookahead_tokens else {}),
+        **({"use_eagle": True} if layout.use_eagle else {}),
+        **({"connector": True} if layout.connector else {}),
     }
 
 

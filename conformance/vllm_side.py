@@ -87,6 +87,9 @@ class VllmSide:
             enable_kv_cache_events=True,
             watermark=0.1,  # pagedkv_side.WATERMARK (this module imports no pagedkv code)
             max_in_flight_tokens=16,  # pagedkv_side.MAX_IN_FLIGHT_TOKENS
+            **({"num_prefill_lookahead": layout.num_prefill_lookahead_tokens}
+               if layout.num_prefill_lookahead_tokens else {}),
+            **({"use_eagle": True} if layout.use_eagle else {}),
             # vLLM 0.32 has no hash lookahead (its layouts leave it out: layouts_for)
             **lookahead,
         )
@@ -174,6 +177,17 @@ class VllmSide:
         self._hits[rid] = (cut, num_tokens)
         return num_tokens, cut.get_block_ids()
 
+    def lookup_groups(self, rid: str) -> tuple[list[int], tuple[list[int], ...]]:
+        """Each group's own hit (``find_longest_cache_hit_per_group``, as
+        ``get_computed_blocks_for_connector`` asks), group 0 the reference."""
+        req = self.reqs[rid]
+        computed, lengths = self.mgr.coordinator.find_longest_cache_hit_per_group(
+            req.block_hashes, req.num_tokens - 1
+        )
+        blocks = self.mgr.create_kv_cache_blocks(computed)
+        self._hits[rid] = (blocks, lengths[0])
+        return list(lengths), blocks.get_block_ids()
+
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
         reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
@@ -188,6 +202,16 @@ class VllmSide:
         if out is None:
             return None
         return out.get_block_ids()
+
+    def take_offloads(self) -> dict[str, list[list[int]]]:
+        return {rid: [list(x) for x in found]
+                for rid, found in self.mgr.take_boundary_state_offloads().items()}
+
+    def finalize_tails(self, rid: str) -> list[list[int]]:
+        return [list(x) for x in self.mgr.finalize_partial_tail_offloads(self.reqs[rid])]
+
+    def evict(self, block_id: int) -> None:
+        self.mgr.evict_blocks({block_id})
 
     def estimate(self, rid: str) -> int:
         return int(self.mgr.estimate_cached_tokens(self.reqs[rid]))

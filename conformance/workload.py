@@ -218,6 +218,22 @@ def run_seed(
         """Often a chunk ending inside the replayed range (0: none), on replay layouts."""
         return rrng.randint(1, replay) if replay and rrng.random() < 0.3 else 0
 
+    # A KV connector's calls (connector layouts only) draw from a fourth stream.
+    crng = random.Random(seed * 15485863 + 3)  # never with rrng: no layout has both
+
+    def connector_lookup(r: _Req) -> int:
+        """vLLM's scheduler with a connector that restores lagging groups' state
+        (``get_computed_blocks_for_connector``): each group's own hit; with no external
+        tokens (this model's connector finds none) a lagging group, deeper or shallower
+        than full attention (group 0), falls back to the ordinary lookup. Returns the
+        local hit adopted."""
+        rid = r.desc.request_id
+        lengths, _ids = pair.call(f"per-group lookup {rid}", "lookup_groups", rid)
+        if any(n != lengths[0] for n in lengths):
+            num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
+            return int(num_hit)
+        return int(lengths[0])
+
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
     finished: list[list[int]] = []
@@ -227,6 +243,7 @@ def run_seed(
     next_id = 0
     op = "start"
     i = 0
+    cached: list[int] = []  # the cached blocks after the previous operation
 
     def check(rid: str) -> None:
         pair.call(f"block hashes of {rid}", "block_hashes", rid)
@@ -262,7 +279,10 @@ def run_seed(
             elif op == "admit" and waiting:
                 r = rng.choice(waiting)
                 rid = r.desc.request_id
-                num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
+                if layout.connector and crng.random() < 0.6:
+                    num_hit = connector_lookup(r)
+                else:
+                    num_hit, _ids = pair.call(f"lookup {rid}", "lookup", rid)
                 cut = xrng.randrange(0, num_hit, lcm) if num_hit else 0
                 if all_full and num_hit and xrng.random() < 0.2:
                     num_hit, _ids = pair.call(f"truncate hit of {rid} to {cut}", "truncate",
@@ -346,6 +366,9 @@ def run_seed(
                                   rid, start)
             elif op == "finish" and running:
                 r = rng.choice(running)
+                if layout.connector:
+                    pair.call(f"finalize partial tails of {r.desc.request_id}",
+                              "finalize_tails", r.desc.request_id)
                 if xrng.random() < 0.3:
                     op = "finish-deferred"
                     pair.call(f"pop blocks of {r.desc.request_id}", "pop_for_free",
@@ -397,7 +420,13 @@ def run_seed(
             pair.call("blocks to zero", "take_zeroing")
             if xrng.random() < 0.3:  # copies taken mid-step too (their blocks then free)
                 pair.call("block copies", "take_copies")
+            if layout.connector:
+                if cached and crng.random() < 0.15:  # a connector evicts a cached block
+                    victim = crng.choice(cached)
+                    pair.call(f"evict block {victim}", "evict", victim)
+                pair.call("boundary-state offloads", "take_offloads")
             snap = a.snapshot()
+            cached = sorted(snap.cached)
             if b is not None:
                 _compare(snap, b.snapshot(), ignore)
     except Mismatch as exc:

@@ -17,7 +17,7 @@ from pagedkv.arg_types import check_fields
 from pagedkv.checks import check_fits_memory, check_flag, check_whole
 from pagedkv.core.components import ComponentSpec, PublisherSpec
 from pagedkv.core.hashing import HASH_ALGOS
-from pagedkv.core.specs import KVCacheSpec
+from pagedkv.core.specs import KVCacheSpec, lcm_block_size
 from pagedkv.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["HOST_BYTES_PER_BLOCK", "VLLM_RELEASES", "CacheConfig"]
@@ -47,11 +47,28 @@ def _check_fields(config: CacheConfig) -> None:
     check_whole("CacheConfig.hit_rate_window_requests", config.hit_rate_window_requests,
                 minimum=1)
     check_whole("CacheConfig.hash_memo_blocks", config.hash_memo_blocks, minimum=0)
+    check_whole("CacheConfig.num_prefill_lookahead_tokens",
+                config.num_prefill_lookahead_tokens, minimum=0)
+    check_flag("CacheConfig.record_boundary_states", config.record_boundary_states)
     if config.hash_block_size is not None:
         check_whole("CacheConfig.hash_block_size", config.hash_block_size, minimum=1)
     if config.secret_seed is not None and type(config.secret_seed) is not bytes:
         raise InvalidArgumentError(
             f"CacheConfig.secret_seed must be bytes or None, got {config.secret_seed!r:.60}")
+
+
+def _check_prefill_lookahead(config: CacheConfig) -> None:
+    """vLLM's coordinator rule: with the EAGLE drop and caching on, the scheduler block
+    size (the lcm of the group block sizes) is at least the prefill lookahead."""
+    lookahead = config.num_prefill_lookahead_tokens
+    if not (lookahead and config.drop_last_hit and config.enable_caching):
+        return
+    scheduler_block_size = lcm_block_size(config.groups)
+    if scheduler_block_size < lookahead:
+        raise ConfigError(
+            f"Multi-module MTP with prefix caching requires scheduler_block_size "
+            f"(={scheduler_block_size}) >= num_speculative_tokens (={lookahead}); use "
+            "larger blocks, fewer speculative tokens, or turn prefix caching off")
 
 
 #: The vLLM release series a manager can match block for block (``CacheConfig.vllm_release``).
@@ -129,6 +146,15 @@ class CacheConfig:
     (vLLM's ``num_hash_lookahead_tokens``, for EAGLE/MTP drafters whose KV at a block's
     last position depends on the next L tokens); a block is hashed, hence cached, only once
     L more tokens are known; see :mod:`pagedkv.core.hashing_lookahead`. 0 (default): off.
+    ``num_prefill_lookahead_tokens``: P, the prefill tokens past the computed range a
+    drafter reads (vLLM's ``num_prefill_lookahead_tokens``: 1 for EAGLE-family drafters,
+    the speculative token count for multi-module MTP); the last ``max(0, P - 1)`` computed
+    tokens may be prefilled again, so they are not registered (see
+    :mod:`pagedkv.core.reprefill`). 0 (default): off.
+    ``record_boundary_states``: record each Mamba state the cache registers (and each
+    sub-block state copy), for a KV connector to offload
+    (:meth:`~pagedkv.KVCacheManager.take_boundary_state_offloads`, vLLM's boundary-state
+    offloads); off by default, since the records wait to be taken.
     ``vllm_release``: the vLLM release series whose manager this one matches block for
     block (``VLLM_RELEASES``; default the newest). ``"0.32"``: no hash lookahead, and
     :meth:`~pagedkv.KVCacheManager.pop_blocks_for_free` keeps a table's leading null
@@ -139,10 +165,13 @@ class CacheConfig:
             ``max_model_len``, an unknown ``hash_algo``, a ``watermark`` outside [0, 1], a
             ``max_in_flight_tokens`` that is not a positive int, a non-bool
             ``zero_new_blocks``, a ``num_hash_lookahead_tokens`` that is not an int >= 0,
-            a ``vllm_release`` not in ``VLLM_RELEASES``, or hash lookahead under 0.32.
-        ConfigError: ``num_blocks`` so large that the pool's bookkeeping (about
-            ``HOST_BYTES_PER_BLOCK`` bytes of host memory per block) cannot fit in this
-            machine's memory.
+            a ``vllm_release`` not in ``VLLM_RELEASES``, or hash lookahead under 0.32;
+            a ``num_prefill_lookahead_tokens`` that is not an int >= 0.
+        ConfigError: ``drop_last_hit`` with caching and a prefill lookahead longer than
+            the least common multiple of the group block sizes (vLLM's multi-module MTP
+            rule: the dropped tail must hold the re-prefilled tokens); ``num_blocks`` so
+            large that the pool's bookkeeping (about ``HOST_BYTES_PER_BLOCK`` bytes of
+            host memory per block) cannot fit in this machine's memory.
     """
 
     groups: tuple[KVCacheSpec, ...]
@@ -162,6 +191,8 @@ class CacheConfig:
     max_in_flight_tokens: int | None = None
     zero_new_blocks: bool | None = None
     num_hash_lookahead_tokens: int = 0
+    num_prefill_lookahead_tokens: int = 0
+    record_boundary_states: bool = False
     vllm_release: str = "0.33"
     observe: ComponentSpec | None = None
     host_tier: ComponentSpec | None = None
@@ -208,6 +239,7 @@ class CacheConfig:
             raise InvalidArgumentError(
                 f"unknown hash_algo {self.hash_algo!r}; choose one of {HASH_ALGOS}"
             )
+        _check_prefill_lookahead(self)
         check_fields(self)  # what the rules above leave: 64-bit, finite, Unicode
 
     def _check_components(self) -> None:

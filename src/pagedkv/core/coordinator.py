@@ -55,11 +55,12 @@ __all__ = [
 def make_coordinator(
     managers: Sequence[SingleTypeManager], pool: BlockPool, *, enable_caching: bool,
     partial_hits: bool, zeroing: Sequence[bool], max_model_len: int,
-    max_in_flight_tokens: int,
+    max_in_flight_tokens: int, num_reprefillable_tokens: int = 0,
 ) -> Coordinator:
     """The coordinator for these groups: no caching, one group, hybrid with sub-block
     hits, or hybrid; with each group's zeroing flag and admission cap
-    (``SingleTypeManager.admission_cap_blocks``) set."""
+    (``SingleTypeManager.admission_cap_blocks``) set, and the re-prefillable tokens it
+    never registers (:mod:`pagedkv.core.reprefill`)."""
     cls: type[Coordinator]
     if not enable_caching:
         cls = NoPrefixCacheCoordinator
@@ -71,6 +72,7 @@ def make_coordinator(
         cls = HybridCoordinator
     coordinator = cls(managers, pool)
     coordinator.zeroing[:] = zeroing
+    coordinator.num_reprefillable_tokens = num_reprefillable_tokens
     coordinator.admission_cap_blocks[:] = [
         m.admission_cap_blocks(max_model_len, max_in_flight_tokens) for m in managers]
     return coordinator

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator, KeysView, Sequence
 from typing import NamedTuple
 
+from pagedkv.core.group_hits import group_hit_problem, truncate_hit
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
+from pagedkv.core.reprefill import cache_finalized, unitary_cacheable_tokens
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
 
@@ -39,6 +41,8 @@ class ComputedBlocks(NamedTuple):
     #: both still match, the blocks provably still hold the prefix (no O(n) hash check).
     generation: int = -1
     fingerprint: tuple[object, ...] = ()
+    #: Per group, its own hit length (a :meth:`find_hit_per_group` hit), else None.
+    group_tokens: tuple[int, ...] | None = None
 
 
 class Coordinator:
@@ -75,6 +79,8 @@ class Coordinator:
         self.admission_cap_blocks: list[int | None] = [None] * len(self.managers)
         #: Every hit and registration lands on a multiple of this many tokens.
         self.cache_alignment_tokens = 1
+        #: Computed tokens a drafter may prefill again, never registered (reprefill.py).
+        self.num_reprefillable_tokens = 0
         self._build_plans()
 
     def _build_plans(self) -> None:
@@ -113,15 +119,24 @@ class Coordinator:
     ) -> str | None:
         """Why ``hit`` cannot be adopted by a request with ``block_hashes`` (see
         :meth:`SingleTypeManager.hit_problem`), or None. No state change. O(hit blocks)."""
-        if type(hit) is not tuple or len(hit) != len(self.managers):
-            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
-        for m, blocks in zip(self.managers, hit, strict=True):
-            if type(blocks) is not list:
-                return f"group {m.group}: block ids come as a list, got {blocks!r}"
-            why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
-            if why is not None:
-                return why
-        return None
+        return group_hit_problem(self, block_hashes, hit, (num_hit_tokens,) * len(self.managers))
+
+    def group_hit_problem(self, block_hashes: list[bytes], hit: BlockTables,
+                          group_tokens: tuple[int, ...]) -> str | None:
+        """As :meth:`hit_problem`, group ``g`` checked at ``group_tokens[g]`` tokens."""
+        return group_hit_problem(self, block_hashes, hit, group_tokens)
+
+    def group_problem(self, g: int, block_hashes: list[bytes], blocks: list[int],
+                      num_hit_tokens: int) -> str | None:
+        """Why group ``g``'s blocks of a ``num_hit_tokens``-token hit cannot be adopted."""
+        return self.managers[g].hit_problem(block_hashes, blocks, num_hit_tokens)
+
+    def find_group_hit(self, g: int, block_hashes: list[bytes], length: int
+                       ) -> tuple[list[int], int]:
+        """Group ``g``'s own hit within ``length`` tokens and its length. No state change."""
+        m = self.managers[g]
+        blocks = m.find_longest_cache_hit(block_hashes, length)
+        return blocks, len(blocks) * m.block_size
 
     # ----------------------------------------------------------------- requests
 
@@ -288,6 +303,9 @@ class Coordinator:
         """Register the request's blocks that are full within its first ``num_tokens``
         tokens, in every group that caches. Precondition: the request holds blocks."""
         rid = request.request_id
+        if self.num_reprefillable_tokens:
+            cache_finalized(self, self._cache_plan, request, num_tokens)
+            return
         align = self.cache_alignment_tokens
         if align > 1:
             num_tokens = num_tokens // align * align
@@ -301,6 +319,10 @@ class Coordinator:
         for m, bs, cached, caps_itself in self._cache_plan:
             if cached is None or hashed // bs > cached[rid]:
                 m.cache_blocks(request, rid, num_tokens if caps_itself else hashed)
+
+    def cacheable_tokens(self, num_tokens: int, m: SingleTypeManager) -> int:
+        """What group ``m`` registers of ``num_tokens`` with re-prefillable tokens."""
+        return unitary_cacheable_tokens(num_tokens, self.num_reprefillable_tokens)
 
     def remove_skipped_blocks(self, request_id: str, num_processed_tokens: int) -> None:
         """Every dropping group releases the request's blocks no token after the first
@@ -357,25 +379,12 @@ class Coordinator:
     # ----------------------------------------------------------------- checks
 
     def truncate(self, hit: BlockTables, num_tokens: int) -> BlockTables:
-        """``hit`` cut at ``num_tokens``: each caching group keeps its first
-        ``num_tokens // block_size`` blocks (non-caching groups none). Block 4, hit
-        ``[5, 6, 7]`` cut at 8 -> ``[5, 6]``. Pure slicing.
+        """``hit`` cut at ``num_tokens`` (:func:`pagedkv.core.group_hits.truncate_hit`).
 
         Raises:
-            InvalidArgumentError: ``num_tokens`` is not a multiple of a caching group's
-                block size.
+            InvalidArgumentError: not a multiple of a caching group's block size.
         """
-        out: list[list[int]] = []
-        for m, blocks in zip(self.managers, hit, strict=True):
-            if not m.cacheable:
-                out.append([])
-                continue
-            if num_tokens % m.block_size:
-                raise InvalidArgumentError(
-                    f"cannot truncate a hit to {num_tokens} tokens: not a multiple of group "
-                    f"{m.group}'s block size {m.block_size}")
-            out.append(list(blocks[: num_tokens // m.block_size]))
-        return tuple(out)
+        return truncate_hit(self.managers, hit, num_tokens)
 
     def take_new_block_ids(self) -> list[int]:
         """The zeroed groups' blocks allocated (or recorded) since the last call."""

@@ -18,6 +18,7 @@ from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
+from pagedkv.core.reprefill import hybrid_cacheable_tokens
 from pagedkv.core.specs import lcm_block_size
 
 __all__ = ["HybridCoordinator", "PartialHitCoordinator"]
@@ -72,6 +73,12 @@ class HybridCoordinator(Coordinator):
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size
         self.cache_alignment_tokens = self.lcm_block_size
+
+    def cacheable_tokens(self, num_tokens: int, m: SingleTypeManager) -> int:
+        """Aligned, and finalized in a group with the EAGLE drop
+        (:func:`~pagedkv.core.reprefill.hybrid_cacheable_tokens`). No state change."""
+        return hybrid_cacheable_tokens(num_tokens, self.num_reprefillable_tokens,
+                                       self.cache_alignment_tokens, m)
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
@@ -157,45 +164,35 @@ class PartialHitCoordinator(HybridCoordinator):
         self.cache_alignment_tokens = 1
         self._build_plans()  # the Mamba groups' registration changed (partial_hits)
 
-    def hit_problem(
-        self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
-    ) -> str | None:
-        """As :meth:`Coordinator.hit_problem`, for hits on hash-block boundaries: in the
-        full-attention and Mamba groups the last block must hold the key of the hit's
-        prefix (the block it ends inside, or its last full block); full attention's
-        earlier blocks are checked as usual, Mamba's must be null. No state change."""
-        if type(hit) is not tuple or len(hit) != len(self.managers):
-            return f"a hit has one block list per group ({len(self.managers)}), got {hit!r}"
+    def group_problem(self, g: int, block_hashes: list[bytes], blocks: list[int],
+                      num_hit_tokens: int) -> str | None:
+        """Hits on hash-block boundaries: in the full-attention and Mamba groups the last
+        block must hold the key of the hit's prefix (the block it ends inside, or its last
+        full block); full attention's earlier blocks are checked as usual, Mamba's must be
+        null. No state change."""
         hbs = self.pool.hash_block_size
         if type(num_hit_tokens) is not int or num_hit_tokens % hbs:
             return f"a hit of {num_hit_tokens!r} tokens is not a multiple of {hbs}"
-        pool = self.pool
-        for g, (m, blocks) in enumerate(zip(self.managers, hit, strict=True)):
-            if type(blocks) is not list or not all(type(b) is int for b in blocks):
-                return f"group {g}: block ids come as a list of ints, got {blocks!r}"
-            if g not in self._partial_groups or not num_hit_tokens:
-                why = m.hit_problem(block_hashes, blocks, num_hit_tokens)
-                if why is not None:
-                    return why
-                continue
-            n = -(-num_hit_tokens // m.block_size)
-            if len(blocks) != n:
-                return (f"group {g}: a {num_hit_tokens}-token hit takes {n} blocks of "
-                        f"{m.block_size}, got {len(blocks)}")
-            i = num_hit_tokens // hbs - 1
-            last = blocks[-1]
-            key = block_hashes[i] if i < len(block_hashes) else None
-            if key is None or not pool.has_entry(g, key, last):
-                return (f"group {g}: block {last} no longer holds this request's first "
-                        f"{num_hit_tokens} tokens (evicted or reused since the lookup)")
-            p = self._partial_of[g]
-            assert p is not None  # g is a partial group
-            why = p.partial_head_problem(block_hashes, blocks[:-1])
-            if why is not None:
-                return why
-        return None
+        m = self.managers[g]
+        if not all(type(b) is int for b in blocks):
+            return f"group {g}: block ids come as a list of ints, got {blocks!r}"
+        p = self._partial_of[g]
+        if p is None or not num_hit_tokens:
+            return m.hit_problem(block_hashes, blocks, num_hit_tokens)
+        n = -(-num_hit_tokens // m.block_size)
+        if len(blocks) != n:
+            return (f"group {g}: a {num_hit_tokens}-token hit takes {n} blocks of "
+                    f"{m.block_size}, got {len(blocks)}")
+        i = num_hit_tokens // hbs - 1
+        last = blocks[-1]
+        key = block_hashes[i] if i < len(block_hashes) else None
+        if key is None or not self.pool.has_entry(g, key, last):
+            return (f"group {g}: block {last} no longer holds this request's first "
+                    f"{num_hit_tokens} tokens (evicted or reused since the lookup)")
+        return p.partial_head_problem(block_hashes, blocks[:-1])
 
-    def _find(self, g: int, block_hashes: list[bytes], length: int) -> tuple[list[int], int]:
+    def find_group_hit(self, g: int, block_hashes: list[bytes], length: int
+                       ) -> tuple[list[int], int]:
         p = self._partial_of[g]
         if p is not None:
             return p.find_partial_hit(block_hashes, length)
@@ -219,7 +216,7 @@ class PartialHitCoordinator(HybridCoordinator):
                 if g in full and hits[g] is not None:
                     cur = min(cur, lengths[g])
                     continue
-                hits[g], cur = self._find(g, block_hashes, cur)
+                hits[g], cur = self.find_group_hit(g, block_hashes, cur)
                 lengths[g] = cur
             if cur >= length:
                 break

@@ -37,6 +37,7 @@ from pagedkv.core.hashing_lookahead import (
     apply_to_managers,
 )
 from pagedkv.core.managers import SingleTypeManager, manager_class_for
+from pagedkv.core.managers.boundary_states import BoundaryStateOffloads
 from pagedkv.core.partial_hits import partial_hits_enabled
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.recorder import EventBuffer, EventRecorder, GroupInfo
@@ -103,6 +104,10 @@ def build_parts(config: CacheConfig) -> ManagerParts:
     if config.vllm_release == "0.32":
         for m in managers:
             m.keep_null_head = True
+    if config.record_boundary_states:
+        for m in managers:
+            if m.records_boundary_states:
+                m.offloads = BoundaryStateOffloads(m.group)
     zero = config.zero_new_blocks
     if zero is None:
         zero = any(s.zeroes_kv_by_default for s in specs)
@@ -110,5 +115,6 @@ def build_parts(config: CacheConfig) -> ManagerParts:
         managers, pool, enable_caching=config.enable_caching, partial_hits=partial,
         zeroing=[zero and s.zeroable for s in specs],
         max_model_len=config.max_model_len,
-        max_in_flight_tokens=config.max_in_flight_tokens or config.max_model_len)
+        max_in_flight_tokens=config.max_in_flight_tokens or config.max_model_len,
+        num_reprefillable_tokens=max(0, config.num_prefill_lookahead_tokens - 1))
     return ManagerParts(pool, hasher, managers, coordinator, partial, components)

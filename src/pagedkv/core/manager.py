@@ -33,6 +33,7 @@ from pagedkv.core.components import AllocateCall, EventPublisher, Hooks, Manager
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.core.factory import build_parts
+from pagedkv.core.group_hits import find_hit_per_group
 from pagedkv.core.hashing import HashExtras
 from pagedkv.core.held_blocks import NO_COPIES, BlockCopies, BlockCopy, HeldBlocks
 from pagedkv.core.metrics import HitRateWindow, LookupCounters, PrefixCacheStats
@@ -270,6 +271,44 @@ class KVCacheManager:
         for after in self._hooks.after_lookup:
             after(request, hit)
         return hit
+
+    def lookup_prefix_per_group(self, request: RequestLike, max_hit_tokens: int | None = None,
+                                *, reference_group: int = 0) -> ComputedBlocks:
+        """Each group's own longest hit within ``max_hit_tokens`` (default
+        ``num_tokens - 1``), the groups looked up independently (vLLM 0.33's
+        ``find_longest_cache_hit_per_group``, :mod:`pagedkv.core.group_hits`): under
+        block pressure a hybrid model's groups hit at different depths. The result's
+        ``group_tokens`` holds each group's length and ``num_computed_tokens`` the
+        ``reference_group``'s (a KV connector restoring the other groups' state adopts
+        that many tokens). :meth:`allocate_slots` adopts it only when no group's hit is
+        longer than the reference's (``InvalidHitError`` otherwise). Records no lookup
+        statistics (:meth:`record_lookup`) and runs no ``after_lookup`` hook: the groups
+        do not agree on it. No state change.
+
+        Raises:
+            InvalidArgumentError: not a request, longer than ``max_model_len``,
+                ``max_hit_tokens`` not an int in ``[0, num_tokens]``, or
+                ``reference_group`` not a group index.
+        """
+        validation.check_lookup(self, request)
+        num_tokens = request.num_tokens
+        limit = num_tokens - 1 if max_hit_tokens is None else validation.check_count(
+            "max_hit_tokens", max_hit_tokens)
+        if limit > num_tokens:
+            raise InvalidArgumentError(
+                f"max_hit_tokens={limit} is more than the request's {num_tokens} tokens")
+        groups = len(self.config.groups)
+        if type(reference_group) is not int or not 0 <= reference_group < groups:
+            raise InvalidArgumentError(
+                f"reference_group must be a group index in [0, {groups}), got "
+                f"{reference_group!r}")
+        if not self.config.enable_caching:
+            return self._empty_hit
+        blocks, lengths = find_hit_per_group(self.coordinator, request.block_hashes,
+                                             max(limit, 0))
+        n = lengths[reference_group]
+        return ComputedBlocks(blocks, n, self.issuer_token, request.request_id,
+                              self.pool.index_generation, (n, *map(tuple, blocks)), lengths)
 
     def record_lookup(self, request: RequestLike, num_hit_tokens: int) -> None:
         """Count one lookup of ``request`` that hit ``num_hit_tokens`` tokens in the
@@ -576,6 +615,37 @@ class KVCacheManager:
         """
         pairs = self.coordinator.take_copies()
         return self.held.hold_copies(pairs) if pairs else NO_COPIES
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The Mamba states registered since the last call, for a KV connector to copy by
+        block id (vLLM 0.33's ``take_boundary_state_offloads``): request id -> ``(group,
+        block id, boundary tokens)`` in group order, then registration order; a sub-block
+        state appears as the copy its producer's next allocation made. Empty unless
+        ``CacheConfig.record_boundary_states``; records of freed requests are dropped. The
+        blocks are not held (see :mod:`pagedkv.core.managers.boundary_states`)."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for m in self.coordinator.managers:
+            if m.offloads is not None:
+                for rid, group, block, num_tokens in m.offloads.take():
+                    out.setdefault(rid, []).append((group, block, num_tokens))
+        return out
+
+    def finalize_partial_tail_offloads(self, request_id: str, num_computed_tokens: int,
+                                       num_in_flight_tokens: int = 0
+                                       ) -> list[tuple[int, int, int]]:
+        """When a request ends: each Mamba group's sub-block state the request registered
+        itself and still holds in its own block, as ``(group, block id, boundary
+        tokens)`` -- only when exactly the boundary is computed and nothing is in flight
+        (vLLM 0.33's ``finalize_partial_tail_offloads``). Forgets those states either
+        way; ``[]`` without ``record_boundary_states``."""
+        out: list[tuple[int, int, int]] = []
+        for m in self.coordinator.managers:
+            if m.offloads is not None:
+                found = m.offloads.finalize(request_id, num_computed_tokens,
+                                            num_in_flight_tokens)
+                if found is not None:
+                    out.append(found)
+        return out
 
     def truncate_computed_blocks(self, hit: ComputedBlocks,
                                  num_computed_tokens: int) -> ComputedBlocks:

@@ -374,10 +374,17 @@ def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks
             f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
             f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
         )
+    if hit.group_tokens is not None and max(hit.group_tokens) > hit.num_computed_tokens:
+        raise InvalidHitError(
+            f"request {rid!r}: a group's own hit ({max(hit.group_tokens)} tokens) is "
+            f"longer than the {hit.num_computed_tokens} tokens adopted; adopt the hit "
+            "every group agrees on (lookup_prefix)")
     if hit.generation == mgr.pool.index_generation and hit.fingerprint == (
             hit.num_computed_tokens, *map(tuple, hit.block_ids)):
         return  # unchanged since the lookup, and no block lost or changed its hash since
-    why = mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
+    why = (mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
+           if hit.group_tokens is None else mgr.coordinator.group_hit_problem(
+               req.block_hashes, hit.block_ids, hit.group_tokens))
     if why is not None:
         raise InvalidHitError(
             f"request {rid!r}: the hit cannot be adopted: {why}; look it up again with "

@@ -19,10 +19,11 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
 from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id  # noqa: E402
 
 from pagedkv.core.coordinator import ComputedBlocks  # noqa: E402
+from pagedkv.core.group_hits import find_hit_per_group  # noqa: E402
 from pagedkv.core.manager import KVCacheManager  # noqa: E402
 
 __all__ = ["BlockPoolView", "BlockView", "CoordinatorView", "EmptyBlocks", "GroupView",
-           "PagedKVBlocks"]
+           "PagedKVBlocks", "coordinator_view"]
 
 
 class BlockView:
@@ -252,17 +253,33 @@ def group_view_class(spec: Any) -> type[GroupView]:
 
 
 class CoordinatorView:
-    """vLLM's coordinator members read from outside the manager."""
+    """vLLM's coordinator members read from outside the manager. Built through
+    :func:`coordinator_view`, it is an instance of the vLLM coordinator class vLLM would
+    build for the same layout (code asking ``isinstance(c, HybridKVCacheCoordinator)``
+    gets vLLM's answer); vLLM's constructor never runs."""
 
     def __init__(self, mgr: KVCacheManager, table: BlockTable, specs: Sequence[Any],
                  pool: BlockPoolView) -> None:
         self._mgr = mgr
+        self._table = table
         self.single_type_managers = [group_view_class(s)(mgr, table, g, s, pool)
                                     for g, s in enumerate(specs)]
         self.block_pool = pool
         self.enable_partial_hash_hits = False
         self.eagle_group_ids: tuple[int, ...] = ()
-        self.num_reprefillable_tokens = 0
+        self.num_reprefillable_tokens = mgr.coordinator.num_reprefillable_tokens
+        #: The first full-attention group (vLLM's rule: its spec is a FullAttentionSpec,
+        #: MLA and sinks included), the reference of per-group hits; None without one.
+        self.full_attention_group_id = _first_full_attention(specs)
+
+    def find_longest_cache_hit_per_group(self, block_hashes: list[bytes],
+                                         max_cache_hit_length: int
+                                         ) -> tuple[tuple[list[BlockView], ...], tuple[int, ...]]:
+        """Each group's own longest hit (:func:`pagedkv.core.group_hits.find_hit_per_group`):
+        blocks and lengths per group. No state change."""
+        blocks, lengths = find_hit_per_group(self._mgr.coordinator, list(block_hashes),
+                                             max(0, int(max_cache_hit_length)))
+        return tuple(self._table.of(b) for b in blocks), lengths
 
     def get_num_blocks_to_allocate(self, *, request_id: str, num_tokens: int,
                                    total_computed_tokens: int, num_encoder_tokens: int = 0,
@@ -271,3 +288,34 @@ class CoordinatorView:
         applied (what vLLM's scheduler asks before promoting an async load)."""
         return int(self._mgr.coordinator.num_blocks_for_full_sequence(
             request_id, None, total_computed_tokens, num_tokens, num_encoder_tokens))
+
+
+def _first_full_attention(specs: Sequence[Any]) -> int | None:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    for g, spec in enumerate(specs):
+        if isinstance(spec, FullAttentionSpec) and getattr(spec, "prefix_cacheable", True):
+            return g
+    return None
+
+
+_coordinator_classes: dict[str, type[CoordinatorView]] = {}
+
+
+def coordinator_view(mgr: KVCacheManager, table: BlockTable, specs: Sequence[Any],
+                     pool: BlockPoolView) -> CoordinatorView:
+    """A :class:`CoordinatorView` that is also an instance of the vLLM coordinator class
+    for this layout (no caching, one group, or hybrid, as ``get_kv_cache_coordinator``
+    picks)."""
+    if not mgr.config.enable_caching:
+        name = "KVCacheCoordinatorNoPrefixCache"
+    else:
+        name = "UnitaryKVCacheCoordinator" if len(specs) == 1 else "HybridKVCacheCoordinator"
+    cls = _coordinator_classes.get(name)
+    if cls is None:
+        from vllm.v1.core import kv_cache_coordinator as kc
+
+        cls = type(f"PagedKV{name}View", (CoordinatorView, getattr(kc, name)),
+                   {"__abstractmethods__": frozenset(), "__module__": __name__})
+        _coordinator_classes[name] = cls
+    return cls(mgr, table, specs, pool)

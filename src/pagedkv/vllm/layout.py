@@ -44,7 +44,8 @@ from pagedkv.core.specs import (
 from pagedkv.core.specs_window_mla import SlidingWindowMLASpec
 from pagedkv.errors import ConfigError
 
-__all__ = ["FALLBACK", "REFUSED_KINDS", "UnsupportedLayoutError", "pagedkv_spec"]
+__all__ = ["FALLBACK", "REFUSED_KINDS", "UnsupportedLayoutError", "check_prefill_lookahead",
+           "pagedkv_spec"]
 
 #: What a user does when a layout is refused.
 FALLBACK = "run vLLM without --scheduler-cls (its own KV-cache manager)"
@@ -147,6 +148,26 @@ def pagedkv_spec(spec: Any, group: int, enable_caching: bool,
     raise refuse(f"group {group}: {name} (an attention kind pagedkv does not know)")
 
 
+def check_prefill_lookahead(kv_cache_config: Any, scheduler_block_size: int, lookahead: int,
+                            *, eagle_drop: bool, enable_caching: bool) -> None:
+    """vLLM's coordinator rule for multi-module MTP, raised as vLLM raises it: with
+    prefix caching on and EAGLE groups (those flagged ``is_eagle_group``, or every group
+    under the EAGLE drop), the scheduler block size must be at least the prefill
+    lookahead.
+
+    Raises:
+        ConfigError: (a ValueError) vLLM's message, when the rule fails.
+    """
+    if not lookahead or not enable_caching:
+        return
+    flagged = any(getattr(g, "is_eagle_group", False)
+                  for g in kv_cache_config.kv_cache_groups)
+    if (flagged or eagle_drop) and scheduler_block_size < lookahead:
+        raise ConfigError(
+            f"Multi-module MTP with prefix caching requires scheduler_block_size"
+            f" (={scheduler_block_size}) >= num_speculative_tokens (={lookahead}).")
+
+
 def cache_config_for(kv_cache_config: Any, *, max_model_len: int, max_encoder_len: int = 0,
                      **fields: Any) -> CacheConfig:
     """The pagedkv :class:`CacheConfig` for a vLLM ``KVCacheConfig``; ``fields`` are
@@ -175,5 +196,8 @@ def cache_config_for(kv_cache_config: Any, *, max_model_len: int, max_encoder_le
             and not kinds & {"FullAttentionSpec", "MLAAttentionSpec", "SinkFullAttentionSpec"}):
         raise refuse("a Mamba hybrid without a full-attention group, prefix caching on "
                      "(its shared-prefix junction is not implemented)")
+    if enable_caching and "MambaSpec" in kinds:
+        # vLLM's align-mode Mamba manager offers every registered state to a connector.
+        fields.setdefault("record_boundary_states", True)
     return CacheConfig(groups=groups, num_blocks=int(kv_cache_config.num_blocks),
                        max_model_len=int(max_model_len), **fields)

@@ -39,9 +39,9 @@ from pagedkv.errors import PagedKVError  # noqa: E402
 from pagedkv.vllm.blocks import (  # noqa: E402
     BlockPoolView,
     BlockTable,
-    CoordinatorView,
     EmptyBlocks,
     PagedKVBlocks,
+    coordinator_view,
 )
 from pagedkv.vllm.events import EventConverter  # noqa: E402
 from pagedkv.vllm.extras import pin_of, retention_of  # noqa: E402
@@ -101,7 +101,7 @@ class VLLMKVCacheManager:
         self._table = BlockTable(self.pagedkv)
         self.block_pool = BlockPoolView(self.pagedkv, self._table)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        self.coordinator = CoordinatorView(self.pagedkv, self._table, specs, self.block_pool)
+        self.coordinator = coordinator_view(self.pagedkv, self._table, specs, self.block_pool)
         self.empty_kv_cache_blocks = EmptyBlocks(tuple(() for _ in specs))
         self._views: dict[str, RequestView] = {}
         self._events = EventConverter(kv_cache_config)
@@ -201,7 +201,28 @@ class VLLMKVCacheManager:
     def get_computed_blocks_for_connector(self, request: Any,
                                           max_cache_hit_length: int | None = None
                                           ) -> tuple[PagedKVBlocks, int, int, bool]:
-        return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        """vLLM's lookup for a connector that restores lagging groups' state: on a Mamba
+        hybrid with a full-attention group, the full-attention group's own hit (unless a
+        group hit deeper), flagged when another group lags (``lookup_prefix_per_group``);
+        else :meth:`get_computed_blocks`."""
+        fa = self.coordinator.full_attention_group_id
+        if not (self.kv_cache_config.has_mamba_layers and self.enable_caching
+                and self.num_kv_cache_groups > 1 and fa is not None):
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        limit = request.num_tokens - 1 if max_cache_hit_length is None else min(
+            max_cache_hit_length, request.num_tokens)
+        hit = self.pagedkv.lookup_prefix_per_group(self._view(request), max(limit, 0),
+                                                   reference_group=fa)
+        lengths = hit.group_tokens or ()
+        if any(n > lengths[fa] for n in lengths):
+            # A lagging group hit deeper: full attention's tail was evicted.
+            return (*self.get_computed_blocks(request, max_cache_hit_length), False)
+        n = lengths[fa]
+        blocks = (self._table.blocks(hit.block_ids, hit) if any(hit.block_ids)
+                  else self.empty_kv_cache_blocks)
+        return blocks, n, 0, min(lengths) < n
 
     def truncate_computed_blocks(self, blocks: Any, num_computed_tokens: int) -> Any:
         hit = getattr(blocks, "hit", None)
@@ -420,7 +441,8 @@ class VLLMKVCacheManager:
         return [KVCacheBlockCopy(a, b) for a, b in pairs], retained
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
+        return self.pagedkv.take_boundary_state_offloads()
 
     def finalize_partial_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        return []
+        return self.pagedkv.finalize_partial_tail_offloads(
+            request.request_id, request.num_computed_tokens, request.num_in_flight_tokens)

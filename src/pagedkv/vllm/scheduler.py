@@ -36,7 +36,7 @@ VLLM_RELEASE = require_vllm()
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from pagedkv.vllm.layout import refuse  # noqa: E402
+from pagedkv.vllm.layout import check_prefill_lookahead, refuse  # noqa: E402
 from pagedkv.vllm.manager import VLLMKVCacheManager  # noqa: E402
 
 __all__ = ["VLLM_RELEASE", "PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
@@ -83,17 +83,12 @@ def _check_options(s: Any) -> None:
     constructor has set on ``s`` before it builds its KV-cache manager)."""
     if s.dcp_world_size > 1 or s.pcp_world_size > 1:
         raise refuse("decode/prefill context parallelism (dcp/pcp world size > 1)")
-    if s.num_prefill_lookahead:
-        raise refuse("prefill lookahead slots (num_prefill_lookahead_tokens > 0)")
+    if (s.use_eagle_block_drop and s.cache_config.enable_prefix_caching
+            and len(s.kv_cache_config.kv_cache_groups) > 1):
+        raise refuse("the EAGLE last-block drop on a layout of several KV-cache groups "
+                     "(pagedkv's hybrid lookups and registration under it are not exact)")
     if s.cache_config.enable_mamba_shared_prefix_checkpoint:
         raise refuse("enable_mamba_shared_prefix_checkpoint")
-    has_mamba_layers = s.kv_cache_config.has_mamba_layers  # (before vLLM sets s's)
-    if s.connector is not None and has_mamba_layers and getattr(
-            s.connector, "supports_divergent_local_hybrid_hits", False):
-        raise refuse("per-group (divergent) prefix hits for a KV connector on a Mamba "
-                     "hybrid model")
-    if has_mamba_layers and s.connector is not None:
-        raise refuse("a KV connector on a Mamba hybrid model (boundary-state offloads)")
     _check_retention_interval(s)
 
 
@@ -124,7 +119,12 @@ def _build_manager(s: Any) -> VLLMKVCacheManager:
         max_in_flight_tokens=cfg.max_in_flight_tokens,
         drop_last_hit=bool(s.use_eagle_block_drop),
         vllm_release=VLLM_RELEASE,
+        num_prefill_lookahead_tokens=int(s.num_prefill_lookahead or 0),
     )
+    check_prefill_lookahead(s.kv_cache_config, int(s.block_size),
+                            fields["num_prefill_lookahead_tokens"],
+                            eagle_drop=bool(s.use_eagle_block_drop),
+                            enable_caching=bool(s.cache_config.enable_prefix_caching))
     if VLLM_RELEASE != "0.32":
         fields["num_hash_lookahead_tokens"] = s.num_hash_lookahead_tokens
     if s.hash_block_size == s.block_size:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import ClassVar, TypeVar
 
+from pagedkv.core.managers.boundary_states import BoundaryStateOffloads
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
 from pagedkv.core.specs import KVCacheSpec
@@ -136,6 +137,12 @@ class SingleTypeManager:
     #: of blocks ending at the hit), ``"chunk"`` (the current chunk's run), ``"state"``
     #: (one state block), ``"never"`` (never hits); ``"other"`` for none of these.
     hit_shape: ClassVar[str] = "other"
+    #: Whether the kind can record the states it registers for a KV connector (align-mode
+    #: Mamba; :mod:`pagedkv.core.managers.boundary_states`).
+    records_boundary_states: ClassVar[bool] = False
+    #: Those records when kept (``CacheConfig.record_boundary_states``; set by the
+    #: factory), else None.
+    offloads: BoundaryStateOffloads | None = None
 
     def admission_cap_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
         """The most blocks a request's table of this kind can need at once under

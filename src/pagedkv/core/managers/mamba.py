@@ -166,6 +166,7 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
     grows_plainly = False  # at most one new block per call, nulls before it
     caps_registration_itself = True  # its prompt's tail state needs the uncapped count
     drives_partial_hits = True
+    records_boundary_states = True
 
     def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
                  drop_last_hit: bool = False) -> None:
@@ -283,6 +284,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         pool = self.pool
         self.pending_copies.append((src, cow))
         if request_id in self._allocated:
+            if self.offloads is not None:
+                self.offloads.tail_copied(request_id, src, cow)
             pool.move_block_hashes(src, cow)
             pool.ref_cnt[src] += 1
             h = pool.block_hash[cow]
@@ -358,10 +361,13 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
             self._cache_partial_tail(request, request_id, num_tokens)
         if after > before:
             bh = self.pool.block_hash
-            for b in self.req_to_blocks[request_id][before:after]:
-                h = bh[b] if b else None
+            table = self.req_to_blocks[request_id]
+            for k in range(before, after):
+                h = bh[table[k]] if table[k] else None
                 if h is not None:
                     self._registered_this_step.add(h)
+                    if self.offloads is not None:
+                        self.offloads.committed(request_id, table[k], (k + 1) * self.block_size)
 
     def _cache_partial_tail(self, request: RequestLike, request_id: str, n: int) -> None:
         """When exactly ``n`` = the prompt's last hash boundary before its last token
@@ -389,6 +395,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
             self._registered_this_step.add(h)
             self._partial[request_id] = (i, src)
             self.num_cached_blocks[request_id] = i
+            if self.offloads is not None:
+                self.offloads.producer_tail(request_id, src, n)
 
     def new_step_starts(self) -> None:
         self._registered_this_step.clear()
@@ -399,6 +407,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         self._allocated.discard(request_id)
         if self._partial:
             self._partial.pop(request_id, None)
+        if self.offloads is not None:
+            self.offloads.forget(request_id)
 
     def free(self, request_id: str) -> None:
         self._forget(request_id)
@@ -415,6 +425,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         for rid, table in self.req_to_blocks.items():
             real = [b for b in table if b]
             assert len(real) <= 2, f"group {self.group}: {rid} holds {len(real)} states"
+        if self.offloads is not None:
+            self.offloads.check_invariants(self.req_to_blocks)
 
 
 MambaAlignManager.partial_hit_class = MambaAlignManager
