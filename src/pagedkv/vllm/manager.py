@@ -270,12 +270,13 @@ class VLLMKVCacheManager:
         return self._allocate_first(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
             (num_lookahead_tokens, num_external_computed_tokens, num_encoder_tokens),
-            (delay_cache_blocks, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit))
+            (delay_cache_blocks, reserved_blocks, has_scheduled_reqs, full_sequence_must_fit),
+            skip_zeroing_group_ids)
 
     def _allocate_first(self, request: Any, num_new_tokens: int,
                         num_new_computed_tokens: int, new_computed_blocks: Any,
-                        counts: tuple[int, int, int], flags: tuple[bool, int, bool, bool]
-                        ) -> PagedKVBlocks | None:
+                        counts: tuple[int, int, int], flags: tuple[bool, int, bool, bool],
+                        skip_zeroing_group_ids: tuple[int, ...]) -> PagedKVBlocks | None:
         """:meth:`allocate_slots` for every call but the steady-state decode one: a
         request's first allocation (a hit to adopt, the watermark), lookahead, external,
         encoder tokens, delayed caching, a reserve."""
@@ -300,9 +301,10 @@ class VLLMKVCacheManager:
         self._drain_events(request)
         if new is None:
             return None
-        if skip_zeroing_group_ids and num_external_computed_tokens:
+        external = counts[1]
+        if skip_zeroing_group_ids and external:
             skip_loaded_blocks(mgr, view.request_id, new, request.num_computed_tokens
-                               + num_new_computed_tokens + num_external_computed_tokens,
+                               + num_new_computed_tokens + external,
                                skip_zeroing_group_ids)
         if not live:
             self._views[view.request_id] = view
