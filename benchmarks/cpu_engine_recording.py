@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -116,31 +117,84 @@ def _gemm_flops_s(rows: int, k: int, n: int) -> float:
     return 2.0 * rows * k * n * reps / best_of(lambda: [x @ w for _ in range(reps)], 9)
 
 
-def measure_cpu_spec(hidden: int, intermediate: int) -> dict[str, Any]:
+#: The steps whose dense GEMMs the ramp is fitted to: (tokens, sequences) — decodes of 1 to
+#: 16 sequences, then one sequence's prefill chunk of 32 to 512 tokens (the output head
+#: runs once per sequence, on its last token).
+RAMP_STEPS = ((1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (32, 1), (64, 1), (128, 1),
+              (256, 1), (512, 1))
+
+
+def _model_gemms(config: dict[str, Any]) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """The (in, out) features of one decoder layer's GEMMs, and of the output head."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"]
+    head_dim = hidden // heads
+    kv_heads = config.get("num_key_value_heads", heads)
+    layer = [(hidden, (heads + 2 * kv_heads) * head_dim), (heads * head_dim, hidden),
+             (hidden, 2 * inter), (inter, hidden)]
+    return layer, (hidden, config["vocab_size"])
+
+
+def measure_gemm_ramp(config: dict[str, Any], read_bytes_s: float, peak_flops_s: float
+                      ) -> float:
+    """The clock's ``gemm_half_tokens`` for this CPU: the half-rate token count ``h`` for
+    which the clock's dense-GEMM term, ``max(FLOPs / (s * T / (T + h)), weight bytes /
+    read rate)``, best matches (least squares in log time, ``s`` fitted beside ``h``) the
+    measured time of the model's own dense GEMMs (every layer's projections and the
+    output head, float32) in the steps of :data:`RAMP_STEPS`. One small matmul's rate
+    would measure torch's per-call cost and its switch from matrix-vector to matrix
+    kernels instead: the model's set at each step is what the clock's term stands for."""
+    import math
+
+    import torch
+
+    layer, head = _model_gemms(config)
+    layers = config["num_hidden_layers"]
+    weights = [torch.randn(k, n) for k, n in layer] * layers
+    head_w = torch.randn(*head)
+    weight_bytes = 4.0 * (layers * sum(k * n for k, n in layer) + head[0] * head[1])
+    points: list[tuple[float, float, float]] = []  # (tokens, FLOPs, seconds)
+    for tokens, seqs in RAMP_STEPS:
+        xs = {k: torch.randn(tokens, k) for k, _ in layer}
+        last = torch.randn(seqs, head[0])
+        reps = max(2, 64 // tokens)
+
+        def step(xs: dict[int, Any] = xs, last: Any = last, reps: int = reps) -> None:
+            for _ in range(reps):
+                for (k, _n), w in zip(layer * layers, weights, strict=True):
+                    xs[k] @ w
+                last @ head_w
+
+        flops = 2.0 * (tokens * layers * sum(k * n for k, n in layer) + seqs * head[0] * head[1])
+        points.append((float(tokens), flops, best_of(step, 5) / reps))
+    floor = weight_bytes / read_bytes_s
+
+    def error(h: float, s: float) -> float:
+        return sum((math.log(t) - math.log(max(f * (n + h) / (s * n), floor))) ** 2
+                   for n, f, t in points)
+
+    best = (math.inf, 1.0)
+    for i in range(241):  # h from 0.25 to 1024 rows, 20 steps an octave
+        h = 0.25 * 2.0 ** (i / 20)
+        s = min((peak_flops_s * 0.01 * 1.02 ** j for j in range(300)),
+                key=lambda s, h=h: error(h, s))
+        best = min(best, (error(h, s), h))
+    return best[1]
+
+
+def measure_cpu_spec(config: dict[str, Any]) -> dict[str, Any]:
     """This CPU as a ``--gpu`` spec, measured with the torch threads vLLM's CPU worker
     bound in this process (call it after the engine is built): ``bf16_tflops`` the
     float32 rate of a 1024-square matmul (the model runs in float32, so it is the peak
-    the clock uses); ``hbm_tb_s`` the read rate of a
-    1 GiB sum; ``gemm_half_tokens`` the row count at which a (rows x hidden) @ (hidden x
-    intermediate) matmul reaches half of its 512-row rate (interpolated in log rows)."""
-    import math
-
+    the clock uses); ``hbm_tb_s`` the read rate of a 1 GiB sum; ``gemm_half_tokens`` the
+    ramp fitted to the model's own GEMMs (:func:`measure_gemm_ramp`)."""
     import torch
 
     peak = _gemm_flops_s(1024, 1024, 1024)
     big = torch.randn(256 * 1024 * 1024 // 4)
     read_bytes_s = big.numel() * 4 / best_of(big.sum, 5)
     del big
-    top = _gemm_flops_s(512, hidden, intermediate)
-    half = 1.0
-    prev_rows, prev_rate = 1, _gemm_flops_s(1, hidden, intermediate)
-    for rows in (2, 4, 8, 16, 32, 64, 128, 256):
-        rate = _gemm_flops_s(rows, hidden, intermediate)
-        if rate >= top / 2 > prev_rate:
-            share = (top / 2 - prev_rate) / (rate - prev_rate)
-            half = math.exp(math.log(prev_rows) + share * math.log(rows / prev_rows))
-            break
-        prev_rows, prev_rate = rows, rate
+    half = measure_gemm_ramp(config, read_bytes_s, peak)
     threads = torch.get_num_threads()
     return {"name": f"CPU-{threads}-thread{'s' if threads > 1 else ''}",
             "bf16_tflops": round(peak / 1e12, 4),
@@ -176,9 +230,18 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: a new temporary folder)")
     a = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     model = a.model_dir or tempfile.mkdtemp(prefix="tiny-llama-")
+    try:
+        return _record(a, model)
+    finally:
+        if a.model_dir is None:
+            shutil.rmtree(model, ignore_errors=True)
+
+
+def _record(a: argparse.Namespace, model: str) -> int:
+    """Write the model, record every load, write the files (module docstring)."""
+    out = Path(a.out)
     write_model(model)
     levels = [int(c) for c in a.concurrency.split(",")]
     engine = _engine(model, max(levels))
@@ -191,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
     per_round = max(1, a.requests // a.rounds)
     for r in range(a.rounds):
-        specs.append(measure_cpu_spec(config["hidden_size"], config["intermediate_size"]))
+        specs.append(measure_cpu_spec(config))
         for c in levels:
             runs[c].append(run_load(engine, c, per_round, a.input_len, a.output_len,
                                     seed=1000 * r + c))

@@ -186,7 +186,7 @@ PLAN: dict[str, Run | Skip] = {
     "pagedkv simulate --model benchmarks/data/cpu_engine/config.json --gpu "
     "benchmarks/data/cpu_engine/cpu-gpu-spec.json --token-budget 2048 --max-running 12 "
     "--calibration offline "
-    "--calibrate benchmarks/data/cpu_engine/concurrency-4.json --save-calibration cpu.json":
+    "--calibrate benchmarks/data/cpu_engine/concurrency-12.json --save-calibration cpu.json":
         Skip("tests/vllm_engine/test_ground_truth.py runs it as written and checks the "
              "doc's table"),
     "V=/path/to/venv-with-vllm-0.33/bin/python": NO_VLLM_PATH,
