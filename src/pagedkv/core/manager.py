@@ -253,13 +253,7 @@ class KVCacheManager:
             InvalidArgumentError: not a request, longer than ``max_model_len``, or
                 ``max_hit_tokens`` not an int in ``[0, num_tokens]``.
         """
-        validation.check_lookup(self, request)
-        num_tokens = request.num_tokens
-        limit = num_tokens - 1 if max_hit_tokens is None else validation.check_count(
-            "max_hit_tokens", max_hit_tokens)
-        if limit > num_tokens:
-            raise InvalidArgumentError(
-                f"max_hit_tokens={limit} is more than the request's {num_tokens} tokens")
+        limit = self._lookup_limit(request, max_hit_tokens)
         found = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
         if found is None:
             return self._empty_hit
@@ -271,6 +265,18 @@ class KVCacheManager:
         for after in self._hooks.after_lookup:
             after(request, hit)
         return hit
+
+    def _lookup_limit(self, request: RequestLike, max_hit_tokens: int | None) -> int:
+        """The checked request and the longest hit a lookup may return (default
+        ``num_tokens - 1``); raises as the lookups document."""
+        validation.check_lookup(self, request)
+        num_tokens = request.num_tokens
+        limit = num_tokens - 1 if max_hit_tokens is None else validation.check_count(
+            "max_hit_tokens", max_hit_tokens)
+        if limit > num_tokens:
+            raise InvalidArgumentError(
+                f"max_hit_tokens={limit} is more than the request's {num_tokens} tokens")
+        return limit
 
     def lookup_prefix_per_group(self, request: RequestLike, max_hit_tokens: int | None = None,
                                 *, reference_group: int = 0) -> ComputedBlocks:
@@ -290,13 +296,7 @@ class KVCacheManager:
                 ``max_hit_tokens`` not an int in ``[0, num_tokens]``, or
                 ``reference_group`` not a group index.
         """
-        validation.check_lookup(self, request)
-        num_tokens = request.num_tokens
-        limit = num_tokens - 1 if max_hit_tokens is None else validation.check_count(
-            "max_hit_tokens", max_hit_tokens)
-        if limit > num_tokens:
-            raise InvalidArgumentError(
-                f"max_hit_tokens={limit} is more than the request's {num_tokens} tokens")
+        limit = self._lookup_limit(request, max_hit_tokens)
         groups = len(self.config.groups)
         if type(reference_group) is not int or not 0 <= reference_group < groups:
             raise InvalidArgumentError(
