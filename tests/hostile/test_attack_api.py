@@ -34,6 +34,7 @@ def _required() -> dict[str, dict[str, Any]]:
         "AttentionSpec": _ATTN, "FullAttentionSpec": _ATTN, "MLAAttentionSpec": _ATTN,
         "SinkFullAttentionSpec": {**_ATTN, "sink_len": 4},
         "SlidingWindowSpec": {**_ATTN, "sliding_window": 128},
+        "SlidingWindowMLASpec": {**_ATTN, "sliding_window": 128},
         "ChunkedLocalAttentionSpec": {**_ATTN, "attention_chunk_size": 128},
         "CrossAttentionSpec": {**_ATTN, "max_encoder_len": 1024},
         "MambaSpec": {"block_size": 16, "state_bytes": 4096},
