@@ -84,33 +84,73 @@ def model_output(scheduler: Any, out: Any, step_index: int) -> Any:
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
+class Run:
+    """One scheduler driven step by step: :meth:`step` runs one engine step (timed:
+    ``schedule()`` + ``update_from_output()``; the model-output stand-in is built outside
+    the clock) and says whether the scheduler has more to do."""
+
+    def __init__(self, s: Any, async_: bool, clock: Any = time.process_time,
+                 profiler: cProfile.Profile | None = None) -> None:
+        self.s, self.async_, self.clock, self.profiler = s, async_, clock, profiler
+        self.digest = hashlib.sha256()
+        self.elapsed = 0.0
+        self.steps = 0
+        self.pending: Any = None  # async: one step in flight, as vLLM's engine core runs it
+
+    @property
+    def done(self) -> bool:
+        return not self.s.has_requests() and self.pending is None
+
+    def step(self) -> None:
+        s, clock, prof = self.s, self.clock, self.profiler
+        if prof is not None:
+            prof.enable()
+        t0 = clock()
+        out = s.schedule() if s.has_requests() else None
+        self.elapsed += clock() - t0
+        if prof is not None:
+            prof.disable()
+        now = None if out is None else (out, model_output(s, out, self.steps))
+        pending = self.pending
+        if not self.async_:
+            pending, now = now, None
+        if prof is not None:
+            prof.enable()
+        t0 = clock()
+        if pending is not None:
+            s.update_from_output(*pending)
+        self.elapsed += clock() - t0
+        if prof is not None:
+            prof.disable()
+        self.pending = now
+        self.steps += 1
+        if out is not None:
+            d = self.digest
+            d.update(repr(sorted(out.num_scheduled_tokens.items())).encode())
+            d.update(repr([(r.req_id, r.block_ids) for r in out.scheduled_new_reqs]).encode())
+            d.update(repr(out.scheduled_cached_reqs.new_block_ids).encode())
+
+
 def one_round(s: Any, async_: bool, clock: Any = time.process_time
               ) -> tuple[float, int, str]:
     """Seconds in schedule() + update_from_output() by ``clock``, steps, digest of the
     schedule."""
-    digest = hashlib.sha256()
-    elapsed = 0.0
-    steps = 0
-    pending = None  # async: one step in flight, as vLLM's engine core runs it
-    while s.has_requests() or pending is not None:
-        t0 = clock()
-        out = s.schedule() if s.has_requests() else None
-        elapsed += clock() - t0
-        now = None if out is None else (out, model_output(s, out, steps))
-        if not async_:
-            pending, now = now, None
-        t0 = clock()
-        if pending is not None:
-            s.update_from_output(*pending)
-        elapsed += clock() - t0
-        pending = now
-        steps += 1
-        if out is not None:
-            digest.update(repr(sorted(out.num_scheduled_tokens.items())).encode())
-            digest.update(repr([(r.req_id, r.block_ids)
-                                for r in out.scheduled_new_reqs]).encode())
-            digest.update(repr(out.scheduled_cached_reqs.new_block_ids).encode())
-    return elapsed, steps, digest.hexdigest()[:16]
+    run = Run(s, async_, clock)
+    while not run.done:
+        run.step()
+    return run.elapsed, run.steps, run.digest.hexdigest()[:16]
+
+
+def lockstep(runs: list[Run]) -> None:
+    """Drive ``runs`` one step each in turn until all are done, the first to step
+    alternating from step to step, so that every side's steps see the machine as it is
+    at that moment (a shared machine's load moves within a round)."""
+    i = 0
+    while not all(r.done for r in runs):
+        for r in (runs if i % 2 == 0 else runs[::-1]):
+            if not r.done:
+                r.step()
+        i += 1
 
 
 def classes(async_: bool) -> dict[str, Any]:
@@ -133,13 +173,28 @@ def cell(model: str, running: int, window: int | None, async_: bool,
     steps = 0
     for rnd in range(args.rounds):
         got: dict[str, float] = {}
-        for side in (list(sides) if rnd % 2 == 0 else list(reversed(sides))):
-            s = build(model, sides[side], running, window, async_, args)
+        order = list(sides) if rnd % 2 == 0 else list(reversed(sides))
+        if args.mode == "lockstep":
+            built = {side: build(model, sides[side], running, window, async_, args)
+                     for side in order}
             gc.collect()
             gc.freeze()  # as vLLM's engine core does once it has started
-            elapsed, steps, digest = one_round(s, async_, CLOCKS[args.clock])
+            runs = {side: Run(built[side], async_, CLOCKS[args.clock]) for side in order}
+            lockstep([runs[side] for side in order])
             gc.unfreeze()
-            del s
+            del built
+            results = {side: (r.elapsed, r.steps, r.digest.hexdigest()[:16])
+                       for side, r in runs.items()}
+        else:
+            results = {}
+            for side in order:
+                s = build(model, sides[side], running, window, async_, args)
+                gc.collect()
+                gc.freeze()
+                results[side] = one_round(s, async_, CLOCKS[args.clock])
+                gc.unfreeze()
+                del s
+        for side, (elapsed, steps, digest) in results.items():
             got[side] = elapsed / steps * 1e6
             times[side].append(got[side])
             digests[side].add(digest)
@@ -153,10 +208,12 @@ KV_FILES = ("vllm/v1/core/kv_cache_manager.py", "vllm/v1/core/block_pool.py",
             "vllm/v1/core/kv_cache_coordinator.py")
 
 
-def in_kv(path: str) -> bool:
+def in_kv(func: tuple[str, int, str]) -> bool:
     """Whether a profiled function is KV-cache manager code: vLLM's manager, coordinator,
-    per-type managers and block pool (stock), or any of pagedkv's modules."""
-    return path.endswith(KV_FILES) or "/pagedkv/" in path
+    per-type managers and block pool (stock), or any of pagedkv's modules, its compiled
+    core's methods included."""
+    path, _line, name = func
+    return path.endswith(KV_FILES) or "/pagedkv/" in path or "pagedkv.core._ccore" in name
 
 
 def kv_share(raw: dict[Any, Any]) -> float:
@@ -164,33 +221,35 @@ def kv_share(raw: dict[Any, Any]) -> float:
     of every call into it from code outside it."""
     inside = 0.0
     for func, (_cc, _nc, _tt, _ct, callers) in raw.items():
-        if in_kv(func[0]):
-            inside += sum(c[3] for caller, c in callers.items() if not in_kv(caller[0]))
+        if in_kv(func):
+            inside += sum(c[3] for caller, c in callers.items() if not in_kv(caller))
     return inside
 
 
 def profile(model: str, running: int, window: int | None, async_: bool,
             args: argparse.Namespace) -> None:
-    """One round per side under cProfile: the share of the step inside the KV-cache
-    manager (callees included) per side, and pagedkv's top entries by own time."""
+    """One round, both sides in lockstep, each side's steps (``schedule()`` +
+    ``update_from_output()``) under its own cProfile: the share of the step inside the
+    KV-cache manager (callees included) per side, and pagedkv's top entries by own time."""
     layout = f"full + window {window}" if window else "full attention"
     print(f"\nprofile: {running} running, {'async' if async_ else 'sync'}, {layout} "
-          "(cProfile, one round per side; times inflated by the profiler)")
+          "(cProfile, one round, sides in lockstep; times inflated by the profiler)")
+    sides = classes(async_)
+    built = {side: build(model, cls, running, window, async_, args)
+             for side, cls in sides.items()}
+    profs = {side: cProfile.Profile() for side in sides}
+    runs = [Run(built[side], async_, profiler=profs[side]) for side in sides]
+    lockstep(runs)
     totals: dict[str, tuple[float, float]] = {}
-    for side, cls in classes(async_).items():
-        s = build(model, cls, running, window, async_, args)
-        prof = cProfile.Profile()
-        prof.enable()
-        one_round(s, async_)
-        prof.disable()
-        stats = pstats.Stats(prof)
+    for side in sides:
+        stats = pstats.Stats(profs[side])
         raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
         total = stats.total_tt  # type: ignore[attr-defined]
         kv = kv_share(raw)
         totals[side] = (total, kv)
         print(f"  {side}: {total:.2f} s profiled, KV-cache manager {kv:.2f} s "
-              f"({100 * kv / total:.0f} %), the rest (vLLM's scheduler and requests, the "
-              f"model-output stand-in) {total - kv:.2f} s")
+              f"({100 * kv / total:.0f} %), the rest (vLLM's scheduler and requests) "
+              f"{total - kv:.2f} s")
         if side != "pagedkv":
             continue
         ceiling = totals["stock"][0] / (total - kv)
@@ -227,6 +286,10 @@ def main() -> int:
     p.add_argument("--clock", choices=list(CLOCKS), default="cpu",
                    help="cpu: this process's CPU time (time other processes take from a "
                         "shared machine's cores left out); wall: elapsed time")
+    p.add_argument("--mode", choices=["lockstep", "rounds"], default="lockstep",
+                   help="lockstep: both sides built, then driven one step each in turn "
+                        "(the first alternating); rounds: one side's whole round, then the "
+                        "other's")
     p.add_argument("--profile", action="store_true", help="profile the first cell's pagedkv")
     p.add_argument("--profile-top", type=int, default=15)
     args = p.parse_args()
@@ -235,7 +298,7 @@ def main() -> int:
     print(f"workload: per cell N requests running at once, {args.num_prefixes} shared "
           f"prefixes of {args.shared_tokens} tokens, tails of {args.tail_tokens[0]}-"
           f"{args.tail_tokens[1] - 1} tokens, {args.decode_tokens} decode tokens each; "
-          f"{args.rounds} alternating rounds; hybrid: window {args.window}; block "
+          f"{args.rounds} rounds ({args.mode}); hybrid: window {args.window}; block "
           f"{BLOCK_SIZE}; clock: {args.clock}")
     print("| running | scheduling | layout | steps | stock us/step | pagedkv us/step | "
           "stock/pagedkv | schedules |")

@@ -180,6 +180,7 @@ static PyObject *sha256_mode(PyObject *self, PyObject *args) {
 #include "ccore_pool.h"
 #include "ccore_fast.h"
 #include "ccore_index.h"
+#include "ccore_vllm.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -201,7 +202,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0
-        || ccore_index_add(m) < 0) {
+        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
