@@ -160,19 +160,25 @@ static int ga_release_window(GroupsAllocate *self, GaGroup *g, PyObject *rid,
         first--;
     }
     if (first == end) return 0; /* nothing newly skipped (the nulls form a prefix) */
-    PyObject *freed = PyList_New(end - first);
-    if (freed == NULL) return -1;
+    PyObject *freed = PyList_New(end - first), *zero = PyLong_FromLong(0);
+    if (freed == NULL || zero == NULL) {
+        Py_XDECREF(freed);
+        Py_XDECREF(zero);
+        return -1;
+    }
     Py_INCREF(blocks);
     for (Py_ssize_t i = end - 1, k = 0; i >= first; i--, k++) {
         PyObject *b = PyList_GET_ITEM(blocks, i);
         Py_INCREF(b);
         PyList_SET_ITEM(freed, k, b);
-        if (PyList_SetItem(blocks, i, PyLong_FromLong(0)) < 0) {
+        if (PyList_SetItem(blocks, i, Py_NewRef(zero)) < 0) { /* steals, even on failure */
             Py_DECREF(blocks);
             Py_DECREF(freed);
+            Py_DECREF(zero);
             return -1;
         }
     }
+    Py_DECREF(zero);
     Py_DECREF(blocks);
     PyObject *r = PyObject_CallMethodOneArg(self->pool, str_free_blocks, freed);
     Py_DECREF(freed);
