@@ -7,8 +7,8 @@ calling Python; only admissions (a hit to adopt, a first allocation) reach the P
 method. On a hybrid (full attention + sliding window) the same call is taken by the
 compiled ``GroupsAllocate`` (window release, capacity check, growth and registration for
 every group), and the lookups, frees, block takes and registrations reach the compiled
-loops as far as the core has them: counted here per path, with the Python fallbacks. That the schedules stay exactly stock's is
-``test_scheduler_cls``'s check (both cores)."""
+loops as far as the core has them: counted here per path, with the Python fallbacks.
+That the schedules stay exactly stock's is ``test_scheduler_cls``'s check (both cores)."""
 
 from __future__ import annotations
 
