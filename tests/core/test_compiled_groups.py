@@ -202,7 +202,7 @@ class GroupsVsPure(RuleBasedStateMachine):
             mgr.check_invariants()
 
 
-MACHINE_SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
+MACHINE_SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None,
                             suppress_health_check=[HealthCheck.too_slow])
 
 

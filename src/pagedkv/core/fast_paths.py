@@ -22,6 +22,14 @@ errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
 scheduler calls it for every running request every step): the checks and the "did a
 block become full" test in C.
 
+Every other coordinator that runs :class:`~pagedkv.core.coordinator_base.Coordinator`'s
+own allocation and registration (several groups, sliding window, chunked local, Mamba,
+mixed block sizes) gets ``GroupsAllocate`` (``pagedkv/_csrc/ccore_groups.h``) instead: the
+same contract for a running request's step with any of the façade's keywords a running
+request's step carries, with the windows' release, every group's capacity check and
+growth, zeroing and registration in C (docs/architecture.md "Compiled kernels"). Which
+of the three ``allocate_slots`` a manager has is decided here, once, at construction.
+
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
 >>> mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
