@@ -41,8 +41,8 @@ _CCORE = Extension(
     "pagedkv.core._ccore",
     sources=[os.path.join(_CSRC, name) for name in ("ccore.c", "sha256.c")],
     depends=[os.path.join(_CSRC, name)
-             for name in ("sha256.h", "ccore_pool.h", "ccore_fast.h", "ccore_index.h",
-                          "ccore_vllm.h")],
+             for name in ("sha256.h", "ccore_pool.h", "ccore_fast.h", "ccore_groups.h",
+                          "ccore_index.h", "ccore_vllm.h")],
     extra_compile_args=_ARGS,
 )
 

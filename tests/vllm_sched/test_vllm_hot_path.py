@@ -4,11 +4,11 @@ A running request's decode allocation reaches the façade as ``allocate_slots(vi
 num_in_flight_tokens=k, lenient_counts=True)`` (vLLM's own counting, one step in flight
 under async scheduling), which the compiled core's ``DecodeAllocate`` takes without
 calling Python; only admissions (a hit to adopt, a first allocation) reach the Python
-method. On a hybrid (full attention + sliding window) allocation stays in Python (the
-compiled decode path covers one group), and the lookups, frees, block takes and
-registrations reach the compiled loops as far as the core has them: counted here per
-path, with the Python fallbacks. That the schedules stay exactly stock's is
-``test_scheduler_cls``'s check (both cores)."""
+method. On a hybrid (full attention + sliding window) the same call is taken by the
+compiled ``GroupsAllocate`` (window release, capacity check, growth and registration for
+every group), and the lookups, frees, block takes and registrations reach the compiled
+loops as far as the core has them: counted here per path, with the Python fallbacks.
+That the schedules stay exactly stock's is ``test_scheduler_cls``'s check (both cores)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,12 @@ def test_decode_calls_carry_only_the_engine_counting(tmp_path: Path, window: int
 
 @compiled_only
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
-def test_compiled_decode_path_takes_every_decode_call(tmp_path: Path, overlap: bool) -> None:
-    s = _scheduler(tmp_path, overlap)  # one full-attention group: what the fast path covers
+@pytest.mark.parametrize(("window", "kernel"), [(None, "DecodeAllocate"),
+                                                (32, "GroupsAllocate")],
+                         ids=["full", "full+swa"])
+def test_compiled_decode_path_takes_every_decode_call(tmp_path: Path, overlap: bool,
+                                                      window: int | None, kernel: str) -> None:
+    s = _scheduler(tmp_path, overlap, window)
     mgr = s.kv_cache_manager.pagedkv
     fallbacks = [0]
 
@@ -78,8 +82,8 @@ def test_compiled_decode_path_takes_every_decode_call(tmp_path: Path, overlap: b
         return KVCacheManager.allocate_slots(self, *args, **kwargs)
 
     # The same compiled object the manager installs, with a counting Python method.
-    fast = fast_paths.install(mgr, python_method)
-    assert fast is not None and type(fast).__name__ == "DecodeAllocate"
+    fast = fast_paths.install(mgr, python_method, KVCacheManager.cache_blocks)
+    assert fast is not None and type(fast).__name__ == kernel
     mgr.allocate_slots = fast
     seen = _count_adapter_calls(s)
     run(s, make_requests(NUM_REQUESTS, max_tokens=MAX_TOKENS), overlap=overlap)
@@ -116,7 +120,7 @@ def _count_compiled_loops(pool: Any) -> dict[str, int]:
 def test_hybrid_pool_loops_reach_the_compiled_core(tmp_path: Path, overlap: bool) -> None:
     s = _scheduler(tmp_path, overlap, window=32)
     mgr = s.kv_cache_manager.pagedkv
-    assert type(mgr.allocate_slots).__name__ == "method"  # two groups: Python allocation
+    assert type(mgr.allocate_slots).__name__ == "GroupsAllocate"  # two groups, in C
     counts = _count_compiled_loops(mgr.pool)
     run(s, make_requests(NUM_REQUESTS, max_tokens=MAX_TOKENS), overlap=overlap)
     # Frees, takes and registrations: every call in C (block 16, window 32: every

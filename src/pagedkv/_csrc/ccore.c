@@ -179,6 +179,7 @@ static PyObject *sha256_mode(PyObject *self, PyObject *args) {
 
 #include "ccore_pool.h"
 #include "ccore_fast.h"
+#include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
 
@@ -201,7 +202,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     if (str_seed == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0
+    if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0) {
         Py_DECREF(m);
         return NULL;

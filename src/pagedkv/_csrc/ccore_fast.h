@@ -91,29 +91,34 @@ static Py_ssize_t da_count(PyObject *obj, PyObject *name) {
     return n < 0 ? -1 : n;
 }
 
-/* The request's token count, or -1 (fall back). */
-static Py_ssize_t da_num_tokens(DecodeAllocate *self, PyObject *request) {
-    if (Py_TYPE(request) != (PyTypeObject *)self->request_type) {
+/* The length of obj.name when it is an exact list, else -1 (a missing attribute's error
+ * cleared: the caller falls back). */
+static Py_ssize_t attr_list_len(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t n = PyList_CheckExact(v) ? PyList_GET_SIZE(v) : -1;
+    Py_DECREF(v);
+    return n;
+}
+
+/* The request's token count, or -1 (fall back). A request of request_type (pagedkv's
+ * Request) counts its all_token_ids, and only while they are the ones the facade left
+ * (_owned_tokens: tokens appended behind its back have no hashes, and the Python method
+ * refuses them before allocating); any other request its num_tokens. */
+static Py_ssize_t request_num_tokens(PyObject *request_type, PyObject *request) {
+    if (Py_TYPE(request) != (PyTypeObject *)request_type) {
         return da_count(request, str_num_tokens);
     }
-    PyObject *tokens = PyObject_GetAttr(request, str_all_token_ids);
-    if (tokens == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    Py_ssize_t n = PyList_CheckExact(tokens) ? PyList_GET_SIZE(tokens) : -1;
-    Py_DECREF(tokens);
-    /* all_token_ids changed behind the facade (tokens without hashes): the Python method
-     * refuses it before allocating. One compare with the length the facade left. */
-    PyObject *owned = PyObject_GetAttr(request, str_owned_tokens);
-    if (owned == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    if (!PyLong_CheckExact(owned) || PyLong_AsSsize_t(owned) != n) n = -1;
-    Py_DECREF(owned);
-    if (n == -1 && PyErr_Occurred()) PyErr_Clear();
-    return n;
+    Py_ssize_t n = attr_list_len(request, str_all_token_ids);
+    if (n < 0) return -1;
+    return da_count(request, str_owned_tokens) == n ? n : -1;
+}
+
+static Py_ssize_t da_num_tokens(DecodeAllocate *self, PyObject *request) {
+    return request_num_tokens(self->request_type, request);
 }
 
 /* dict[key] as a borrowed reference, NULL when absent (no error set) or on an error
@@ -153,13 +158,14 @@ static void da_manager_gone(void) {
     Py_DECREF(cls);
 }
 
-/* The manager (a new reference), or NULL with an exception when it is gone. */
-static PyObject *da_manager(DecodeAllocate *self) {
+/* The manager behind the weak reference (a new reference), or NULL with an exception
+ * when it is gone. */
+static PyObject *da_manager_of(PyObject *manager_ref) {
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *mgr = NULL;
-    if (PyWeakref_GetRef(self->manager_ref, &mgr) < 0) return NULL;
+    if (PyWeakref_GetRef(manager_ref, &mgr) < 0) return NULL;
 #else
-    PyObject *mgr = PyWeakref_GetObject(self->manager_ref);
+    PyObject *mgr = PyWeakref_GetObject(manager_ref);
     if (mgr == NULL) return NULL;
     if (mgr == Py_None) mgr = NULL;
     Py_XINCREF(mgr);
@@ -170,10 +176,15 @@ static PyObject *da_manager(DecodeAllocate *self) {
     return mgr;
 }
 
-/* The Python method `function` on the manager with the same arguments. */
-static PyObject *da_call_python(DecodeAllocate *self, PyObject *function,
-                                PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    PyObject *mgr = da_manager(self);
+static PyObject *da_manager(DecodeAllocate *self) {
+    return da_manager_of(self->manager_ref);
+}
+
+/* The Python method `function` on the manager (held by manager_ref) with the same
+ * arguments. */
+static PyObject *call_python(PyObject *manager_ref, PyObject *function,
+                             PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *mgr = da_manager_of(manager_ref);
     if (mgr == NULL) return NULL;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
@@ -195,7 +206,7 @@ static PyObject *da_call_python(DecodeAllocate *self, PyObject *function,
 /* allocate_slots in Python with the same arguments. */
 static PyObject *da_fallback(DecodeAllocate *self, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames) {
-    return da_call_python(self, self->function, args, nargsf, kwnames);
+    return call_python(self->manager_ref, self->function, args, nargsf, kwnames);
 }
 
 /* The engine-counting keywords of a call: 1 with *lenient set when every keyword is
@@ -230,19 +241,13 @@ static int da_keywords(PyObject *const *values, PyObject *kwnames, Py_ssize_t co
 }
 
 /* Under lenient_counts, how far blocks are registered: the end of the new tokens, capped
- * at the request's tokens and at its block hashes; -1 (fall back) when block_hashes is
- * not a list. */
-static Py_ssize_t da_lenient_cache_end(DecodeAllocate *self, PyObject *request,
-                                       Py_ssize_t end, Py_ssize_t num_tokens) {
-    PyObject *hashes = PyObject_GetAttr(request, str_block_hashes);
-    if (hashes == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    Py_ssize_t hashed = PyList_CheckExact(hashes) ? PyList_GET_SIZE(hashes) : -1;
-    Py_DECREF(hashes);
-    if (hashed < 0 || hashed > PY_SSIZE_T_MAX / self->hash_block_size) return -1;
-    hashed *= self->hash_block_size;
+ * at the request's tokens and at its block hashes (each covering hash_block_size tokens);
+ * -1 (fall back) when block_hashes is not a list. */
+static Py_ssize_t lenient_cache_end(PyObject *request, Py_ssize_t hash_block_size,
+                                    Py_ssize_t end, Py_ssize_t num_tokens) {
+    Py_ssize_t hashed = attr_list_len(request, str_block_hashes);
+    if (hashed < 0 || hashed > PY_SSIZE_T_MAX / hash_block_size) return -1;
+    hashed *= hash_block_size;
     if (end > num_tokens) end = num_tokens;
     return end < hashed ? end : hashed;
 }
@@ -281,7 +286,7 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     Py_ssize_t slots_end = end < self->max_model_len ? end : self->max_model_len;
     Py_ssize_t cache_end = end;
     if (lenient) {
-        cache_end = da_lenient_cache_end(self, request, end, num_tokens);
+        cache_end = lenient_cache_end(request, self->hash_block_size, end, num_tokens);
         if (cache_end < 0) goto fallback;
     }
     table = da_get(self->tables, rid);
@@ -379,7 +384,7 @@ static PyObject *da_cache_blocks(DecodeAllocate *self, PyObject *const *args, si
         return NULL;
     }
     if (kwnames != NULL || PyVectorcall_NARGS(nargsf) != 2 || !PyLong_CheckExact(args[1])) {
-        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+        return call_python(self->manager_ref, self->cache_function, args, nargsf, kwnames);
     }
     PyObject *mgr = da_manager(self);
     if (mgr == NULL) return NULL;
@@ -388,12 +393,12 @@ static PyObject *da_cache_blocks(DecodeAllocate *self, PyObject *const *args, si
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n < 0) {
         if (n == -1) PyErr_Clear();
-        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+        return call_python(self->manager_ref, self->cache_function, args, nargsf, kwnames);
     }
     PyObject *rid = PyObject_GetAttr(request, str_request_id);
     if (rid == NULL) {
         PyErr_Clear();
-        return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+        return call_python(self->manager_ref, self->cache_function, args, nargsf, kwnames);
     }
     PyObject *table = NULL, *cached = NULL;
     Py_ssize_t num_tokens = -1;
@@ -424,7 +429,7 @@ static PyObject *da_cache_blocks(DecodeAllocate *self, PyObject *const *args, si
     Py_RETURN_NONE;
 fallback:
     Py_DECREF(rid);
-    return da_call_python(self, self->cache_function, args, nargsf, kwnames);
+    return call_python(self->manager_ref, self->cache_function, args, nargsf, kwnames);
 }
 
 static PyMethodDef da_methods[] = {

@@ -22,6 +22,14 @@ errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
 scheduler calls it for every running request every step): the checks and the "did a
 block become full" test in C.
 
+Every other coordinator that runs :class:`~pagedkv.core.coordinator_base.Coordinator`'s
+own allocation and registration (several groups, sliding window, chunked local, Mamba,
+mixed block sizes) gets ``GroupsAllocate`` (``pagedkv/_csrc/ccore_groups.h``) instead: the
+same contract for a running request's step with any of the façade's keywords a running
+request's step carries, with the windows' release, every group's capacity check and
+growth, zeroing and registration in C (docs/architecture.md "Compiled kernels"). Which
+of the three ``allocate_slots`` a manager has is decided here, once, at construction.
+
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
 >>> mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
@@ -43,8 +51,18 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedkv.core import native
+from pagedkv.core.coordinator_base import Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.managers.chunked_local import ChunkedLocalManager
+from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.core.request import Request
+
+#: ``GroupsAllocate``'s kinds (``pagedkv/_csrc/ccore_groups.h``): how a group grows (its
+#: table by ``ceil(tokens / block_size)`` in C, or through its manager's methods) and how
+#: it drops blocks (none, a sliding window or a chunk in C, or its manager's method).
+GROW_PLAIN, GROW_METHOD = 0, 1
+DROP_NONE, DROP_WINDOW, DROP_CHUNK, DROP_METHOD = 0, 1, 2, 3
 
 __all__ = ["install"]
 
@@ -62,17 +80,62 @@ def install(mgr: Any, function: Callable[..., Any],
     the manager's attributes make no reference cycle."""
     ccore = native.active()
     coordinator = mgr.coordinator
-    if ccore is None or type(coordinator) is not UnitaryCoordinator:
+    if ccore is None:
         return None
+    if type(coordinator) is not UnitaryCoordinator:
+        return _install_groups(ccore, mgr, function, cache_function)
     m = coordinator.managers[0]
     if (m.drops_blocks or not m.grows_plainly or not m.cacheable
             or not m.registers_whole_blocks_only() or m.caps_registration_itself
             or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
-        return None
+        return _install_groups(ccore, mgr, function, cache_function)
     fast: Callable[..., Any] = ccore.DecodeAllocate(
         function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
         hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function)
+    return fast
+
+
+def _group_kinds(m: SingleTypeManager) -> tuple[int, int, int, int, int, Any, Any]:
+    """``GroupsAllocate``'s entry for group ``m``: grow kind, drop kind, whether it ignores
+    lookahead, block size, window or chunk tokens, the manager, its tables."""
+    drop, tokens = DROP_NONE, 0
+    if m.drops_blocks:
+        rule = type(m).remove_skipped_blocks
+        if rule is SlidingWindowManager.remove_skipped_blocks:
+            drop, tokens = DROP_WINDOW, m.sliding_window  # type: ignore[attr-defined]
+        elif rule is ChunkedLocalManager.remove_skipped_blocks:
+            drop, tokens = DROP_CHUNK, m.attention_chunk_size  # type: ignore[attr-defined]
+        else:
+            drop = DROP_METHOD
+    grow = GROW_PLAIN if m.grows_plainly else GROW_METHOD
+    return (grow, drop, int(m.ignores_lookahead), m.block_size, tokens, m, m.req_to_blocks)
+
+
+def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
+                    cache_function: Callable[..., Any] | None) -> Any:
+    """The compiled ``allocate_slots`` for a coordinator that runs
+    :meth:`Coordinator.allocate` / ``_grow`` / :meth:`Coordinator.cache_blocks` as written
+    (several groups, windows, Mamba, mixed block sizes), or ``None``: a coordinator with
+    its own allocation (sub-block hits, no prefix caching), re-prefillable tokens or hash
+    lookahead (registration capped elsewhere), or no ``cache_function``."""
+    coordinator = mgr.coordinator
+    kind = type(coordinator)
+    own_allocate = kind.allocate is not Coordinator.allocate and not (
+        kind is UnitaryCoordinator and coordinator.managers[0].grows_plainly)
+    if (own_allocate or cache_function is None or kind._grow is not Coordinator._grow
+            or kind.cache_blocks is not Coordinator.cache_blocks
+            or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
+        return None
+    plan = tuple((bs, m, m.req_to_blocks, cached)
+                 for m, bs, cached, _caps in coordinator._cache_plan)
+    fast: Callable[..., Any] = ccore.GroupsAllocate(
+        function=function, cache_function=cache_function, manager=mgr,
+        live_requests=mgr.live_requests, pool=coordinator.pool, zeroing=coordinator.zeroing,
+        new_block_ids=coordinator.new_block_ids, request_type=Request,
+        groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
+        max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
+        cache_alignment=coordinator.cache_alignment_tokens)
     return fast
