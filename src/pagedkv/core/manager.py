@@ -59,18 +59,21 @@ class KVCacheManager:
 
     Not thread-safe: one scheduler thread calls it. Every per-request operation costs
     O(blocks it touches), independent of the pool size; every method leaves state
-    unchanged when it raises. Features attach as
-    components (``CacheConfig.retention``, ``observe``, ``host_tier``, ``kv_events``,
-    ``components``; :mod:`pagedkv.core.components`) and are reachable as
-    ``mgr.retention``, ``mgr.observe``, ``mgr.host`` (``None`` when absent) or, typed,
-    ``mgr.component(Kind)``.
+    unchanged when it raises. The façade names no feature: features attach as
+    components (``CacheConfig.components`` and the config's shortcut fields;
+    :mod:`pagedkv.core.components`) and are reached, typed, by
+    ``mgr.component(Kind)`` (or :meth:`find_component`). Each component is also an
+    attribute named by its ``name``; the shortcut fields' (``mgr.retention``,
+    ``mgr.observe``, ``mgr.host``, ``None`` when absent; see
+    :meth:`CacheConfig.shortcut_attributes`) are kept for callers, untyped.
     """
 
-    #: The retention component (pins, per-request retention), or None.
+    # Shortcuts kept for callers (many use them): the components of the config's shortcut
+    # fields, as attributes (None when absent). Declared for the type checker only; the
+    # façade sets them from CacheConfig.shortcut_attributes(), naming no feature itself.
+    # Typed code uses mgr.component(Kind).
     retention: Any
-    #: The miss-attribution component, or None.
     observe: Any
-    #: The host-tier component, or None.
     host: Any
 
     def __init__(self, config: CacheConfig) -> None:
@@ -105,10 +108,12 @@ class KVCacheManager:
         self.hit_rate_window = HitRateWindow(config.hit_rate_window_requests)
         #: The attached components, in attach order.
         self.components: tuple[ManagerComponent, ...] = parts.components
-        self.retention = self.observe = self.host = None
+        # Each component is reachable as the attribute its name gives (the config's
+        # shortcut attributes are None when their component is absent).
+        for name in config.shortcut_attributes():
+            setattr(self, name, None)
         for c in self.components:
-            if c.name in ("retention", "observe", "host"):
-                setattr(self, c.name, c)
+            setattr(self, c.name, c)
         hooks = self._hooks = Hooks(self.components)
         # Hooked entry points only where a component hooks them: without components
         # the class's own methods run, with no test at all.
@@ -148,19 +153,26 @@ class KVCacheManager:
                 self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
 
     def component(self, kind: type[_C]) -> _C:
-        """The attached component of class ``kind`` (typed access to ``mgr.retention``
-        and its siblings).
+        """The attached component of class ``kind``: the typed way to a feature, e.g.
+        ``mgr.component(RetentionControl).pin_prefix(...)``.
 
         Raises:
-            ConfigError: no component of that class is attached; the config field that
-                attaches it is named in the message.
+            ConfigError: no component of that class is attached; the message says how to
+                attach one.
         """
+        found = self.find_component(kind)
+        if found is None:
+            raise ConfigError(
+                f"this manager has no {kind.__name__} component; attach it through "
+                "CacheConfig (its components= field, or the feature's own field)")
+        return found
+
+    def find_component(self, kind: type[_C]) -> _C | None:
+        """The attached component of class ``kind``, or ``None``. O(components)."""
         for c in self.components:
             if isinstance(c, kind):
                 return c
-        raise ConfigError(
-            f"this manager has no {kind.__name__} component; attach it through its "
-            "CacheConfig field (retention=, observe=, host_tier= or components=)")
+        return None
 
     @classmethod
     def from_spec(cls, spec: KVCacheSpec, **fields: Any) -> KVCacheManager:
