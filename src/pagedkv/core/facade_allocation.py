@@ -10,7 +10,7 @@ takes a running request's plain calls and hands every other call to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast
 
 from pagedkv.core import validation
 from pagedkv.core.components import AllocateCall
@@ -123,11 +123,10 @@ def allocate_slots(self: Facade,
              num_in_flight_tokens, lenient_counts))
     except (AttributeError, TypeError):
         check_allocate(self, request, num_new_tokens, new_computed_blocks,
-                                  (num_new_computed_tokens, num_lookahead_tokens,
-                                   num_external_computed_tokens, num_encoder_tokens),
-                                  (reserved_blocks, has_scheduled_reqs,
-                                   full_sequence_must_fit, num_in_flight_tokens,
-                                   lenient_counts))
+                       (num_new_computed_tokens, num_lookahead_tokens,
+                        num_external_computed_tokens, num_encoder_tokens),
+                       (reserved_blocks, has_scheduled_reqs, full_sequence_must_fit,
+                        num_in_flight_tokens, lenient_counts))
         raise
     hit, local_computed = None, num_computed
     if new_computed_blocks is not None:
@@ -138,9 +137,8 @@ def allocate_slots(self: Facade,
     total_computed = local_computed + num_external_computed_tokens
     num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
     watermark = self.watermark_blocks if first and has_scheduled_reqs else 0
-    if full_sequence_must_fit and coordinator.num_blocks_for_full_sequence(
-        rid, hit, total_computed, min(num_request_tokens, max_len), num_encoder_tokens
-    ) + watermark > self.pool.free_queue.num_free:
+    if full_sequence_must_fit and not whole_request_fits(
+            self, rid, hit, total_computed, num_request_tokens, num_encoder_tokens, watermark):
         return None
     headroom = reserved_blocks + watermark  # watermark: only when admitting
     # Positional on this per-step path (keywords cost ~3 % of an allocation); the
@@ -157,10 +155,26 @@ def allocate_slots(self: Facade,
         if not delay_caching:
             end = total_computed + num_new_tokens
             if lenient_counts:  # only appended tokens, only as far as hashed
-                end = min(end, num_request_tokens,
-                          len(request.block_hashes) * self.pool.hash_block_size)
+                end = hashed_end(self, request, end)
             coordinator.cache_blocks(request, end)
     return new_blocks
+
+
+def whole_request_fits(self: Facade, rid: str, hit: tuple[list[int], ...] | None,
+                       total_computed: int, num_request_tokens: int, num_encoder_tokens: int,
+                       watermark: int) -> bool:
+    """``full_sequence_must_fit``'s gate: the pool could hold the whole request (its
+    ``num_tokens`` up to ``max_model_len``, hit blocks counted) plus ``watermark``."""
+    need = self.coordinator.num_blocks_for_full_sequence(
+        rid, hit, total_computed, min(num_request_tokens, self.max_model_len),
+        num_encoder_tokens)
+    return need + watermark <= self.pool.free_queue.num_free
+
+
+def hashed_end(self: Facade, request: RequestLike, end: int) -> int:
+    """Under ``lenient_counts``, where registration stops: at ``end``, the request's own
+    tokens and its hashed blocks, whichever comes first."""
+    return min(end, request.num_tokens, len(request.block_hashes) * self.pool.hash_block_size)
 
 
 def adopted(self: Facade, hit: object, num_tokens: int | None
@@ -301,9 +315,47 @@ def check_allocate(
         raise
     if type(rid) is not str or not rid:
         check_request_id(rid)
+    c = _checked_counts(rid, num_new_tokens, hit, counts)
+    reserved, has_scheduled = headroom[0], headroom[1]
+    must_fit = headroom[2] if len(headroom) > 2 else False
+    if (type(must_fit) is not bool or type(reserved) is not int or reserved < 0
+            or type(has_scheduled) is not bool):
+        _refuse_headroom(reserved, has_scheduled, must_fit)
+    live = mgr.live_requests.get(rid)
+    has_hit = hit is not None and bool(c.num_hit or any(cast(ComputedBlocks, hit).block_ids))
+    if live is not None and (live is not request or has_hit):
+        _refuse_live(rid, live is request)
+    if type(computed) is not int or computed < 0:
+        check_count(f"request {rid!r}: num_computed_tokens", computed)
+    if num_tokens > mgr.max_model_len:
+        raise InvalidArgumentError(
+            f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
+            f"{mgr.max_model_len}; finish it at max_model_len"
+        )
+    _check_hashed(req, rid, num_tokens)
+    if _engine_counts(headroom, computed, rid):  # lenient_counts
+        return _check_lenient(mgr, req, rid, hit, (c.num_hit, c.new_computed, c.num_new),
+                              live)
+    _check_strict(mgr, req, hit if has_hit else None, live, c, computed)
+    return live is None
+
+
+class _Counts(NamedTuple):
+    """``allocate_slots``' counts as checked so far (:func:`_checked_counts`)."""
+
+    num_new: int
+    num_hit: int
+    new_computed: object
+    lookahead: object
+    external: object
+
+
+def _checked_counts(rid: str, num_new_tokens: object, hit: object,
+                    counts: tuple[object, object, object, object]) -> _Counts:
+    """The checks of ``num_new_tokens``, the hit's type and ``counts`` (as
+    :func:`check_allocate` takes them)."""
     if type(num_new_tokens) is not int or num_new_tokens < 0:
         check_count("num_new_tokens", num_new_tokens)
-    num_new = cast(int, num_new_tokens)
     new_computed, lookahead, external, encoder = counts
     if hit is not None and not isinstance(hit, ComputedBlocks):
         raise InvalidHitError(
@@ -318,25 +370,16 @@ def check_allocate(
         lookahead = check_count("num_lookahead_tokens", lookahead)
         external = check_count("num_external_computed_tokens", external)
         check_count("num_encoder_tokens", encoder)
-    reserved, has_scheduled = headroom[0], headroom[1]
-    must_fit = headroom[2] if len(headroom) > 2 else False
-    if (type(must_fit) is not bool or type(reserved) is not int or reserved < 0
-            or type(has_scheduled) is not bool):
-        _refuse_headroom(reserved, has_scheduled, must_fit)
-    live = mgr.live_requests.get(rid)
-    has_hit = hit is not None and bool(num_hit or any(hit.block_ids))
-    if live is not None and (live is not request or has_hit):
-        _refuse_live(rid, live is request)
-    if type(computed) is not int or computed < 0:
-        check_count(f"request {rid!r}: num_computed_tokens", computed)
-    if num_tokens > mgr.max_model_len:
-        raise InvalidArgumentError(
-            f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
-            f"{mgr.max_model_len}; finish it at max_model_len"
-        )
-    _check_hashed(req, rid, num_tokens)
-    if _engine_counts(headroom, computed, rid):  # lenient_counts
-        return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
+    return _Counts(cast(int, num_new_tokens), num_hit, new_computed, lookahead, external)
+
+
+def _check_strict(mgr: ManagerView, req: RequestLike, hit: object, live: object,
+                  c: _Counts, computed: int) -> None:
+    """The rest of :func:`check_allocate` without ``lenient_counts``; ``hit`` only when
+    it holds blocks or tokens."""
+    rid, num_tokens = req.request_id, req.num_tokens
+    num_hit, new_computed, num_new = c.num_hit, c.new_computed, c.num_new
+    external, lookahead = c.external, c.lookahead
     if live is None and computed:
         raise InvalidArgumentError(
             f"request {rid!r} holds no blocks (new, or freed) but num_computed_tokens="
@@ -353,16 +396,14 @@ def check_allocate(
             f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or a hit, external "
             "or lookahead tokens); there is nothing to allocate"
         )
-    if has_hit:
-        assert hit is not None
-        _check_hit(mgr, req, rid, hit)
+    if hit is not None:
+        _check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
     if computed + num_hit + cast(int, external) + num_new > num_tokens:
         raise InvalidArgumentError(
             f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
             f"{num_new} new tokens is more than its {num_tokens} tokens; append the tokens "
             "first (lookahead slots go in num_lookahead_tokens)"
         )
-    return live is None
 
 
 def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
