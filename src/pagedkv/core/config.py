@@ -106,8 +106,14 @@ class PlanLike(Protocol):
     def max_model_len(self) -> int: ...
 
 
-#: The component fields, each checked against its protocol (see :meth:`_check_components`).
-_COMPONENT_FIELDS = ("retention", "observe", "host_tier")
+#: The shortcut component fields, kept for callers (``components`` is the mechanism):
+#: field -> the façade attribute its component is reachable as, ``None`` when the field
+#: is. Each value is checked against :class:`ComponentSpec` and attached before
+#: ``components``, in this order (:meth:`CacheConfig.component_specs`). The only place the
+#: core spells a feature's name.
+SHORTCUTS: dict[str, str] = {"retention": "retention", "observe": "observe",
+                             "host_tier": "host"}
+_COMPONENT_FIELDS = tuple(SHORTCUTS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +138,11 @@ class CacheConfig:
     see :mod:`pagedkv.retention`. ``observe``: miss attribution and residency sampling
     (:class:`pagedkv.observe.ObserveConfig`). ``host_tier``: a host-memory tier
     (:class:`pagedkv.host.HostTierConfig`). ``components``: further component specs.
-    The four combine freely; each is a component spec (:mod:`pagedkv.core.components`),
-    reachable on the manager as ``mgr.retention``, ``mgr.observe``, ``mgr.host``.
+    The four combine freely; each is a component spec (:mod:`pagedkv.core.components`);
+    ``components`` is the mechanism and the other three are shortcut fields kept for
+    callers (:data:`SHORTCUTS`). A component is reached, typed, by
+    ``mgr.component(Kind)``; the shortcut fields' also as ``mgr.retention``,
+    ``mgr.observe``, ``mgr.host``.
     ``max_in_flight_tokens``: the most tokens scheduled but not yet settled (one batch per
     concurrent step; vLLM's ``max_in_flight_tokens``); sets the admission cap of sliding
     window and chunked local groups under ``allocate_slots(...,
@@ -258,6 +267,18 @@ class CacheConfig:
             raise InvalidArgumentError(
                 "CacheConfig.components must be a tuple of component specs (objects with "
                 f"attach(build)), got {self.components!r}")
+
+    def component_specs(self) -> list[ComponentSpec]:
+        """Every component spec in attach order: the shortcut fields' (``retention``,
+        ``observe``, ``host_tier``, those set), then ``components``."""
+        named = (getattr(self, name) for name in _COMPONENT_FIELDS)
+        return [s for s in named if s is not None] + list(self.components)
+
+    @staticmethod
+    def shortcut_attributes() -> tuple[str, ...]:
+        """The façade attributes the shortcut fields' components are reachable as
+        (``mgr.retention``, ``mgr.observe``, ``mgr.host``; ``None`` when absent)."""
+        return tuple(SHORTCUTS.values())
 
     @property
     def events_on(self) -> bool:

@@ -3,8 +3,8 @@
 Order (each step needs the ones before it, nothing writes into a part afterwards):
 
 1. the event recorder for the config (null, buffer, or lookahead buffer);
-2. every component spec's ``attach`` (retention first, then observability, then the host
-   tier, then ``config.components``): each may wrap the recorder, add pool listeners, or
+2. every component spec's ``attach``, in ``config.component_specs()`` order (the config's
+   shortcut fields, then ``config.components``): each may wrap the recorder, add pool listeners, or
    set the eviction policy (:mod:`pagedkv.core.components`);
 3. the pool with that recorder, policy and listeners;
 4. the hasher, one manager per group (:func:`~pagedkv.core.managers.manager_class_for`,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv.core.components import ComponentSpec, ManagerBuild, ManagerComponent
+from pagedkv.core.components import ManagerBuild, ManagerComponent
 from pagedkv.core.config import CacheConfig
 from pagedkv.core.coordinator import Coordinator, make_coordinator
 from pagedkv.core.hashing import BlockHasher
@@ -65,19 +65,13 @@ def _recorder(config: CacheConfig, groups: list[GroupInfo], hash_bs: int) -> Eve
     return EventBuffer(groups, hash_bs)
 
 
-def component_specs(config: CacheConfig) -> list[ComponentSpec]:
-    """The config's component specs in attach order (module docstring)."""
-    named = (config.retention, config.observe, config.host_tier)
-    return [s for s in named if s is not None] + list(config.components)
-
-
 def build_parts(config: CacheConfig) -> ManagerParts:
     """The parts of a façade for ``config`` (module docstring). O(num_blocks)."""
     specs = list(config.groups)
     hash_bs = config.hash_block_size or min(s.block_size for s in specs)
     groups = [GroupInfo(s.block_size, s.event_kind, s.event_sliding_window) for s in specs]
     build = ManagerBuild(config, groups, hash_bs, _recorder(config, groups, hash_bs))
-    components = tuple(spec.attach(build) for spec in component_specs(config))
+    components = tuple(spec.attach(build) for spec in config.component_specs())
     pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching,
                      hash_block_size=hash_bs, groups=groups, recorder=build.recorder,
                      policy=build.policy, listeners=build.listeners)

@@ -1,9 +1,8 @@
 """Checks at the façade boundary: a misused call raises before any state changes.
 
-Each entry point of :class:`~pagedkv.KVCacheManager` calls one function here. The common
-call on the hot path (``allocate_slots(live_request, n)`` for a request that already holds
-blocks) is checked by a few comparisons inline in the façade and reaches this module only
-when one of them fails; this module then names the problem and the fix.
+Each entry point of :class:`~pagedkv.KVCacheManager` calls one function here, except
+``allocate_slots``, whose rule lives with it in :mod:`pagedkv.core.facade_allocation`
+(the cheap pre-test of the common call and the full check, one module).
 
 Rules (every violation raises the exception named, state unchanged):
 
@@ -25,12 +24,12 @@ Rules (every violation raises the exception named, state unchanged):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
-from pagedkv.core.coordinator import ComputedBlocks, Coordinator
+from pagedkv.core.coordinator import Coordinator
 from pagedkv.core.hashing import BlockHasher, HashExtras
 from pagedkv.core.pool import BlockPool
-from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
+from pagedkv.errors import DuplicateRequestError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from pagedkv.core.request import RequestLike
@@ -75,7 +74,7 @@ def check_request_retention(request_id: str, retention: object) -> None:
         )
 
 __all__ = [
-    "check_allocate",
+    "ManagerView",
     "check_cache_blocks",
     "check_count",
     "check_estimate",
@@ -83,6 +82,7 @@ __all__ = [
     "check_lookup",
     "check_new_request",
     "check_request_id",
+    "request_of",
 ]
 
 
@@ -113,7 +113,7 @@ def check_count(name: str, value: object) -> int:
     return value
 
 
-def _request_of(obj: object) -> RequestLike:
+def request_of(obj: object) -> RequestLike:
     if isinstance(obj, (str, bytes, int)) or obj is None or not hasattr(obj, "request_id"):
         raise InvalidArgumentError(
             f"expected a request object (pagedkv.Request or a RequestLike), got {obj!r}; "
@@ -177,7 +177,7 @@ def check_lookup(mgr: ManagerView, request: object) -> None:
     Raises:
         InvalidArgumentError: not a request, or a prompt longer than ``max_model_len``.
     """
-    req = _request_of(request)
+    req = request_of(request)
     if req.num_tokens > mgr.max_model_len:
         raise InvalidArgumentError(
             f"request {req.request_id!r} has {req.num_tokens} tokens, more than "
@@ -191,205 +191,7 @@ def check_estimate(request: object) -> None:
     Raises:
         InvalidArgumentError: not a request, or its id is not a str.
     """
-    check_request_id(_request_of(request).request_id)
-
-
-def _refuse_headroom(reserved: object, has_scheduled: object, must_fit: object) -> None:
-    """Raise for the first of ``allocate_slots``' headroom arguments that is wrong."""
-    if type(must_fit) is not bool:
-        raise InvalidArgumentError(
-            f"full_sequence_must_fit must be a bool, got {must_fit!r}"
-        )
-    if type(reserved) is not int or reserved < 0:
-        check_count("reserved_blocks", reserved)
-    if type(has_scheduled) is not bool:
-        raise InvalidArgumentError(
-            f"has_scheduled_reqs must be a bool, got {has_scheduled!r}; pass whether other "
-            "requests are scheduled in this step"
-        )
-
-
-def _refuse_live(rid: str, same_object: bool) -> NoReturn:
-    """Raise for a live request id given again: by another object, or with hit blocks."""
-    if not same_object:
-        raise DuplicateRequestError(
-            f"request id {rid!r} belongs to another live request object; ids must be unique "
-            "among live requests (free the other one first)"
-        )
-    raise InvalidArgumentError(
-        f"request {rid!r} already holds blocks; prefix-cache hit blocks can only "
-        "be given to its first allocate_slots call"
-    )
-
-
-def _engine_counts(headroom: tuple[object, ...], computed: int, rid: str) -> bool:
-    """Checks ``num_in_flight_tokens`` (an int in ``[0, computed]``) and
-    ``lenient_counts`` (a bool) from ``headroom`` (defaults 0 and False); returns the
-    latter."""
-    in_flight = check_count("num_in_flight_tokens", headroom[3] if len(headroom) > 3 else 0)
-    if in_flight > computed:
-        raise InvalidArgumentError(
-            f"request {rid!r}: num_in_flight_tokens={in_flight} but only {computed} tokens "
-            "are computed; in-flight tokens are part of num_computed_tokens")
-    lenient = headroom[4] if len(headroom) > 4 else False
-    if type(lenient) is not bool:
-        raise InvalidArgumentError(f"lenient_counts must be a bool, got {lenient!r}")
-    return lenient
-
-
-def _check_lenient(mgr: ManagerView, req: RequestLike, rid: str, hit: object,
-                   counts: tuple[int, object, int], live: object) -> bool:
-    """The rest of :func:`check_allocate` under ``lenient_counts`` (an engine's own
-    counting, ``docs/vllm.md``): a shorter ``num_new_computed_tokens``
-    than the hit is allowed (the façade cuts the hit), counts past the request's tokens
-    and computed tokens without blocks are."""
-    num_hit, new_computed, _num_new = counts
-    n = check_count("num_new_computed_tokens", new_computed)
-    if n > num_hit:
-        raise InvalidArgumentError(
-            f"request {rid!r}: num_new_computed_tokens={n} but the hit holds only "
-            f"{num_hit} tokens")
-    if hit is not None and bool(num_hit or any(cast(ComputedBlocks, hit).block_ids)):
-        _check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
-    return live is None
-
-
-def check_allocate(
-    mgr: ManagerView,
-    request: object,
-    num_new_tokens: object,
-    hit: object,
-    counts: tuple[object, object, object, object],
-    headroom: tuple[object, ...] = (0, True, False),
-) -> bool:
-    """All checks of :meth:`KVCacheManager.allocate_slots`; ``counts`` are
-    ``num_new_computed_tokens`` (``None``: the hit's), ``num_lookahead_tokens``,
-    ``num_external_computed_tokens`` and ``num_encoder_tokens``; ``headroom`` is
-    ``(reserved_blocks, has_scheduled_reqs)``: an int >= 0 and a bool.
-
-    Returns:
-        Whether this is the request's first allocation (it holds no blocks yet).
-
-    Raises:
-        InvalidArgumentError, DuplicateRequestError, InvalidHitError: the rules of the
-            module docstring.
-    """
-    # Each test is a cheap guard; the diagnosing helpers run only when one fails.
-    req = cast("RequestLike", request)
-    try:
-        rid = req.request_id
-        computed = req.num_computed_tokens
-        num_tokens = req.num_tokens
-    except AttributeError:
-        _request_of(request)
-        raise
-    if type(rid) is not str or not rid:
-        check_request_id(rid)
-    if type(num_new_tokens) is not int or num_new_tokens < 0:
-        check_count("num_new_tokens", num_new_tokens)
-    num_new = cast(int, num_new_tokens)
-    new_computed, lookahead, external, encoder = counts
-    if hit is not None and not isinstance(hit, ComputedBlocks):
-        raise InvalidHitError(
-            f"request {rid!r}: new_computed_blocks must be the ComputedBlocks that "
-            f"get_computed_blocks returned, got {type(hit).__name__}"
-        )
-    num_hit = hit.num_computed_tokens if hit is not None else 0
-    if new_computed is None:
-        new_computed = num_hit
-    if lookahead or external or encoder or new_computed != num_hit:
-        check_count("num_new_computed_tokens", new_computed)
-        lookahead = check_count("num_lookahead_tokens", lookahead)
-        external = check_count("num_external_computed_tokens", external)
-        check_count("num_encoder_tokens", encoder)
-    reserved, has_scheduled = headroom[0], headroom[1]
-    must_fit = headroom[2] if len(headroom) > 2 else False
-    if (type(must_fit) is not bool or type(reserved) is not int or reserved < 0
-            or type(has_scheduled) is not bool):
-        _refuse_headroom(reserved, has_scheduled, must_fit)
-    live = mgr.live_requests.get(rid)
-    has_hit = hit is not None and bool(num_hit or any(hit.block_ids))
-    if live is not None and (live is not request or has_hit):
-        _refuse_live(rid, live is request)
-    if type(computed) is not int or computed < 0:
-        check_count(f"request {rid!r}: num_computed_tokens", computed)
-    if num_tokens > mgr.max_model_len:
-        raise InvalidArgumentError(
-            f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
-            f"{mgr.max_model_len}; finish it at max_model_len"
-        )
-    _check_hashed(req, rid, num_tokens)
-    if _engine_counts(headroom, computed, rid):  # lenient_counts
-        return _check_lenient(mgr, req, rid, hit, (num_hit, new_computed, num_new), live)
-    if live is None and computed:
-        raise InvalidArgumentError(
-            f"request {rid!r} holds no blocks (new, or freed) but num_computed_tokens="
-            f"{computed}; set it to 0 before allocating again (its KV is gone)"
-        )
-    if new_computed != num_hit:
-        raise InvalidArgumentError(
-            f"request {rid!r}: num_new_computed_tokens={new_computed} but the hit holds "
-            f"{num_hit} tokens; leave it out (it defaults to the hit's)"
-        )
-    if num_new == 0 and not external and not lookahead and not num_hit:
-        # (a hit alone may be adopted: vLLM 0.33's replay-only chunk)
-        raise InvalidArgumentError(
-            f"request {rid!r}: allocate_slots needs num_new_tokens > 0 (or a hit, external "
-            "or lookahead tokens); there is nothing to allocate"
-        )
-    if has_hit:
-        assert hit is not None
-        _check_hit(mgr, req, rid, hit)
-    if computed + num_hit + cast(int, external) + num_new > num_tokens:
-        raise InvalidArgumentError(
-            f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
-            f"{num_new} new tokens is more than its {num_tokens} tokens; append the tokens "
-            "first (lookahead slots go in num_lookahead_tokens)"
-        )
-    return live is None
-
-
-def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
-    """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
-    facade: a pagedkv Request hashes every full block as its tokens are appended."""
-    owned = getattr(req, "_owned_tokens", None)
-    if owned is not None and owned != num_tokens:
-        raise InvalidArgumentError(
-            f"request {rid!r} has {num_tokens} tokens but {owned} came through "
-            "append_output_tokens: all_token_ids was changed directly, which skips hashing; "
-            "add tokens with request.append_output_tokens (nothing was allocated)")
-
-
-def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
-    if hit.issuer is not mgr.issuer_token or hit.request_id != rid:
-        whose = "another manager" if hit.issuer is not mgr.issuer_token else (
-            f"request {hit.request_id!r}")
-        raise InvalidHitError(
-            f"request {rid!r}: this hit was issued for {whose}; pass the hit that "
-            "get_computed_blocks returned for this request on this manager"
-        )
-    if type(hit.num_computed_tokens) is not int or not (
-            0 <= hit.num_computed_tokens < req.num_tokens):
-        raise InvalidHitError(
-            f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
-            f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
-        )
-    if hit.group_tokens is not None and max(hit.group_tokens) > hit.num_computed_tokens:
-        raise InvalidHitError(
-            f"request {rid!r}: a group's own hit ({max(hit.group_tokens)} tokens) is "
-            f"longer than the {hit.num_computed_tokens} tokens adopted; adopt the hit "
-            "every group agrees on (lookup_prefix)")
-    if hit.generation == mgr.pool.index_generation and hit.fingerprint == (
-            hit.num_computed_tokens, *map(tuple, hit.block_ids)):
-        return  # unchanged since the lookup, and no block lost or changed its hash since
-    why = (mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
-           if hit.group_tokens is None else mgr.coordinator.group_hit_problem(
-               req.block_hashes, hit.block_ids, hit.group_tokens))
-    if why is not None:
-        raise InvalidHitError(
-            f"request {rid!r}: the hit cannot be adopted: {why}; look it up again with "
-            "get_computed_blocks right before allocate_slots"
-        )
+    check_request_id(request_of(request).request_id)
 
 
 def check_free(mgr: ManagerView, request: object) -> str:
@@ -401,7 +203,7 @@ def check_free(mgr: ManagerView, request: object) -> str:
     """
     if type(request) is str:
         return request
-    req = _request_of(request)
+    req = request_of(request)
     rid = check_request_id(req.request_id)
     live = mgr.live_requests.get(rid)
     if live is not None and live is not request:
@@ -419,7 +221,7 @@ def check_cache_blocks(mgr: ManagerView, request: object, num_computed_tokens: o
         InvalidArgumentError: a bad count, or tokens beyond the slots the request holds.
         UnknownRequestError: the request holds no blocks.
     """
-    req = _request_of(request)
+    req = request_of(request)
     rid = check_request_id(req.request_id)
     n = check_count("num_computed_tokens", num_computed_tokens)
     mgr.require_live(rid)
