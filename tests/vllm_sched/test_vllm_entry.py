@@ -86,6 +86,8 @@ def test_only_admissions_reach_python(tmp_path: Path, overlap: bool,
 def test_calls_the_entry_leaves_reach_python_and_its_errors(tmp_path: Path) -> None:
     from vllm.v1.request import RequestStatus
 
+    from pagedkv.vllm.entry import install_entry
+
     s = _scheduler(tmp_path, False, num_blocks=400)
     reqs = make_requests(2, max_tokens=4)
     s.add_request(reqs[0])
@@ -102,7 +104,7 @@ def test_calls_the_entry_leaves_reach_python_and_its_errors(tmp_path: Path) -> N
     assert kv.get_block_ids(req.request_id) == before
     # An admitting request under a watermark counts it: the Python method decides.
     kv.watermark_blocks = kv.pagedkv.num_free_blocks  # nothing can be admitted now
-    kv._install_compiled_entry()
+    install_entry(kv)
     req.status = RequestStatus.PREEMPTED
     assert kv.allocate_slots(req, 64) is None
     req.status = RequestStatus.RUNNING

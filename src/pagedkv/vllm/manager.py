@@ -34,7 +34,6 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy  # noqa: E402
 from vllm.v1.metrics.stats import PrefixCacheStats  # noqa: E402
 from vllm.v1.request import RequestStatus  # noqa: E402
 
-from pagedkv.core import native  # noqa: E402
 from pagedkv.core.manager import KVCacheManager  # noqa: E402
 from pagedkv.errors import PagedKVError  # noqa: E402
 from pagedkv.vllm.blocks import (  # noqa: E402
@@ -44,6 +43,7 @@ from pagedkv.vllm.blocks import (  # noqa: E402
     PagedKVBlocks,
     coordinator_view,
 )
+from pagedkv.vllm.entry import install_entry  # noqa: E402
 from pagedkv.vllm.events import EventConverter  # noqa: E402
 from pagedkv.vllm.extras import pin_of, retention_of  # noqa: E402
 from pagedkv.vllm.layout import cache_config_for  # noqa: E402
@@ -112,29 +112,7 @@ class VLLMKVCacheManager:
         self.metrics_port: int | None = None
         self._pending_events: list[Any] = []
         self._warned_report_mode = False
-        self._install_compiled_entry()
-
-    def _install_compiled_entry(self) -> None:
-        """With the compiled core, this instance's ``allocate_slots`` and
-        ``cache_blocks`` become the compiled core's ``VllmEntry`` (``_csrc/ccore_vllm.h``):
-        the steady-state call (a request this adapter holds; ``allocate_slots(request, n)``
-        with at most ``num_lookahead_tokens=0``; ``cache_blocks(request, n)``) translated
-        in C, every other call given unchanged to the methods below, which are its
-        specification. Not with KV-cache events (each call drains them) nor, for
-        ``cache_blocks``, without prefix caching."""
-        ccore = native.active()
-        if ccore is None or self.enable_kv_cache_events:
-            return
-        entry = ccore.VllmEntry(
-            adapter=self, facade=self.pagedkv, views=self._views,
-            allocate_function=VLLMKVCacheManager.allocate_slots,
-            cache_function=VLLMKVCacheManager.cache_blocks, wrap=self._table.blocks,
-            empty=self.empty_kv_cache_blocks,
-            admitting=_ADMITTING if self.watermark_blocks else None,
-            hash_block_size=self._hash_block_size)
-        self.allocate_slots = entry.allocate_slots  # type: ignore[method-assign]
-        if self.enable_caching:
-            self.cache_blocks = entry.cache_blocks  # type: ignore[method-assign]
+        install_entry(self)  # the steady-state calls in C (pagedkv.vllm.entry)
 
     # ------------------------------------------------------------------ requests
 
