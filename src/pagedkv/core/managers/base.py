@@ -340,7 +340,7 @@ class SingleTypeManager:
         ``allocate_external_computed_blocks``): the table grows to ``ceil(total /
         block_size)`` blocks unless every external token is skipped (outside the window;
         a state kind keeps the last one, so it gets one block for the loaded state).
-        Kinds that never cache (cross attention, Mamba without caching) take none.
+        Cross attention (never hits, not positional) and Mamba without caching take none.
         Returns the new blocks. Precondition: the table was started.
 
         Worked case (window 8, block 4, a 1-block hit ``[b]``, 8 external tokens): 12
@@ -348,7 +348,7 @@ class SingleTypeManager:
         prefix) and gets 2 new blocks, for tokens 4..11.
         """
         external = total_computed_tokens - num_local_computed_tokens
-        if not self.cacheable or external <= 0:
+        if external <= 0 or (self.hit_shape == "never" and not self.positional):
             return []
         skipped = self.num_skipped_tokens(total_computed_tokens)
         if skipped > 0 and total_computed_tokens - skipped <= 0:

@@ -106,6 +106,11 @@ class MambaManager(SingleTypeManager):
         """1 for a request without its state block yet, else 0. O(1)."""
         return 0 if self.req_to_blocks.get(request_id) else 1
 
+    def allocate_external_blocks(self, request_id: str, num_local_computed_tokens: int,
+                                 total_computed_tokens: int) -> list[int]:
+        """None: the one state block comes with the new tokens' allocation. O(1)."""
+        return []
+
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """The request's single state block, on its first allocation only. O(1)."""
         blocks = self.req_to_blocks[request_id]
@@ -366,12 +371,10 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
                         self.offloads.committed(request_id, table[k], (k + 1) * self.block_size)
 
     def _rekey_prompt_tail(self, request: RequestLike, request_id: str, n: int) -> None:
-        """vLLM 0.32 keys the state at the prompt's last hash boundary again when ``n``
-        reaches it and its block is keyed there already (0.33 skips it): that key then
-        counts as registered in this step, so a request hitting it waits for the next
-        step. The boundary: ``(num_prompt_tokens - 1) // hbs * hbs``, with the EAGLE drop
-        ``num_prompt_tokens // hbs * hbs - hbs`` (0.32's
-        ``get_mamba_prefill_checkpoint_position``)."""
+        """vLLM 0.32 keys the state at the prompt's last hash boundary (``(p - 1) // hbs *
+        hbs``; ``p // hbs * hbs - hbs`` with the EAGLE drop) again when ``n`` reaches it
+        and it is keyed there already (0.33 skips it): the key then counts as registered
+        in this step, so a request hitting it waits for the next step."""
         hbs = self.pool.hash_block_size
         p = request.num_prompt_tokens
         end = max(0, p // hbs * hbs - hbs) if self.drop_last_hit else (p - 1) // hbs * hbs
