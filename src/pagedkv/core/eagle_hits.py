@@ -18,9 +18,9 @@ point with three rules of its own (pagedkv's plain fixed point, in
 Full-attention groups are looked up once and afterwards only truncated, as without the
 drop. Worked case (full attention 8 + sliding window 24 at block 8, a 32-token prompt whose
 4 blocks are cached in both groups, bound 31): full attention looks within ``min(31 + 8,
-32) = 32``, finds 4 blocks, drops one: 24; the window group looks within 32, finds the run
-ending at block 3, drops it: 24 too, ``[0, b1, b2]``; the hit is 24 tokens (a plain lookup
-within 31 would give 16).
+32) = 32``, finds 4 blocks, drops one: 24; the window group looks within 32, finds its
+run of 3 + 1 blocks ending at block 3, drops one: 24 too, ``[b0, b1, b2]``; the hit is 24
+tokens (a plain lookup within 31 would give 16).
 """
 
 from __future__ import annotations
