@@ -106,8 +106,7 @@ class MambaManager(SingleTypeManager):
         """1 for a request without its state block yet, else 0. O(1)."""
         return 0 if self.req_to_blocks.get(request_id) else 1
 
-    def allocate_external_blocks(self, request_id: str, num_local_computed_tokens: int,
-                                 total_computed_tokens: int) -> list[int]:
+    def allocate_external_blocks(self, request_id: str, num_local: int, total: int) -> list[int]:
         """None: the one state block comes with the new tokens' allocation. O(1)."""
         return []
 
