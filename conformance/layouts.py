@@ -37,6 +37,7 @@ class Layout:
     num_prefill_lookahead_tokens: int = 0  # a drafter's prefill lookahead (MTP: k tokens)
     use_eagle: bool = False  # the EAGLE last-block drop (vLLM's use_eagle)
     connector: bool = False  # a KV connector's calls: per-group hits, boundary offloads
+    external_loads: bool = False  # a connector's loads of external tokens at admission
 
     @property
     def scheduler_block_size(self) -> int:
@@ -112,6 +113,29 @@ LAYOUTS: tuple[Layout, ...] = (
            connector=True),
     Layout(name="full+mamba/unit4/conn", groups=(_g("full", 16), _g("mamba", 16)),
            num_blocks=64, prefix_match_unit=4, connector=True),
+    # A connector's loads of external tokens at admission (sync, or async with delayed
+    # caching and groups left unzeroed): every group's external blocks come before any
+    # group's new ones (conformance/external.py).
+    Layout(name="full-16/ext", groups=(_g("full", 16),), num_blocks=40, external_loads=True),
+    Layout(name="full+swa/ext", groups=(_g("full", 8), _g("swa", 8, 24)), num_blocks=96,
+           external_loads=True),
+    Layout(name="full+mamba/ext", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           external_loads=True),
+    Layout(name="full+swa+mamba/ext",
+           groups=(_g("full", 16), _g("swa", 16, 32), _g("mamba", 16)), num_blocks=96,
+           external_loads=True),
+    Layout(name="full+mamba/unit4/ext", groups=(_g("full", 16), _g("mamba", 16)),
+           num_blocks=64, prefix_match_unit=4, external_loads=True),
+    # The EAGLE last-block drop (a drafter without lookahead hashes, e.g. behind a
+    # connector) on layouts of several groups: every group drops (mixed block sizes are
+    # refused inside vLLM, pagedkv.vllm.layout.eagle_layout_problem).
+    Layout(name="full+swa/eagle", groups=(_g("full", 8), _g("swa", 8, 24)), num_blocks=96,
+           use_eagle=True),
+    Layout(name="full+mamba/eagle", groups=(_g("full", 16), _g("mamba", 16)), num_blocks=64,
+           use_eagle=True),
+    Layout(name="full+swa+mamba/eagle",
+           groups=(_g("full", 16), _g("swa", 16, 32), _g("mamba", 16)), num_blocks=96,
+           use_eagle=True),
 )
 
 

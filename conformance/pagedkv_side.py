@@ -111,14 +111,20 @@ class PagedSide:
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
         reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
+        external: int = 0, skip_zeroing: tuple[int, ...] = (), delay: bool = False,
     ) -> tuple[list[int], ...] | None:
         hit = self._hits.pop(rid) if use_hit else None
-        out = self.mgr.allocate_slots(
-            self.reqs[rid], num_new, new_computed_blocks=hit, num_lookahead_tokens=lookahead,
-            reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
-            full_sequence_must_fit=must_fit,
-        )
-        return out
+        coordinator = self.mgr.coordinator
+        coordinator.skip_zeroing_group_ids = skip_zeroing  # vLLM's skip_zeroing_group_ids
+        try:
+            return self.mgr.allocate_slots(
+                self.reqs[rid], num_new, new_computed_blocks=hit,
+                num_lookahead_tokens=lookahead, reserved_blocks=reserved,
+                has_scheduled_reqs=has_scheduled, full_sequence_must_fit=must_fit,
+                num_external_computed_tokens=external, delay_caching=delay,
+            )
+        finally:
+            coordinator.skip_zeroing_group_ids = ()
 
     def take_offloads(self) -> dict[str, list[list[int]]]:
         return {rid: [list(x) for x in found]

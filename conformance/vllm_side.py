@@ -191,13 +191,16 @@ class VllmSide:
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
         reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
+        external: int = 0, skip_zeroing: tuple[int, ...] = (), delay: bool = False,
     ) -> tuple[list[int], ...] | None:
         req = self.reqs[rid]
         blocks, num_hit = self._hits.pop(rid) if use_hit else (None, 0)
+        loads = ({"num_external_computed_tokens": external, "delay_cache_blocks": delay,
+                  "skip_zeroing_group_ids": skip_zeroing} if external else {})
         out = self.mgr.allocate_slots(
             req, num_new, num_hit, blocks, num_lookahead_tokens=lookahead,
             reserved_blocks=reserved, has_scheduled_reqs=has_scheduled,
-            full_sequence_must_fit=must_fit,
+            full_sequence_must_fit=must_fit, **loads,
         )
         if out is None:
             return None

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from conformance.external import draw_external
 from conformance.layouts import Layout
 from conformance.model import ReqDesc, Snapshot
 from conformance.replay import plan_admission
@@ -48,6 +49,7 @@ class Side(Protocol):
     def allocate(
         self, rid: str, num_new: int, lookahead: int, use_hit: bool,
         reserved: int = 0, has_scheduled: bool = True, must_fit: bool = False,
+        external: int = 0, skip_zeroing: tuple[int, ...] = (), delay: bool = False,
     ) -> tuple[list[int], ...] | None: ...
     def pop_for_free(self, rid: str) -> list[int]: ...
     def release_deferred(self) -> None: ...
@@ -234,6 +236,9 @@ def run_seed(
             return int(num_hit)
         return int(lengths[0])
 
+    # A connector's external loads (external_loads layouts only): a fifth stream.
+    erng = random.Random(seed * 2147483647 + 5)
+
     pair = _Pair(a, b)
     reqs: dict[str, _Req] = {}
     finished: list[list[int]] = []
@@ -296,10 +301,19 @@ def run_seed(
                 num_new = to_tail_boundary(r, num_hit, num_new)
                 reserved, scheduled = headroom()
                 plan = plan_admission(replay, num_hit, num_new, replay_chunk())
+                ext = (draw_external(erng, len(r.tokens) - num_hit, len(layout.groups), lcm)
+                       if layout.external_loads else None)
+                if ext is not None:
+                    # vLLM counts no block for a Mamba group's loaded state and raises
+                    # where the pool lacks it (conformance/external.py): keep one free.
+                    reserved = max(reserved, sum(g.kind == "mamba" for g in layout.groups))
+                    plan = plan._replace(num_new=ext.num_new,
+                                         computed=num_hit + ext.num_external + ext.num_new)
                 out = pair.call(
                     f"allocate {rid} new={plan.num_new} hit={num_hit} la={lookahead} "
                     f"reserved={reserved} has_scheduled={scheduled} must_fit={must_fit}"
-                    + ("" if plan.use_hit else " (hit dropped: within the replay window)"),
+                    + ("" if plan.use_hit else " (hit dropped: within the replay window)")
+                    + ("" if ext is None else f" {ext}"),
                     "allocate",
                     rid,
                     plan.num_new,
@@ -308,6 +322,7 @@ def run_seed(
                     reserved,
                     scheduled,
                     must_fit,
+                    *(() if ext is None else ext.call_args()),
                 )
                 if out is not None:
                     r.computed = plan.computed

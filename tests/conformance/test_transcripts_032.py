@@ -24,7 +24,7 @@ LAYOUTS_032 = layouts_for("0.32")
 
 def test_the_0_32_set_is_every_layout_without_lookahead() -> None:
     assert directory_release(DIR) == "0.32"
-    assert len(LAYOUTS_032) == 17 and len(LAYOUTS) == 25
+    assert len(LAYOUTS_032) == 25 and len(LAYOUTS) == 33
     assert all(not x.num_hash_lookahead_tokens for x in LAYOUTS_032)
 
 

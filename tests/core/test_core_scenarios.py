@@ -282,9 +282,11 @@ def test_lookahead_and_external_tokens_get_slots(make_mgr: Any) -> None:
     a.append_output_tokens(6)
     # 1 new token + 4 lookahead slots: 6 + 1 + 4 = 11 tokens -> 3 blocks.
     assert m.allocate_slots(a, 1, num_lookahead_tokens=4) == ([3],)
-    # 8 tokens computed elsewhere (remote prefill) + 4 new: 12 slots -> 3 blocks.
+    # 8 tokens computed elsewhere (remote prefill) + 4 new: 12 slots -> 3 blocks; as
+    # vLLM, the external tokens' blocks join the table first and are not returned.
     b = m.new_request("b", [300 + i for i in range(12)])
-    assert m.allocate_slots(b, 4, num_external_computed_tokens=8) == ([4, 5, 6],)
+    assert m.allocate_slots(b, 4, num_external_computed_tokens=8) == ([6],)
+    assert m.get_block_ids("b") == ([4, 5, 6],)
 
 
 def test_max_model_len_caps_slots(make_mgr: Any) -> None:

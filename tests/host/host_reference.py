@@ -150,18 +150,21 @@ class TwoTierModel:
         n_new = cdiv(num_tokens, BS) - len(device_hit)
         new = self.free[:n_new]
         del self.free[:n_new]
-        victims = []
-        for b in new:
-            self.ref[b] = 1
-            h = self.hash_of.pop(b, None)
-            if h is not None:
-                self.index[h].remove(b)
-                if not self.index[h]:
-                    del self.index[h]
-                victims.append((b, h))
-        victims = [(b, h) for b, h in victims if h not in self.index]
-        if victims and not self.write_through:
-            self.offer(victims, "before_forward")
+        # as vLLM: the loaded (external) blocks are taken first, then the new tokens'
+        # blocks; each take offers its own evictions
+        for batch in (new[:len(host_hit)], new[len(host_hit):]):
+            victims = []
+            for b in batch:
+                self.ref[b] = 1
+                h = self.hash_of.pop(b, None)
+                if h is not None:
+                    self.index[h].remove(b)
+                    if not self.index[h]:
+                        del self.index[h]
+                    victims.append((b, h))
+            victims = [(b, h) for b, h in victims if h not in self.index]
+            if victims and not self.write_through:
+                self.offer(victims, "before_forward")
         self.tables[rid] = device_hit + new
         self.num_cached[rid] = len(device_hit)
         self.count_hits(hashes[:len(device_hit) + len(host_hit)])
@@ -170,7 +173,7 @@ class TwoTierModel:
             self.loads[rid] = (keys, host_hit, new[:len(host_hit)], d * BS)
         else:
             self._register(rid, hashes, num_tokens)
-        return new
+        return new[len(host_hit):]  # the loaded blocks are not returned, as vLLM's
 
     def complete_load(self, rid: str, hashes: list[bytes], num_tokens: int,
                       success: bool) -> None:

@@ -84,17 +84,18 @@ def test_an_evicted_hybrid_prompt_comes_back_from_the_host_tier() -> None:
     assert (full.first_block, full.device_block_ids) == (0, tuple(tables[0][:3]))
     assert (window.first_block, window.device_block_ids) == (1, tuple(tables[1][1:3]))
     assert tables[1][0] == 0                # outside the window: null, nothing loaded
-    # the state lands in the live block, the one the next step computes into
-    assert (mamba.first_block, mamba.device_block_ids) == (3, (tables[2][3],))
-    assert tables[2][:3] == [0, 0, 0] and new[2][-1] == tables[2][3]
+    # as vLLM, the loaded state gets its own block, position 2 (the state after 48
+    # tokens), before the live block the next step computes into (position 3)
+    assert (mamba.first_block, mamba.device_block_ids) == (2, (tables[2][2],))
+    assert tables[2][:2] == [0, 0] and all(tables[2][2:]) and new[2] == [tables[2][3]]
     assert plan.resumable and plan.num_blocks == 6
     m.host.complete_load(plan, True)
-    # the loaded attention blocks are registered on the device; the loaded state is not
-    # (its block holds a later state once the step runs)
+    # the loaded blocks are registered on the device, the state too: it keeps its own
+    # block (the live block is another), as vLLM's
     index = m.mgr.pool.index
     assert all(h in index[0] for h in probe.block_hashes[:3])
     assert all(h in index[1] for h in probe.block_hashes[1:3])
-    assert probe.block_hashes[2] not in index[2]
+    assert index[2][probe.block_hashes[2]] == tables[2][2]
 
 
 def test_a_mamba_state_bounds_the_host_hit() -> None:
@@ -140,7 +141,7 @@ def test_a_host_hit_continuing_a_device_hit_and_a_failed_load() -> None:
     assert [len(ids) for ids in hit.host.host_block_ids] == [2, 2, 1]
     assert m.allocate_slots(probe, 1, new_computed_blocks=hit) is not None
     (plan,) = m.host.take_load_plans()
-    assert [g.first_block for g in plan.groups] == [2, 2, 4]
+    assert [g.first_block for g in plan.groups] == [2, 2, 3]  # Mamba: the loaded state's
     assert not plan.resumable
     m.host.complete_load(plan, False)
     m.free(probe)

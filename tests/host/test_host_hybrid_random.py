@@ -127,8 +127,8 @@ class Driver:
         for gl, m in zip(plan.groups, self.mgr.managers, strict=True):
             table = m.req_to_blocks[rid]
             n = len(gl.host_block_ids)
-            if gl.group == 2:  # Mamba: the live block, the table's last
-                assert (gl.first_block, gl.device_block_ids) == (len(table) - 1, (table[-1],))
+            if gl.group == 2:  # Mamba: the loaded state's own block, as vLLM's
+                assert (gl.first_block, gl.device_block_ids) == (e - 1, (table[e - 1],))
             else:
                 assert gl.first_block == e - n
                 assert gl.device_block_ids == tuple(table[e - n:e])

@@ -80,10 +80,12 @@ def test_device_hit_then_host_continuation():
     assert hit.device.block_ids == ([1, 2, 3],)
     assert hit.num_device_tokens == 12 and hit.num_host_tokens == 8
     assert hit.host.first_block == 3 and hit.host.host_block_ids == ((1, 0),)
-    # 6 blocks: hits 1, 2, 3; new 4 (front of the queue), 5 and 7 (c's, evicted)
-    assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([4, 5, 7],)
-    (c_store,) = m.host.take_store_plans()
-    assert c_store.groups[0].device_block_ids == (5, 7)
+    # 6 blocks: hits 1, 2, 3; loaded 4 (front of the queue), 5 (c's, evicted); new 7
+    # (c's): the loaded blocks join the table but are not returned, as vLLM's
+    assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([7],)
+    # c's blocks are evicted by two takes (the loaded block's, then the new one's)
+    stores = m.host.take_store_plans()
+    assert [p.groups[0].device_block_ids for p in stores] == [(5,), (7,)]
     (plan,) = m.host.take_load_plans()
     table = m.get_block_ids("a2")[0]
     assert table[:3] == [1, 2, 3]
@@ -382,16 +384,18 @@ def test_the_worked_example_of_docs_host_tier():
     hit = m.host.lookup(a2)
     assert (hit.num_device_tokens, hit.num_host_tokens, hit.host.host_block_ids) == (
         0, 20, ((4, 3, 2, 1, 0),))
-    assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([1, 2, 3, 4, 5, 7],)
+    # the loaded blocks 1..5 join the table first and are not returned (as vLLM's)
+    assert m.allocate_slots(a2, 1, new_computed_blocks=hit) == ([7],)
+    assert m.get_block_ids("a2") == ([1, 2, 3, 4, 5, 7],)
     (load,) = m.host.take_load_plans()
-    assert load.plan_id == 3 and load.groups == (GroupLoad(
+    assert load.plan_id == 4 and load.groups == (GroupLoad(
         group=0, host_block_ids=(4, 3, 2, 1, 0), device_block_ids=(1, 2, 3, 4, 5),
         first_block=0, num_tokens=20),)
-    (store2,) = m.host.take_store_plans()
-    assert store2.plan_id == 2
-    assert store2.groups[0].device_block_ids == (2, 3, 4, 5, 7)
-    assert store2.groups[0].host_block_ids == (5, 6, 7, 8, 9)
-    m.host.complete_store(store2, True)
+    stores = m.host.take_store_plans()  # b's evictions, one plan per take
+    assert [(p.plan_id, p.groups[0].device_block_ids, p.groups[0].host_block_ids)
+            for p in stores] == [(2, (2, 3, 4, 5), (5, 6, 7, 8)), (3, (7,), (9,))]
+    for store2 in stores:
+        m.host.complete_store(store2, True)
     a2.num_computed_tokens = 21
     m.host.complete_load(load, True)
     assert m.host.lookup(m.new_request("x", list(range(21)))).num_device_tokens == 20

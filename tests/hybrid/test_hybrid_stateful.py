@@ -150,7 +150,10 @@ def _machine(groups: list[KVCacheSpec], num_blocks: int, drop: bool) -> type:
             assert why is None, why
             longest = oracle_longest_hit(self.mgr, req.block_hashes, req.num_tokens - 1,
                                          self.drop)
-            assert n == longest, f"hit of {n} tokens, but {longest} are valid"
+            # Under the EAGLE drop vLLM's fixed point (pagedkv/core/eagle_hits.py) may stop
+            # short of the longest valid hit (a group drops once per candidate); never past.
+            assert n == longest or (self.drop and n < longest), (
+                f"hit of {n} tokens, but {longest} are valid")
             event("lookup hit" if n else "lookup miss")
             return hit
 

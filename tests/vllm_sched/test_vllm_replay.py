@@ -110,10 +110,10 @@ def test_blocks_an_async_load_restores_are_not_zeroed(skip: tuple[int, ...]) -> 
     """An 80-token local hit plus a 16-token load (96 computed) and 4 new tokens: the
     load's blocks (full attention position 5; window positions 4 and 5, below token 96)
     leave the zeroing list in the groups the load restores; the new tokens' block
-    (position 6) is zeroed in every group."""
+    (position 6) is zeroed in every group, and is all the allocation returns."""
     from pagedkv import CacheConfig, FullAttentionSpec, KVCacheManager
     from pagedkv.core.specs_window_mla import SlidingWindowMLASpec
-    from pagedkv.vllm.zeroing import skip_loaded_blocks
+    from pagedkv.vllm.zeroing import skipping_zeroing
 
     swa = SlidingWindowMLASpec(block_size=BS, num_kv_heads=1, head_size=64, dtype_bytes=2,
                                sliding_window=WINDOW, bounded_replay=True)
@@ -127,12 +127,15 @@ def test_blocks_an_async_load_restores_are_not_zeroed(skip: tuple[int, ...]) -> 
     req = mgr.new_request("load", prompt)
     hit = mgr.get_computed_blocks(req)
     assert hit.num_computed_tokens == 80
-    new = mgr.allocate_slots(req, 4, new_computed_blocks=hit, num_external_computed_tokens=16)
+    with skipping_zeroing(mgr, skip):
+        new = mgr.allocate_slots(req, 4, new_computed_blocks=hit,
+                                 num_external_computed_tokens=16)
     assert new is not None
-    skip_loaded_blocks(mgr, "load", new, 96, skip)
+    assert mgr.coordinator.skip_zeroing_group_ids == ()  # one allocation only
     zeroed = set(mgr.take_new_block_ids())
     tables = mgr.get_block_ids("load")
     loaded = {0: {tables[0][5]}, 1: {tables[1][4], tables[1][5]}}
+    assert new == ([tables[0][6]], [tables[1][6]])
     for g in (0, 1):
         assert tables[g][6] in zeroed
         assert loaded[g].isdisjoint(zeroed) == (g in skip)

@@ -9,8 +9,9 @@ releasing the blocks that fell out of the request's windows (as vLLM 0.33 does).
 from __future__ import annotations
 
 from collections.abc import Iterator, KeysView, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
+from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.group_hits import group_hit_problem, truncate_hit
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
@@ -64,6 +65,8 @@ class Coordinator:
     7
     """
 
+    #: Groups whose external-token blocks are not zeroed (set around one allocate_slots).
+    skip_zeroing_group_ids: tuple[int, ...] = ()
     def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
         self.managers = list(managers)
         self.pool = pool
@@ -162,53 +165,51 @@ class Coordinator:
     ) -> BlockTables | None:
         """Give the request slots for ``num_tokens`` tokens in every group.
 
-        ``hit``: the hit blocks a new request adopts (from a lookup), else ``None``;
-        ``num_computed_tokens``: computed before this step (decides which blocks fell out
-        of windows); ``total_computed_tokens``: plus the hit and external tokens;
-        ``num_tokens_main_model``: ``num_tokens`` without lookahead slots (what groups that
-        ignore lookahead, Mamba, are sized by; default ``num_tokens``);
-        ``headroom_blocks``: free blocks the allocation must leave (vLLM's
-        ``reserved_blocks`` plus the watermark; the façade computes it);
-        ``num_local_computed_tokens``: computed plus hit tokens (external ones apart; only
-        sub-block hits need it, see :class:`PartialHitCoordinator`).
+        ``hit``: the hit blocks a new request adopts, else ``None``; ``num_computed_tokens``:
+        computed before this step (decides which blocks fell out of windows);
+        ``total_computed_tokens``: plus the hit and external tokens; ``num_tokens_main_model``:
+        ``num_tokens`` without lookahead slots (Mamba's size; default ``num_tokens``);
+        ``headroom_blocks``: free blocks to leave (vLLM's ``reserved_blocks`` plus the
+        watermark); ``num_local_computed_tokens``: computed plus hit tokens (the external
+        ones, up to ``total_computed_tokens``, get their blocks first; None: no external).
 
-        Order, as vLLM 0.33: free every group's blocks that fell out of its window (they
-        are never read again, whatever this call decides), then check capacity for every
-        group at once, then claim every group's hit blocks, then grow every table.
-        Claiming all hits before any group allocates means one group's allocation can
-        never evict another group's hit.
-
-        Returns:
-            The new block ids per group, or ``None`` when the pool is short; a refusal
-            changes nothing except releasing the skipped blocks. O(blocks touched).
+        Order, as vLLM: free every group's blocks that fell out of its window, check
+        capacity for every group at once (as vLLM counts, see external_blocks.py), claim
+        every group's hit blocks (so no group's allocation evicts another's), give every
+        group its external tokens' blocks (not returned), then grow every table. Returns
+        the new block ids per group, or ``None`` (the pool is short: nothing changed but
+        the skipped blocks' release).
         """
         for m in self._droppers:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
         if hit is None and request_id in self._tables0:
             return self._grow(request_id, num_tokens, num_encoder_tokens,
                               num_tokens_main_model, headroom_blocks, total_computed_tokens)
-        managers = self.managers
+        managers, num_needed = self.managers, 0
         table_hit = hit if hit is not None else self._no_hit
-        num_needed = 0
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
         slots = [main if m.ignores_lookahead else m.slots_needed(num_tokens, num_encoder_tokens)
                  for m in managers]
         for g, m in enumerate(managers):
-            num_needed += m.get_num_blocks_to_allocate(
-                request_id, slots[g], table_hit[g], total_computed_tokens
-            )
+            num_needed += m.get_num_blocks_to_allocate(request_id, slots[g], table_hit[g],
+                                                       total_computed_tokens)
         pool = self.pool
-        if num_needed + headroom_blocks > pool.free_queue.num_free:
+        local = num_local_computed_tokens
+        loads = local is not None and total_computed_tokens > local
+        extra = uncounted_blocks(managers, slots, total_computed_tokens) if loads else 0
+        if num_needed + max(headroom_blocks, extra) > pool.free_queue.num_free:
             return None
         if hit is not None:
-            # Claim every group's hit before any group allocates: an allocation takes
-            # blocks from the front of the free queue and would evict an unclaimed hit.
             for g, m in enumerate(managers):
                 pool.touch(m.claimed_hit_blocks(hit[g], total_computed_tokens))
+        for g, m in enumerate(managers):
+            m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
+        if loads:
+            allocate_external(managers, request_id, cast(int, local), total_computed_tokens,
+                              self.zeroing, self.new_block_ids, self.skip_zeroing_group_ids)
         new_blocks = []
         zeroing = self.zeroing
         for g, m in enumerate(managers):
-            m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
             new = m.allocate_new_blocks(request_id, slots[g])
             if zeroing[g] and new:
                 self.new_block_ids[g].extend(b for b in new if b)

@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
+from pagedkv.core.eagle_hits import find_hit_with_drop
+from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
-from pagedkv.core.reprefill import hybrid_cacheable_tokens
+from pagedkv.core.reprefill import cache_finalized, hybrid_cacheable_tokens
+from pagedkv.core.request import RequestLike
 from pagedkv.core.specs import lcm_block_size
 
 __all__ = ["HybridCoordinator", "PartialHitCoordinator"]
@@ -70,6 +73,9 @@ class HybridCoordinator(Coordinator):
         self._others = [i for i, m in joining if not m.prefix_closed_hits]
         self._never_hits = not joining or any(not m.cacheable for _, m in joining)
         self._drop = [m.drop_last_hit for m in self.managers]
+        self._eagle = any(self._drop)
+        if self._eagle:  # vLLM registers up to min(n, aligned + block) in a dropping group
+            setattr(self, "cache_blocks", self._cache_under_drop)  # noqa: B010
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size
         self.cache_alignment_tokens = self.lcm_block_size
@@ -80,6 +86,12 @@ class HybridCoordinator(Coordinator):
         return hybrid_cacheable_tokens(num_tokens, self.num_reprefillable_tokens,
                                        self.cache_alignment_tokens, m)
 
+    def _cache_under_drop(self, request: RequestLike, num_tokens: int) -> None:
+        """``cache_blocks`` under the EAGLE drop: each group registers its
+        :meth:`cacheable_tokens` (aligned; up to one block more where it drops, as vLLM's
+        ``get_num_cacheable_tokens``). Bound as ``cache_blocks`` only then."""
+        cache_finalized(self, self._cache_plan, request, num_tokens)
+
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
     ) -> tuple[BlockTables, int] | None:
@@ -89,6 +101,9 @@ class HybridCoordinator(Coordinator):
         managers = self.managers
         if self._never_hits:
             return tuple([] for _ in managers), 0
+        if self._eagle:  # the EAGLE drop: vLLM's own fixed point (eagle_hits.py)
+            return find_hit_with_drop(managers, self._full, self._others, block_hashes,
+                                      max_length, len(block_hashes) * self.pool.hash_block_size)
         lcm = self.lcm_block_size
         drop = self._drop
         length = max_length // lcm * lcm
@@ -265,7 +280,9 @@ class PartialHitCoordinator(HybridCoordinator):
             for g, p in self._partial:
                 num_needed += p.count_partial(table_hit[g], local)
         pool = self.pool
-        if num_needed + headroom_blocks > pool.free_queue.num_free:
+        extra = (uncounted_blocks(managers, slots, total_computed_tokens)
+                 if total_computed_tokens > local else 0)
+        if num_needed + max(headroom_blocks, extra) > pool.free_queue.num_free:
             return None
         if hit is not None:
             for g, m in enumerate(managers):
@@ -274,7 +291,12 @@ class PartialHitCoordinator(HybridCoordinator):
             m.save_new_computed_blocks(request_id, table_hit[g], total_computed_tokens)
         if hit is not None:
             for g, p in self._partial:
-                p.adopt_partial_hit(request_id, table_hit[g], local)
+                # as vLLM, only the hit blocks a load's skipped prefix leaves count
+                p.adopt_partial_hit(request_id, managers[g].claimed_hit_blocks(
+                    table_hit[g], total_computed_tokens), local)
+        if total_computed_tokens > local:
+            allocate_external(managers, request_id, local, total_computed_tokens,
+                              self.zeroing, self.new_block_ids, self.skip_zeroing_group_ids)
         new_blocks = []
         zeroing = self.zeroing
         recorders = self._copy_recorders

@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
+from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
@@ -106,13 +108,20 @@ class UnitaryCoordinator(Coordinator):
         table_hit = hit[0] if hit is not None else []
         if m.drops_blocks:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+        loads = num_local_computed_tokens is not None and (
+            total_computed_tokens > num_local_computed_tokens)
+        extra = uncounted_blocks(self.managers, (slots,), total_computed_tokens) if loads else 0
         if m.get_num_blocks_to_allocate(
             request_id, slots, table_hit, total_computed_tokens
-        ) + headroom_blocks > self.pool.free_queue.num_free:
+        ) + max(headroom_blocks, extra) > self.pool.free_queue.num_free:
             return None
         if hit is not None:
             self.pool.touch(m.claimed_hit_blocks(table_hit, total_computed_tokens))
         m.save_new_computed_blocks(request_id, table_hit, total_computed_tokens)
+        if loads:
+            allocate_external(self.managers, request_id, cast(int, num_local_computed_tokens),
+                              total_computed_tokens, self.zeroing, self.new_block_ids,
+                              self.skip_zeroing_group_ids)
         new = m.allocate_new_blocks(request_id, slots)
         if self.zeroing[0] and new:
             self.new_block_ids[0].extend(b for b in new if b)

@@ -45,7 +45,8 @@ def allocate_slots(self: Facade,
     only) is adopted as the start of its block table; ``num_new_computed_tokens``
     defaults to its token count. ``num_lookahead_tokens``: extra slots for speculative
     tokens. ``num_external_computed_tokens``: tokens whose KV arrives from elsewhere
-    (a remote prefill). ``num_encoder_tokens``: encoder length for cross-attention
+    (a remote prefill; their blocks join the table first, not returned, as vLLM's).
+    ``num_encoder_tokens``: encoder length for cross-attention
     groups. ``delay_caching``: do not register full blocks yet (their KV is not there
     yet); call :meth:`cache_blocks` when it is. ``reserved_blocks``: free blocks this
     allocation must leave for requests already in flight. ``has_scheduled_reqs``: other

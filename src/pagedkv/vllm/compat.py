@@ -64,8 +64,9 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference("MambaManager: assert mamba_cache_mode == 'align' with caching", "absent",
                "assertion", "pagedkv refuses any other mode under both releases"),
     Difference("Mamba cache_partial_block of a block already keyed at that length",
-               "keyed again", "skipped", "no branch in pagedkv; both releases' "
-               "full+mamba/unit4 transcripts (partial Mamba keys) replay equal"),
+               "keyed again", "skipped", "CacheConfig(vllm_release=...): the 0.32 "
+               "profile keys a Mamba prompt-tail state again (registered in that step); "
+               "both releases' full+mamba/ext transcripts replay equal"),
     Difference("KVCacheCoordinator.drop_eagle_group_ids", "eagle_group_ids",
                "eagle_group_ids, or none with lookahead hashes",
                "equal without lookahead, so equal under 0.32"),

@@ -28,6 +28,7 @@ Mamba hybrids without a full-attention group (with caching on).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pagedkv.core.config import CacheConfig
@@ -69,6 +70,28 @@ class UnsupportedLayoutError(ConfigError):
 def refuse(what: str) -> UnsupportedLayoutError:
     """The refusal for ``what`` (one line, fallback named)."""
     return UnsupportedLayoutError(f"pagedkv.vllm refuses {what}; {FALLBACK}")
+
+
+def eagle_layout_problem(groups: Any) -> str | None:
+    """What of a layout of several KV-cache groups pagedkv does not run exactly under the
+    EAGLE last-block drop with prefix caching (None: it runs it block for block, see
+    :mod:`pagedkv.core.eagle_hits`): the drop in some groups only (vLLM drops in the
+    groups flagged ``is_eagle_group`` when any is; pagedkv drops in all), two groups of
+    one spec (vLLM looks them up jointly), or a group whose block is not the layout's
+    block lcm outside Mamba (vLLM aligns such a group's run before and after the drop)."""
+    groups = list(groups)
+    if len(groups) < 2:
+        return None
+    flagged = [bool(getattr(g, "is_eagle_group", False)) for g in groups]
+    if any(flagged) and not all(flagged):
+        return "a layout whose drafter owns some of its KV-cache groups only"
+    specs = [g.kv_cache_spec for g in groups]
+    if any(a == b for i, a in enumerate(specs) for b in specs[i + 1:]):
+        return "a layout with two KV-cache groups of one spec"
+    lcm = math.lcm(*(int(x.block_size) for x in specs))
+    if any(int(x.block_size) != lcm and type(x).__name__ != "MambaSpec" for x in specs):
+        return "a layout whose attention groups have different block sizes"
+    return None
 
 
 def _dtype_bytes(spec: Any) -> int:

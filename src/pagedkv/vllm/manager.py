@@ -48,7 +48,7 @@ from pagedkv.vllm.events import EventConverter  # noqa: E402
 from pagedkv.vllm.extras import pin_of, retention_of  # noqa: E402
 from pagedkv.vllm.layout import cache_config_for  # noqa: E402
 from pagedkv.vllm.requests import RequestView  # noqa: E402
-from pagedkv.vllm.zeroing import skip_loaded_blocks  # noqa: E402
+from pagedkv.vllm.zeroing import skipping_zeroing  # noqa: E402
 
 __all__ = ["VLLMKVCacheManager"]
 
@@ -296,18 +296,14 @@ class VLLMKVCacheManager:
         in_flight = request.num_in_flight_tokens
         if in_flight:
             in_flight = min(in_flight, request.num_computed_tokens)
-        new = self._allocate_general(
-            view, request, num_new_tokens, hit, num_new_computed_tokens, counts,
-            (delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit),
-            in_flight)
+        with skipping_zeroing(mgr, skip_zeroing_group_ids if counts[1] else ()):
+            new = self._allocate_general(
+                view, request, num_new_tokens, hit, num_new_computed_tokens, counts,
+                (delay_cache_blocks, reserved, has_scheduled_reqs, full_sequence_must_fit),
+                in_flight)
         self._drain_events(request)
         if new is None:
             return None
-        external = counts[1]
-        if skip_zeroing_group_ids and external:
-            skip_loaded_blocks(mgr, view.request_id, new, request.num_computed_tokens
-                               + num_new_computed_tokens + external,
-                               skip_zeroing_group_ids)
         if not live:
             self._views[view.request_id] = view
             if mgr.retention is not None:

@@ -36,7 +36,11 @@ VLLM_RELEASE = require_vllm()
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from pagedkv.vllm.layout import check_prefill_lookahead, refuse  # noqa: E402
+from pagedkv.vllm.layout import (  # noqa: E402
+    check_prefill_lookahead,
+    eagle_layout_problem,
+    refuse,
+)
 from pagedkv.vllm.manager import VLLMKVCacheManager  # noqa: E402
 
 __all__ = ["VLLM_RELEASE", "PagedKVAsyncScheduler", "PagedKVScheduler", "install_pagedkv"]
@@ -83,10 +87,10 @@ def _check_options(s: Any) -> None:
     constructor has set on ``s`` before it builds its KV-cache manager)."""
     if s.dcp_world_size > 1 or s.pcp_world_size > 1:
         raise refuse("decode/prefill context parallelism (dcp/pcp world size > 1)")
-    if (s.use_eagle_block_drop and s.cache_config.enable_prefix_caching
-            and len(s.kv_cache_config.kv_cache_groups) > 1):
-        raise refuse("the EAGLE last-block drop on a layout of several KV-cache groups "
-                     "(pagedkv's hybrid lookups and registration under it are not exact)")
+    if s.use_eagle_block_drop and s.cache_config.enable_prefix_caching:
+        problem = eagle_layout_problem(s.kv_cache_config.kv_cache_groups)
+        if problem is not None:
+            raise refuse(f"the EAGLE last-block drop on {problem}")
     if s.cache_config.enable_mamba_shared_prefix_checkpoint:
         raise refuse("enable_mamba_shared_prefix_checkpoint")
     _check_retention_interval(s)

@@ -143,6 +143,8 @@ class SingleTypeManager:
     #: Those records when kept (``CacheConfig.record_boundary_states``; set by the
     #: factory), else None.
     offloads: BoundaryStateOffloads | None = None
+    #: The same kind without ``drop_last_hit`` (built on first use, lookups only).
+    _undropped: SingleTypeManager | None = None
 
     def admission_cap_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int | None:
         """The most blocks a request's table of this kind can need at once under
@@ -195,6 +197,19 @@ class SingleTypeManager:
         ``max_length`` tokens, as block ids (null blocks where the kind needs none).
         Does not modify any state."""
         raise NotImplementedError
+
+    def find_hit_without_drop(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """:meth:`find_longest_cache_hit` as this kind answers without ``drop_last_hit``
+        (:mod:`pagedkv.core.eagle_hits`): a twin built without the drop over the same
+        pool and group answers (lookups only read the pool). No state change."""
+        if not self.drop_last_hit:
+            return self.find_longest_cache_hit(block_hashes, max_length)
+        twin = self._undropped
+        if twin is None:
+            twin = type(self)(self.spec, self.pool, self.group)
+            twin.hit_alignment_tokens = self.hit_alignment_tokens
+            self._undropped = twin
+        return twin.find_longest_cache_hit(block_hashes, max_length)
 
     def max_hit_nulls(self, num_hit_tokens: int) -> int:
         """How many leading null blocks a hit of ``num_hit_tokens`` tokens may have: the
@@ -310,6 +325,41 @@ class SingleTypeManager:
             return
         self.req_to_blocks[request_id] = list(new_computed)
         self.num_cached_blocks[request_id] = len(new_computed)
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens no future token reads once ``num_computed_tokens`` are computed
+        (vLLM's ``get_num_skipped_tokens``). Default: none; windowed and state kinds
+        override it (:class:`~pagedkv.core.managers.skipping.SkippingManager`)."""
+        return 0
+
+    def allocate_external_blocks(self, request_id: str, num_local_computed_tokens: int,
+                                 total_computed_tokens: int) -> list[int]:
+        """Blocks for a new request's external tokens (a KV connector's load of the tokens
+        ``num_local_computed_tokens .. total_computed_tokens``), after every group adopted
+        its hit and before any group takes blocks for new tokens (vLLM 0.33 and 0.32's
+        ``allocate_external_computed_blocks``): the table grows to ``ceil(total /
+        block_size)`` blocks unless every external token is skipped (outside the window;
+        a state kind keeps the last one, so it gets one block for the loaded state).
+        Cross attention (never hits, not positional) and Mamba without caching take none.
+        Returns the new blocks. Precondition: the table was started.
+
+        Worked case (window 8, block 4, a 1-block hit ``[b]``, 8 external tokens): 12
+        computed, 5 skipped -> the table starts ``[0]`` (the hit block lies in the skipped
+        prefix) and gets 2 new blocks, for tokens 4..11.
+        """
+        external = total_computed_tokens - num_local_computed_tokens
+        if external <= 0 or (self.hit_shape == "never" and not self.positional):
+            return []
+        skipped = self.num_skipped_tokens(total_computed_tokens)
+        if skipped > 0 and total_computed_tokens - skipped <= 0:
+            return []
+        table = self.req_to_blocks[request_id]
+        n = -(-total_computed_tokens // self.block_size) - len(table)
+        if n <= 0:
+            return []
+        new = self.pool.get_new_blocks(n)
+        table.extend(new)
+        return new
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Grow the request's table to ``ceil(num_tokens / block_size)`` blocks; return the

@@ -106,6 +106,10 @@ class MambaManager(SingleTypeManager):
         """1 for a request without its state block yet, else 0. O(1)."""
         return 0 if self.req_to_blocks.get(request_id) else 1
 
+    def allocate_external_blocks(self, request_id: str, num_local: int, total: int) -> list[int]:
+        """None: the one state block comes with the new tokens' allocation. O(1)."""
+        return []
+
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """The request's single state block, on its first allocation only. O(1)."""
         blocks = self.req_to_blocks[request_id]
@@ -195,12 +199,6 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Every token but the last: a state summarises its whole prefix."""
         return max(0, num_computed_tokens - 1)
-
-    def load_position(self, request_id: str, start: int) -> int:
-        """The live block (the table's last): a hit of external tokens leaves nulls up to
-        it, so a state loaded from elsewhere lands in the block the request computes into
-        next (the engine starts from it instead of copying a previous state)."""
-        return len(self.req_to_blocks[request_id]) - 1
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """The rightmost cached state within ``max_length`` tokens ending on the hit
@@ -347,8 +345,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
             table[k] = 0
 
     def registers_whole_blocks_only(self) -> bool:
-        """Unless sub-block hits register the prompt's tail state."""
-        return not self.partial_hits
+        """Unless sub-block hits register the prompt's tail state (or 0.32 keys it again)."""
+        return not self.partial_hits and not self.keep_null_head
 
     def cache_blocks(self, request: RequestLike, request_id: str, num_tokens: int) -> None:
         """Register full positions as usual and remember their hashes for this step; with
@@ -359,6 +357,8 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         after = self.num_cached_blocks[request_id]
         if self.partial_hits:
             self._cache_partial_tail(request, request_id, num_tokens)
+        if self.keep_null_head:  # the 0.32 profile
+            self._rekey_prompt_tail(request, request_id, num_tokens)
         if after > before:
             bh = self.pool.block_hash
             table = self.req_to_blocks[request_id]
@@ -368,6 +368,24 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
                     self._registered_this_step.add(h)
                     if self.offloads is not None:
                         self.offloads.committed(request_id, table[k], (k + 1) * self.block_size)
+
+    def _rekey_prompt_tail(self, request: RequestLike, request_id: str, n: int) -> None:
+        """vLLM 0.32 keys the state at the prompt's last hash boundary (``(p - 1) // hbs *
+        hbs``; ``p // hbs * hbs - hbs`` with the EAGLE drop) again when ``n`` reaches it
+        and it is keyed there already (0.33 skips it): the key then counts as registered
+        in this step, so a request hitting it waits for the next step."""
+        hbs = self.pool.hash_block_size
+        p = request.num_prompt_tokens
+        end = max(0, p // hbs * hbs - hbs) if self.drop_last_hit else (p - 1) // hbs * hbs
+        if n <= 0 or n != end:
+            return
+        i = cdiv(n, self.block_size) - 1
+        table = self.req_to_blocks[request_id]
+        if i >= len(table) or not table[i] or n // hbs > len(request.block_hashes):
+            return
+        key = request.block_hashes[n // hbs - 1]
+        if self.pool.has_entry(self.group, key, table[i]):
+            self._registered_this_step.add(key)
 
     def _cache_partial_tail(self, request: RequestLike, request_id: str, n: int) -> None:
         """When exactly ``n`` = the prompt's last hash boundary before its last token
