@@ -104,7 +104,7 @@ def test_calls_the_entry_leaves_reach_python_and_its_errors(tmp_path: Path) -> N
     assert kv.get_block_ids(req.request_id) == before
     # An admitting request under a watermark counts it: the Python method decides.
     kv.watermark_blocks = kv.pagedkv.num_free_blocks  # nothing can be admitted now
-    install_entry(kv)
+    install_entry(kv, (RequestStatus.WAITING, RequestStatus.PREEMPTED))
     req.status = RequestStatus.PREEMPTED
     assert kv.allocate_slots(req, 64) is None
     req.status = RequestStatus.RUNNING

@@ -127,6 +127,7 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         kind is UnitaryCoordinator and coordinator.managers[0].grows_plainly)
     if (own_allocate or cache_function is None or kind._grow is not Coordinator._grow
             or kind.cache_blocks is not Coordinator.cache_blocks
+            or "cache_blocks" in vars(coordinator)  # rebound (the EAGLE drop's rule)
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
     plan = tuple((bs, m, m.req_to_blocks, cached)

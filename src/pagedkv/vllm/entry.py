@@ -23,21 +23,22 @@ from pagedkv.core import native
 __all__ = ["install_entry"]
 
 
-def install_entry(adapter: Any) -> bool:
+def install_entry(adapter: Any, admitting: tuple[Any, ...]) -> bool:
     """Install the compiled entry on ``adapter`` (a ``VLLMKVCacheManager`` at the end of
-    its construction); whether it was installed. Calling it again rebuilds the entry
-    from the adapter's current settings (``watermark_blocks``, ``enable_caching``)."""
-    from pagedkv.vllm.manager import _ADMITTING, VLLMKVCacheManager
-
+    its construction; its class's ``allocate_slots`` and ``cache_blocks`` take every call
+    the entry does not); whether it was installed. ``admitting``: the request statuses
+    that count the watermark. Calling it again rebuilds the entry from the adapter's
+    current settings (``watermark_blocks``, ``enable_caching``)."""
+    cls = type(adapter)
     ccore = native.active()
     if ccore is None or adapter.enable_kv_cache_events:
         return False
     entry = ccore.VllmEntry(
         adapter=adapter, facade=adapter.pagedkv, views=adapter._views,
-        allocate_function=VLLMKVCacheManager.allocate_slots,
-        cache_function=VLLMKVCacheManager.cache_blocks, wrap=adapter._table.blocks,
+        allocate_function=cls.allocate_slots,
+        cache_function=cls.cache_blocks, wrap=adapter._table.blocks,
         empty=adapter.empty_kv_cache_blocks,
-        admitting=_ADMITTING if adapter.watermark_blocks else None,
+        admitting=admitting if adapter.watermark_blocks else None,
         hash_block_size=adapter._hash_block_size)
     adapter.allocate_slots = entry.allocate_slots
     if adapter.enable_caching:

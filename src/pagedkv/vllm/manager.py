@@ -112,7 +112,7 @@ class VLLMKVCacheManager:
         self.metrics_port: int | None = None
         self._pending_events: list[Any] = []
         self._warned_report_mode = False
-        install_entry(self)  # the steady-state calls in C (pagedkv.vllm.entry)
+        install_entry(self, _ADMITTING)  # the steady-state calls in C
 
     # ------------------------------------------------------------------ requests
 
