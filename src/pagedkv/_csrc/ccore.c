@@ -177,6 +177,17 @@ static PyObject *sha256_mode(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(pk_sha256_accelerated() ? "shani" : "portable");
 }
 
+/* Ready `type` and add it to the module as `name`: -1 with an exception on failure. */
+static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 #include "ccore_pool.h"
 #include "ccore_fast.h"
 #include "ccore_groups.h"

@@ -180,25 +180,29 @@ static PyObject *da_manager(DecodeAllocate *self) {
     return da_manager_of(self->manager_ref);
 }
 
+/* function(first, *args, **kwargs): a call as it came, with `first` in front. */
+static PyObject *call_with_first(PyObject *function, PyObject *first, PyObject *const *args,
+                                 size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[16];
+    PyObject **stack =
+        total + 1 <= 16 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
+    if (stack == NULL) return PyErr_NoMemory();
+    stack[0] = first;
+    if (total) memcpy(stack + 1, args, sizeof(PyObject *) * (size_t)total);
+    PyObject *out = PyObject_Vectorcall(function, stack, (size_t)(nargs + 1), kwnames);
+    if (stack != small) PyMem_Free(stack);
+    return out;
+}
+
 /* The Python method `function` on the manager (held by manager_ref) with the same
  * arguments. */
 static PyObject *call_python(PyObject *manager_ref, PyObject *function,
                              PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     PyObject *mgr = da_manager_of(manager_ref);
     if (mgr == NULL) return NULL;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[16];
-    PyObject **stack =
-        total + 1 <= 16 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
-    if (stack == NULL) {
-        Py_DECREF(mgr);
-        return PyErr_NoMemory();
-    }
-    stack[0] = mgr;
-    if (total) memcpy(stack + 1, args, sizeof(PyObject *) * (size_t)total);
-    PyObject *out = PyObject_Vectorcall(function, stack, (size_t)(nargs + 1), kwnames);
-    if (stack != small) PyMem_Free(stack);
+    PyObject *out = call_with_first(function, mgr, args, nargsf, kwnames);
     Py_DECREF(mgr);
     return out;
 }
@@ -540,11 +544,5 @@ static int ccore_fast_add(PyObject *m) {
     DecodeAllocateType.tp_members = da_members;
     DecodeAllocateType.tp_getset = da_getset;
     DecodeAllocateType.tp_methods = da_methods;
-    if (PyType_Ready(&DecodeAllocateType) < 0) return -1;
-    Py_INCREF(&DecodeAllocateType);
-    if (PyModule_AddObject(m, "DecodeAllocate", (PyObject *)&DecodeAllocateType) < 0) {
-        Py_DECREF(&DecodeAllocateType);
-        return -1;
-    }
-    return 0;
+    return ccore_add_type(m, &DecodeAllocateType, "DecodeAllocate");
 }

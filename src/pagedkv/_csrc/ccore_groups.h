@@ -659,11 +659,5 @@ static int ccore_groups_add(PyObject *m) {
     GroupsAllocateType.tp_members = ga_members;
     GroupsAllocateType.tp_getset = ga_getset;
     GroupsAllocateType.tp_methods = ga_methods;
-    if (PyType_Ready(&GroupsAllocateType) < 0) return -1;
-    Py_INCREF(&GroupsAllocateType);
-    if (PyModule_AddObject(m, "GroupsAllocate", (PyObject *)&GroupsAllocateType) < 0) {
-        Py_DECREF(&GroupsAllocateType);
-        return -1;
-    }
-    return 0;
+    return ccore_add_type(m, &GroupsAllocateType, "GroupsAllocate");
 }

@@ -464,11 +464,7 @@ static int ccore_pool_add(PyObject *m) {
     FreeQueueIterType.tp_iter = PyObject_SelfIter;
     FreeQueueIterType.tp_iternext = (iternextfunc)fqi_next;
     FreeQueueIterType.tp_dealloc = (destructor)fqi_dealloc;
-    if (PyType_Ready(&FreeQueueIterType) < 0 || PyType_Ready(&FreeQueueType) < 0) return -1;
-    Py_INCREF(&FreeQueueType);
-    if (PyModule_AddObject(m, "FreeQueue", (PyObject *)&FreeQueueType) < 0) {
-        Py_DECREF(&FreeQueueType);
-        return -1;
-    }
+    if (PyType_Ready(&FreeQueueIterType) < 0
+        || ccore_add_type(m, &FreeQueueType, "FreeQueue") < 0) return -1;
     return PyModule_AddFunctions(m, pool_methods);
 }

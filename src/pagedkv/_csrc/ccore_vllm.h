@@ -74,17 +74,7 @@ static PyObject *ve_python(VllmEntry *self, PyObject *function, PyObject *const 
         PyErr_SetString(PyExc_RuntimeError, "VllmEntry: cleared");
         return NULL;
     }
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[24];
-    PyObject **stack =
-        total + 1 <= 24 ? small : PyMem_Malloc(sizeof(PyObject *) * (size_t)(total + 1));
-    if (stack == NULL) return PyErr_NoMemory();
-    stack[0] = self->adapter;
-    if (total) memcpy(stack + 1, args, sizeof(PyObject *) * (size_t)total);
-    PyObject *out = PyObject_Vectorcall(function, stack, (size_t)(nargs + 1), kwnames);
-    if (stack != small) PyMem_Free(stack);
-    return out;
+    return call_with_first(function, self->adapter, args, nargsf, kwnames);
 }
 
 /* The request's live view (a new reference) when the adapter holds this very request,
@@ -95,13 +85,9 @@ static PyObject *ve_view(VllmEntry *self, PyObject *request) {
         PyErr_Clear();
         return NULL;
     }
-    PyObject *view = PyUnicode_CheckExact(rid) ? PyDict_GetItemWithError(self->views, rid)
-                                               : NULL;
+    PyObject *view = PyUnicode_CheckExact(rid) ? da_get(self->views, rid) : NULL;
     Py_DECREF(rid);
-    if (view == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
+    if (view == NULL) return NULL;
     Py_INCREF(view);
     PyObject *held = PyObject_GetAttr(view, str_request);
     if (held == NULL) PyErr_Clear();
@@ -112,22 +98,6 @@ static PyObject *ve_view(VllmEntry *self, PyObject *request) {
         return NULL;
     }
     return view;
-}
-
-/* A non-negative exact int attribute of obj, or -1 (no error set). */
-static Py_ssize_t ve_count(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    Py_ssize_t n = PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
-    Py_DECREF(v);
-    if (n < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    return n;
 }
 
 /* 1 when the call is the steady-state one: exactly (request, n) with n an exact int > 0,
@@ -172,14 +142,16 @@ static PyObject *ve_allocate(VllmEntry *self, PyObject *const *args, size_t narg
     PyObject *view = ve_view(self, request);
     if (view == NULL) return ve_python(self, self->allocate_py, args, nargsf, kwnames);
     int adm = ve_admitting(self, request);
-    Py_ssize_t in_flight = ve_count(request, str_num_in_flight_tokens);
-    Py_ssize_t computed = ve_count(request, str_num_computed_tokens);
-    if (adm != 0 || in_flight < 0 || computed < 0) {
+    Py_ssize_t in_flight = adm == 0 ? da_count(request, str_num_in_flight_tokens) : -1;
+    if (in_flight > 0) {  /* capped at the computed tokens, as the Python method */
+        Py_ssize_t computed = da_count(request, str_num_computed_tokens);
+        in_flight = computed < 0 ? -1 : in_flight < computed ? in_flight : computed;
+    }
+    if (in_flight < 0) {
         Py_DECREF(view);
         if (adm < 0) PyErr_Clear();
         return ve_python(self, self->allocate_py, args, nargsf, kwnames);
     }
-    if (in_flight > computed) in_flight = computed;
     PyObject *allocate = PyObject_GetAttr(self->facade, str_allocate_slots);
     PyObject *flight = PyLong_FromSsize_t(in_flight);
     PyObject *new = NULL;
@@ -228,15 +200,12 @@ static PyObject *ve_cache_blocks(VllmEntry *self, PyObject *const *args, size_t 
     PyObject *request = args[0];
     PyObject *view = ve_view(self, request);
     if (view == NULL) return ve_python(self, self->cache_py, args, nargsf, kwnames);
-    PyObject *hashes = PyObject_GetAttr(request, str_block_hashes);
-    if (hashes == NULL || !PyList_CheckExact(hashes)) {
-        Py_XDECREF(hashes);
-        PyErr_Clear();
+    Py_ssize_t num_hashes = attr_list_len(request, str_block_hashes);
+    if (num_hashes < 0) {
         Py_DECREF(view);
         return ve_python(self, self->cache_py, args, nargsf, kwnames);
     }
-    Py_ssize_t hashed = PyList_GET_SIZE(hashes) * self->hash_block_size;
-    Py_DECREF(hashes);
+    Py_ssize_t hashed = num_hashes * self->hash_block_size;
     PyObject *end = n < hashed ? Py_NewRef(args[1]) : PyLong_FromSsize_t(hashed);
     PyObject *cache = PyObject_GetAttr(self->facade, str_cache_blocks);
     PyObject *r = NULL;
@@ -315,11 +284,5 @@ static int ccore_vllm_add(PyObject *m) {
     VllmEntryType.tp_traverse = (traverseproc)ve_traverse;
     VllmEntryType.tp_clear = (inquiry)ve_clear;
     VllmEntryType.tp_methods = ve_methods;
-    if (PyType_Ready(&VllmEntryType) < 0) return -1;
-    Py_INCREF(&VllmEntryType);
-    if (PyModule_AddObject(m, "VllmEntry", (PyObject *)&VllmEntryType) < 0) {
-        Py_DECREF(&VllmEntryType);
-        return -1;
-    }
-    return 0;
+    return ccore_add_type(m, &VllmEntryType, "VllmEntry");
 }

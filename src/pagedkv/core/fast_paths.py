@@ -126,8 +126,8 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
     own_allocate = kind.allocate is not Coordinator.allocate and not (
         kind is UnitaryCoordinator and coordinator.managers[0].grows_plainly)
     if (own_allocate or cache_function is None or kind._grow is not Coordinator._grow
-            or kind.cache_blocks is not Coordinator.cache_blocks
-            or "cache_blocks" in vars(coordinator)  # rebound (the EAGLE drop's rule)
+            # the registration in effect, an instance's rebinding (the EAGLE drop's) too
+            or getattr(coordinator.cache_blocks, "__func__", None) is not Coordinator.cache_blocks
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
     plan = tuple((bs, m, m.req_to_blocks, cached)
