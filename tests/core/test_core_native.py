@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pagedkv import FullAttentionSpec, KVCacheManager, Request
 from pagedkv.core import native
 from pagedkv.core.hashing import BlockHasher
+from pagedkv.core.kernels import PURE
 
 ccore = native.module()
 pytestmark = pytest.mark.skipif(ccore is None or native.active() is None,
@@ -71,7 +72,7 @@ def hasher_pair(block_size: int, memo_blocks: int) -> tuple[BlockHasher, BlockHa
     compiled = BlockHasher(block_size, memo_blocks=memo_blocks)
     with native.forced_pure():
         pure = BlockHasher(block_size, memo_blocks=memo_blocks)
-    assert compiled._native is not None and pure._native is None
+    assert compiled._plain is not PURE.hash_plain and pure._plain is PURE.hash_plain
     return compiled, pure
 
 
@@ -132,7 +133,7 @@ def manager_pair(**fields: Any) -> tuple[KVCacheManager, KVCacheManager]:
     compiled = KVCacheManager.from_spec(SPEC, **fields)
     with native.forced_pure():
         pure = KVCacheManager.from_spec(SPEC, **fields)
-    assert compiled.hasher._native is not None and pure.hasher._native is None
+    assert compiled.hasher._plain is not PURE.hash_plain and pure.hasher._plain is PURE.hash_plain
     return compiled, pure
 
 

@@ -42,6 +42,7 @@ from pagedkv import (
 )
 from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks
+from pagedkv.core.kernels import PURE
 from pagedkv.host import HostTierConfig, TieredHit
 from pagedkv.retention import RequestRetention, RetentionConfig, TokenRangeRetention
 
@@ -161,7 +162,8 @@ class Differential(RuleBasedStateMachine):
         compiled = KVCacheManager(self.layout.config(self.clock))
         with native.forced_pure():
             pure = KVCacheManager(self.layout.config(self.clock))
-        assert compiled.hasher._native is not None and pure.hasher._native is None
+        assert compiled.hasher._plain is not PURE.hash_plain
+        assert pure.hasher._plain is PURE.hash_plain
         self.mgrs = (compiled, pure)
         self.has_mamba = any(isinstance(g, MambaSpec) for g in self.layout.groups)
         self.waiting: list[Pair] = []
