@@ -210,6 +210,8 @@ def test_free_queue(n: int, ops: list[tuple[str, int]]) -> None:
                     getattr(q, op)(some)
             out[i].append((q.to_list(), q.num_free, list(q), q.check_invariants()))
     assert out[0] == out[1]
+    with pytest.raises(IndexError):
+        queues[1].append(n)  # outside the pool: refused, never written
 
 
 @FAST
