@@ -10,8 +10,11 @@ State per block id ``b`` (parallel lists, see ``free_queue.py`` for why blocks a
 
 The prefix index itself (keys, duplicates, partial-prefix entries; registering, moving and
 evicting) is :class:`~pagedkv.core.prefix_index.PrefixIndex`, the pool's base; the pool adds
-the reference counts, the free queue, and the inlined eviction of the cached blocks it
-hands out.
+the reference counts, the free queue, and the eviction of the cached blocks it hands out.
+Its per-block loops are kernels (:mod:`pagedkv.core.kernels`: ``pool_take``,
+``pool_free``, ``pool_touch`` and the queue class), taken once at construction and called
+unconditionally; :meth:`BlockPool.set_free_queue` rebinds the free and touch kernels when
+a retention policy swaps in its own queue.
 
 Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
 (one ``StoredRun`` record per run, built only for a recorder that ``hears_stored``),
