@@ -42,6 +42,7 @@ from pagedkv import (
 )
 from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks
+from pagedkv.core.kernels import PURE
 from pagedkv.host import HostTierConfig, TieredHit
 from pagedkv.retention import RequestRetention, RetentionConfig, TokenRangeRetention
 
@@ -129,10 +130,29 @@ LAYOUTS: dict[str, Layout] = {
     "full_swa_retention": Layout((full(), window()), 24, retention=True),
     "full_host": Layout((full(),), 12, host=True),
     "full_swa_mamba_host": Layout((full(), window(), mamba()), 30, host=True),
+    "full_chunked": Layout((full(), chunked()), 24),
+    "full_mamba_align": Layout((full(), mamba()), 24),
 }
 
-#: Shared prefixes: two block-aligned, one ending inside a block, one empty.
-PREFIXES = [[1000 + i for i in range(16)], [2000 + i for i in range(10)], [7] * 9, []]
+#: Keyword sets of a running request's odd step (:meth:`Differential.odd_step`): those
+#: the compiled entry points take, then odd ones they hand to the Python method (which
+#: validates and raises, or takes the general path).
+STEP_KEYWORDS: list[dict[str, Any]] = [
+    {}, {"num_lookahead_tokens": 2}, {"reserved_blocks": 2}, {"delay_caching": True},
+    {"has_scheduled_reqs": False, "full_sequence_must_fit": False},
+    {"new_computed_blocks": None, "num_external_computed_tokens": 0,
+     "num_encoder_tokens": 0, "num_new_computed_tokens": None},
+    {"num_in_flight_tokens": 1, "lenient_counts": True},
+    {"num_in_flight_tokens": 0, "lenient_counts": False, "delay_caching": False},
+    {"num_lookahead_tokens": -1}, {"reserved_blocks": True}, {"lenient_counts": 1},
+    {"num_in_flight_tokens": 10**6}, {"full_sequence_must_fit": True},
+    {"num_external_computed_tokens": 2}, {"delay_caching": 1}, {"unknown": 0},
+]
+
+#: Shared prefixes: two block-aligned, one ending inside a block (with ids past the plain
+#: hash kernel's table: the checked hashing path), one empty.
+PREFIXES = [[1000 + i for i in range(16)], [2000 + i for i in range(10)],
+            [7, 7, 7, (1 << 17) + 1, 7, 7, 7, 7, 7], []]
 
 
 def view(value: Any) -> Any:
@@ -161,7 +181,8 @@ class Differential(RuleBasedStateMachine):
         compiled = KVCacheManager(self.layout.config(self.clock))
         with native.forced_pure():
             pure = KVCacheManager(self.layout.config(self.clock))
-        assert compiled.hasher._native is not None and pure.hasher._native is None
+        assert compiled.hasher._plain is not PURE.hash_plain
+        assert pure.hasher._plain is PURE.hash_plain
         self.mgrs = (compiled, pure)
         self.has_mamba = any(isinstance(g, MambaSpec) for g in self.layout.groups)
         self.waiting: list[Pair] = []
@@ -322,7 +343,33 @@ class Differential(RuleBasedStateMachine):
         self.settle_host()
 
     @precondition(lambda self: self.running)
-    @rule(i=st.integers(0, 100), n=st.sampled_from([0, 1, 4, 9, 16, 33, 64, -1, None]))
+    @rule(i=st.integers(0, 100), n=st.sampled_from([0, -1, 1, 2, 10**9, True, 1.0, None]),
+          computed=st.sampled_from([None, -1, 0, 1, 10**9, 1.5, "x"]),
+          kw=st.sampled_from(range(len(STEP_KEYWORDS))))
+    def odd_step(self, i: int, n: Any, computed: Any, kw: int) -> None:
+        """``allocate_slots`` with counts, computed counts and keyword sets that the
+        compiled entry points must hand to the Python method (which raises the documented
+        error) or take themselves; the request's computed count restored after. (Odd
+        computed counts and the counting keywords are left out with a Mamba group: see
+        MAMBA_COUNTING.)"""
+        pair = self.running[i % len(self.running)]
+        saved = pair[0].num_computed_tokens
+        kwargs = STEP_KEYWORDS[kw]
+        if self.has_mamba and ({"num_in_flight_tokens", "lenient_counts"} & set(kwargs)):
+            kwargs = {}
+        if computed is not None and not self.has_mamba:
+            for req in pair:
+                req.num_computed_tokens = computed
+        try:
+            self.both(lambda m, k: m.allocate_slots(pair[k], n, **kwargs))
+        finally:
+            for req in pair:
+                req.num_computed_tokens = saved
+        self.settle_host()
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), n=st.sampled_from([0, 1, 4, 9, 15, 16, 17, 33, 64, 10**9,
+                                                     -1, True, 2.0, None]))
     def cache_blocks(self, i: int, n: Any) -> None:
         pair = self.running[i % len(self.running)]
         self.both(lambda m, k: m.cache_blocks(pair[k], n))

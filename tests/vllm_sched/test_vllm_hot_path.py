@@ -106,11 +106,11 @@ def _count_compiled_loops(pool: Any) -> dict[str, int]:
 
         setattr(pool, name, counted)
 
-    for name, key in [("_cfree", "free: C"), ("free_blocks", "free: calls"),
-                      ("_ctake", "take: C"), ("get_new_blocks", "take: calls"),
-                      ("_cregister", "register: C"),
+    for name, key in [("_pool_free", "free: C"), ("free_blocks", "free: calls"),
+                      ("_pool_take", "take: C"), ("get_new_blocks", "take: calls"),
+                      ("_index_register", "register: C"),
                       ("cache_full_blocks", "register: calls"),
-                      ("clongest_hit", "lookup: C")]:
+                      ("longest_hit", "lookup: C")]:
         wrap(name, key)
     return counts
 

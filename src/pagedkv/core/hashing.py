@@ -26,7 +26,6 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pagedkv.core import native
 from pagedkv.core.cbor import block_payloads, canonical_cbor, cbor_head, encode_tokens, token_table
 from pagedkv.core.hash_extras import (
     HashExtras,
@@ -36,6 +35,8 @@ from pagedkv.core.hash_extras import (
     keys_cbor,
     lora_keys_cbor,
 )
+from pagedkv.core.kernels import PURE, kernels
+from pagedkv.core.kernels_pure import CHUNK_TOKENS
 from pagedkv.errors import InvalidArgumentError, require
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 HASH_ALGOS = ("sha256_cbor", "xxhash_cbor")
-_CHUNK_TOKENS = 1024
+_CHUNK_TOKENS = CHUNK_TOKENS  # (hashing_lookahead reads it here)
 _NULL = b"\xf6"  # the CBOR encoding of None: a block without extra keys
 _NONE_HASH_INPUT = "vllm-none-hash"
 
@@ -76,7 +77,7 @@ class BlockHasher:
     when a call brings more; the older is dropped whole when a call would take the newer
     past ``memo_blocks``: O(1) per block, ~200 bytes per entry). ``memo_blocks=0`` turns it
     off. The memo never changes a digest; it only skips recomputing one. The compiled core
-    (:mod:`pagedkv.core.native`) hashes plain blocks in C without it: there a block's
+    (:mod:`pagedkv.core.kernels`) hashes plain blocks in C without it: there a block's
     encoding and SHA-256 cost less than a memo probe, so its memo stays empty.
 
     One hasher may be shared by threads (e.g. a front end hashing requests while the
@@ -92,7 +93,7 @@ class BlockHasher:
     3
     """
 
-    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "_native", "algo",
+    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "_plain", "algo",
                  "block_size", "memo_blocks", "seed")
 
     def __init__(
@@ -122,9 +123,9 @@ class BlockHasher:
         # bytes head (a digest's length), and the token array's head.
         self._head = b"\x83" + cbor_head(2, len(self.seed))
         self._array_head = cbor_head(4, block_size)
-        # The compiled core's block loop (sha256_cbor only), None on the pure core.
-        ccore = native.active()
-        self._native = ccore.hash_plain if ccore is not None and algo == "sha256_cbor" else None
+        # The plain-block kernel (pagedkv.core.kernels), picked once: the compiled one
+        # implements sha256_cbor only.
+        self._plain = kernels().hash_plain if algo == "sha256_cbor" else PURE.hash_plain
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -158,20 +159,8 @@ class BlockHasher:
         stop = len(token_ids) // bs * bs
         if start >= stop:
             return
-        if (extras is None and self._native is not None and type(token_ids) is list
-                and self._native(self, hashes, token_ids, start, stop, bs)):
-            return  # the compiled core did what the plain paths below do
-        if extras is None and stop - start <= _CHUNK_TOKENS and (
-                not hashes or len(hashes[-1]) == len(self.seed)):
-            # The common call (a prompt or a decode step's new block, no extras): one
-            # chunk, encoded here and hashed by _hash_plain.
-            try:
-                payloads = block_payloads(token_ids[start:stop], bs, token_table())
-            except (IndexError, TypeError):
-                pass  # an id outside the token table: the checked path below
-            else:
-                self._hash_plain(hashes, payloads)
-                return
+        if extras is None and self._plain(self, hashes, token_ids, start, stop, bs):
+            return  # the common call: blocks without extra keys
         if hashes and len(hashes[-1]) != len(self.seed):
             # A caller-supplied parent of another length: its block the checked way, then
             # every parent is a digest of this hasher.
@@ -179,17 +168,18 @@ class BlockHasher:
             start += bs
             if start >= stop:
                 return
-        try:
-            if extras is None:
-                self._extend_plain(hashes, token_ids, start, stop)
-            else:
+            if extras is None and self._plain(self, hashes, token_ids, start, stop, bs):
+                return
+        if extras is not None:
+            try:
                 self._extend_keyed(hashes, token_ids, start, stop, extras, keys_out)
-            return
-        except (IndexError, TypeError):
-            # An id outside the token table: the checked path below encodes it or raises
-            # (raised before the failing chunk's first block was hashed, so the hashes and
-            # the recorded keys are still in step).
-            start = len(hashes) * bs
+                return
+            except (IndexError, TypeError):
+                # An id outside the token table: the checked path below encodes it or
+                # raises (raised before the failing chunk's first block was hashed, so the
+                # hashes and the recorded keys are still in step).
+                start = len(hashes) * bs
+        # (Without extras: the plain kernel met an id outside the token table.)
         parent = hashes[-1] if hashes else self.seed
         self._extend_checked(hashes, token_ids, start, stop - bs, parent, extras, keys_out)
 
@@ -203,27 +193,11 @@ class BlockHasher:
             self._memo = memo = {}
         return memo
 
-    def _extend_plain(
-        self, hashes: list[bytes], token_ids: Sequence[int], start: int, stop: int
-    ) -> None:
-        """:meth:`extend` without extras for the blocks in ``[start, stop)``, in chunks of
-        about 1,024 tokens (a cache-sized working set): the chunk's block payloads (see
-        ``block_payloads``), then :meth:`_hash_plain`.
-
-        Raises:
-            IndexError, TypeError: a token id outside the encoding table.
-        """
-        bs = self.block_size
-        table = token_table()
-        chunk = max(1, _CHUNK_TOKENS // bs) * bs
-        for c in range(start, stop, chunk):
-            self._hash_plain(hashes, block_payloads(token_ids[c : min(c + chunk, stop)], bs,
-                                                    table))
-
-    def _hash_plain(self, hashes: list[bytes], payloads: list[bytes]) -> None:
+    def hash_payloads(self, hashes: list[bytes], payloads: list[Any]) -> None:
         """Append the hashes of blocks without extra keys whose encoded tokens are
-        ``payloads``, chained on ``hashes[-1]`` (a digest of this hasher) or the seed: one
-        digest or one memo hit per block.
+        ``payloads`` (``pagedkv.core.cbor.block_payloads``), chained on ``hashes[-1]`` (a
+        digest of this hasher) or the seed: one digest or one memo hit per block. The
+        pure ``hash_plain`` kernel's step (:mod:`pagedkv.core.kernels_pure`).
 
         NOTE: the memo key is the whole hash input (so an entry can never give a wrong
         digest) and a repeated block costs one dict lookup instead of a digest
@@ -306,7 +280,7 @@ class BlockHasher:
     ) -> None:
         """:meth:`extend` with extras for the blocks in ``[start, stop)``, on the fast
         token encoding: per block, its keys, then one digest or one memo hit (memo as in
-        :meth:`_extend_plain`: keyed by the whole hash input).
+        :meth:`hash_payloads`: keyed by the whole hash input).
 
         Most blocks carry only the LoRA key (or nothing): those *plain* blocks reuse one
         encoding; only blocks a multimodal item overlaps, the salted first block and

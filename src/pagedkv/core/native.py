@@ -1,9 +1,10 @@
 """Which core runs: the compiled one (``pagedkv.core._ccore``, a C extension built by
 ``pip install`` where a C compiler exists) or the pure-Python reference.
 
-The compiled core replaces per-block loops only (the chained SHA-256 CBOR block hash, see
-:meth:`pagedkv.core.hashing.BlockHasher.extend`); every public call, every check and every
-error stays in Python, so both cores return the same values and raise the same errors.
+The compiled core replaces per-block loops only (the kernels, :mod:`pagedkv.core.kernels`,
+which picks the set an object runs; and the steady-state allocation,
+:mod:`pagedkv.core.fast_paths`); every public call, every check and every error stays in
+Python, so both cores return the same values and raise the same errors.
 Objects pick their core when they are built: ``PAGEDKV_PURE=1`` in the environment (read at
 import) forces the pure core, and :func:`forced_pure` builds pure objects in a process that
 has the compiled one (tests drive the two side by side).

@@ -10,8 +10,11 @@ State per block id ``b`` (parallel lists, see ``free_queue.py`` for why blocks a
 
 The prefix index itself (keys, duplicates, partial-prefix entries; registering, moving and
 evicting) is :class:`~pagedkv.core.prefix_index.PrefixIndex`, the pool's base; the pool adds
-the reference counts, the free queue, and the inlined eviction of the cached blocks it
-hands out.
+the reference counts, the free queue, and the eviction of the cached blocks it hands out.
+Its per-block loops are kernels (:mod:`pagedkv.core.kernels`: ``pool_take``,
+``pool_free``, ``pool_touch`` and the queue class), taken once at construction and called
+unconditionally; :meth:`BlockPool.set_free_queue` rebinds the free and touch kernels when
+a retention policy swaps in its own queue.
 
 Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
 (one ``StoredRun`` record per run, built only for a recorder that ``hears_stored``),
@@ -30,9 +33,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from typing import Any, cast
+from typing import Any
 
-from pagedkv.core import native
 from pagedkv.core.components import DeviceBlock, EvictionPolicy, PoolListener
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.prefix_index import PrefixIndex
@@ -71,20 +73,13 @@ class BlockPool(PrefixIndex):
                          hash_block_size=hash_block_size, groups=groups, recorder=recorder,
                          policy=policy)
         self.ref_cnt = [0] * num_blocks
-        # The compiled core's queue (C int arrays, the same methods) and the loops of
-        # free_blocks and touch over it; a retention policy may swap in its own queue,
-        # which then takes the Python loops.
-        ccore = native.active()
-        self._cqueue: type | None = None
-        self._ctake: Any = None
-        if ccore is None:
-            self.free_queue = FreeBlockQueue(num_blocks, first_id=1)
-        else:
-            self._ctake = ccore.pool_take
-            self._cqueue = ccore.FreeQueue
-            self._cfree = ccore.pool_free
-            self._ctouch = ccore.pool_touch
-            self.free_queue = cast(FreeBlockQueue, ccore.FreeQueue(num_blocks, first_id=1))
+        # The kernels (pagedkv.core.kernels), picked once: the allocation's loop, and the
+        # free and touch loops for the queue the pool holds (set_free_queue rebinds them).
+        k = self._kernels
+        self._pool_take = k.pool_take
+        self.free_queue: FreeBlockQueue = k.queue_class(num_blocks, first_id=1)
+        self._pool_free = k.pool_free
+        self._pool_touch = k.pool_touch
         #: Told of evictions, allocations, hits and resets (module docstring).
         self.listeners: tuple[PoolListener, ...] = tuple(listeners)
         if policy is not None:
@@ -104,24 +99,12 @@ class BlockPool(PrefixIndex):
         listeners = self.listeners
         victims = self._cached_at_front(n) if listeners else None
         ids = self.free_queue.popleft_n(n)
-        if self._ctake is not None:  # the loops below, in C
-            # (Evicted inline; the rest went through _evict, which counted them itself.)
-            inline = self._ctake(ids, self.ref_cnt, self.block_hash, self.block_group,
+        # (It returns the blocks it evicted inline; the rest went through _evict, which
+        # counted them itself: so the count is read after the call.)
+        inline = self._pool_take(ids, self.ref_cnt, self.block_hash, self.block_group,
                                  self.index, self._dups, self._secondary,
                                  self.recorder.removed, self._evict)
-            self.num_evicted_blocks += inline
-            if listeners:
-                self._tell_taken(ids, victims)
-            return ids
-        ref = self.ref_cnt
-        bh = self.block_hash
-        # NOTE: blocks without a hash (freed uncached, never used) need only their ref
-        # count; the eviction loop below starts at the first hashed block, if any.
-        for k, b in enumerate(ids):
-            if bh[b] is not None:
-                self._take_cached(ids, k)
-                break
-            ref[b] = 1
+        self.num_evicted_blocks += inline
         if listeners:
             self._tell_taken(ids, victims)
         return ids
@@ -143,100 +126,34 @@ class BlockPool(PrefixIndex):
                 listener.evicted(gone)
             listener.allocated(ids)
 
-    def _take_cached(self, ids: list[int], first: int) -> None:
-        """:meth:`get_new_blocks` from ``ids[first]`` (a cached block) on: evict the cached
-        ones and set every ref count to 1."""
-        ref = self.ref_cnt
-        bh = self.block_hash
-        bg = self.block_group
-        index = self.index
-        dups = self._dups
-        secondary = self._secondary
-        recorder = self.recorder
-        removed: list[bytes] = []  # hashes evicted in group removed_group, told in one call
-        removed_group = 0
-        num_evicted = 0
-        # NOTE: the common eviction (the block is the only block under its key and has no
-        # partial-prefix keys) is inlined: one dict delete instead of two calls and three
-        # lookups. A 64-block allocate evicting 64 cached blocks of a 1M-block pool:
-        # 86 -> 54 us (benchmarks/ab_eviction.py, interleaved best of 200).
-        for b in ids[first:] if first else ids:
-            h = bh[b]
-            if h is not None:
-                g = bg[b]
-                dg = dups[g]
-                if (not dg or h not in dg) and (not secondary or b not in secondary):
-                    del index[g][h]
-                    bh[b] = None
-                    num_evicted += 1
-                    if g != removed_group and removed:
-                        recorder.removed(removed, removed_group)
-                        removed = []
-                    removed_group = g
-                    removed.append(h)
-                else:
-                    if removed:
-                        recorder.removed(removed, removed_group)
-                        removed = []
-                    self._evict(b)
-            ref[b] = 1
-        if removed:
-            recorder.removed(removed, removed_group)
-        self.num_evicted_blocks += num_evicted
-
     def touch(self, ids: Iterable[int]) -> None:
         """A prefix hit on ``ids``: ref count +1; a block at 0 leaves the free queue. O(n)."""
         if self.policy is not None or self.listeners:
-            self._touch_told(ids if type(ids) is list else list(ids))
+            self._touch_told(list(ids))
             return
-        if type(self.free_queue) is self._cqueue:
-            self._ctouch(self.free_queue, self.ref_cnt, ids)
-            return
-        ref = self.ref_cnt
-        remove = self.free_queue.remove
-        for b in ids:
-            if b:
-                if ref[b] == 0:
-                    remove(b)
-                ref[b] += 1
+        self._pool_touch(self.free_queue, self.ref_cnt, ids)
 
     def _touch_told(self, ids: list[int]) -> None:
         """:meth:`touch` with a policy (which may count the references itself) or
         listeners."""
         if self.policy is None or not self.policy.touch(ids):
-            ref = self.ref_cnt
-            remove = self.free_queue.remove
-            for b in ids:
-                if b:
-                    if ref[b] == 0:
-                        remove(b)
-                    ref[b] += 1
+            self._pool_touch(self.free_queue, self.ref_cnt, ids)
         for listener in self.listeners:
             listener.touched(ids)
 
     def free_blocks(self, ordered: Iterable[int]) -> None:
         """Ref count -1 for each of ``ordered`` (first = evicted first); blocks reaching 0
         are queued: those without a hash at the front, those with one at the back. O(n)."""
-        if type(self.free_queue) is self._cqueue:
-            self._cfree(self.free_queue, self.ref_cnt, self.block_hash, ordered)
-            return
-        ref = self.ref_cnt
-        bh = self.block_hash
-        hashed: list[int] = []
-        unhashed: list[int] = []
-        for b in ordered:
-            if b:
-                r = ref[b] - 1
-                ref[b] = r
-                if r == 0:
-                    if bh[b] is None:
-                        unhashed.append(b)
-                    else:
-                        hashed.append(b)
-        if unhashed:
-            self.free_queue.prepend_n(unhashed)
-        if hashed:
-            self.free_queue.append_n(hashed)
+        self._pool_free(self.free_queue, self.ref_cnt, self.block_hash, ordered)
+
+    def set_free_queue(self, queue: FreeBlockQueue) -> None:
+        """Hold ``queue`` as the free queue from now on (a retention policy's own queue,
+        which must hold the same blocks in the same order) and take the free and touch
+        kernels that work on it (:meth:`pagedkv.core.kernels.Kernels.for_queue`). O(1)."""
+        k = self._kernels.for_queue(queue)
+        self.free_queue = queue
+        self._pool_free = k.pool_free
+        self._pool_touch = k.pool_touch
 
     # ------------------------------------------------------------------ prefix index
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedkv.core import native
 from pagedkv.core.components import EvictionPolicy
+from pagedkv.core.kernels import Kernels, kernels
 from pagedkv.core.recorder import EventRecorder, GroupInfo, StoredRun
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["PrefixIndex"]
-
 
 
 class PrefixIndex:
@@ -75,11 +74,12 @@ class PrefixIndex:
         self._num_rehashed = 0
         #: The eviction order when it is not vLLM's LRU (retention), else None.
         self.policy = policy
-        ccore = native.active()
-        # The compiled core's registration loop (cache_full_blocks without a mask).
-        self._cregister = ccore.index_register if ccore is not None else None
-        #: The compiled core's longest-hit probe over one group's dict, or None.
-        self.clongest_hit = ccore.longest_hit if ccore is not None else None
+        #: The kernels this index and its pool run (:mod:`pagedkv.core.kernels`), picked
+        #: once here.
+        self._kernels: Kernels = kernels()
+        self._index_register = self._kernels.index_register
+        #: The longest-hit kernel over one group's dict (full attention's lookup).
+        self.longest_hit = self._kernels.longest_hit
 
     # ------------------------------------------------------------------ queries
 
@@ -113,7 +113,7 @@ class PrefixIndex:
     def cache_full_blocks(
         self,
         request: RequestLike,
-        blocks: Sequence[int],
+        blocks: list[int],
         num_cached_blocks: int,
         num_full_blocks: int,
         group: int,
@@ -126,6 +126,7 @@ class PrefixIndex:
         The group's block size may be k times the hash block size; a block's hash is then
         the hash that ends at its boundary (``block_hashes[(i + 1) * k - 1]``). A block that
         already carries a shorter (partial) hash is promoted: the partial entries go.
+        ``blocks`` is the request's block table (a list, as ``request.block_hashes``).
         O(num_full_blocks - num_cached_blocks).
         """
         if num_cached_blocks >= num_full_blocks:
@@ -133,32 +134,14 @@ class PrefixIndex:
         all_hashes = request.block_hashes
         k = self.groups[group].block_size // self.hash_block_size
         hashes = all_hashes if k == 1 else all_hashes[k - 1 :: k]
-        index = self.index[group]
-        bh = self.block_hash
-        bg = self.block_group
-        if mask is None and self._cregister is not None and type(blocks) is list \
-                and type(hashes) is list:  # the loop below, in C
-            skipped: list[int] = self._cregister(
-                blocks, hashes, num_cached_blocks, num_full_blocks, index, self._dups[group],
-                bh, bg, group, self._evict_rehashed)
+        if mask is None:
+            skipped = self._index_register(
+                blocks, hashes, num_cached_blocks, num_full_blocks, self.index[group],
+                self._dups[group], self.block_hash, self.block_group, group,
+                self._evict_rehashed)
         else:
-            skipped = []  # positions not newly registered (null or already there)
-            for i in range(num_cached_blocks, num_full_blocks):
-                b = blocks[i]
-                if not b or (mask is not None and not mask[i - num_cached_blocks]):
-                    skipped.append(i)
-                    continue
-                h = hashes[i]
-                if bh[b] is not None:
-                    if bh[b] == h and bg[b] == group:
-                        skipped.append(i)
-                        continue
-                    self._evict(b, count=False)
-                bh[b] = h
-                bg[b] = group
-                primary = index.setdefault(h, b)
-                if primary != b:
-                    self._dups[group].setdefault(h, []).append(b)
+            skipped = self._register_masked(blocks, hashes, num_cached_blocks,
+                                            num_full_blocks, group, mask)
         recorder = self.recorder
         if recorder.hears_stored:
             run: StoredRun = (request, blocks, hashes, num_cached_blocks, num_full_blocks,
@@ -167,6 +150,34 @@ class PrefixIndex:
         if self.policy is not None:
             self.policy.registered(request, blocks, num_cached_blocks, num_full_blocks, group,
                                    mask)
+
+    def _register_masked(
+        self, blocks: list[int], hashes: list[bytes], start: int, stop: int, group: int,
+        mask: Sequence[bool],
+    ) -> list[int]:
+        """``index_register`` (:mod:`pagedkv.core.kernels_pure`) with positions whose
+        ``mask[i - start]`` is false skipped too; the skipped positions."""
+        index = self.index[group]
+        dups = self._dups[group]
+        bh = self.block_hash
+        bg = self.block_group
+        skipped: list[int] = []
+        for i in range(start, stop):
+            b = blocks[i]
+            if not b or not mask[i - start]:
+                skipped.append(i)
+                continue
+            h = hashes[i]
+            if bh[b] is not None:
+                if bh[b] == h and bg[b] == group:
+                    skipped.append(i)
+                    continue
+                self._evict(b, count=False)
+            bh[b] = h
+            bg[b] = group
+            if index.setdefault(h, b) != b:
+                dups.setdefault(h, []).append(b)
+        return skipped
 
     def cache_partial_block(
         self, request: RequestLike, block: int, num_tokens: int, group: int

@@ -94,7 +94,8 @@ class RetentionPolicy(EvictionPolicy):
                 self.num_blocks, clock=r.clock, default_priority=r.default_priority,
                 preempt_pins=r.preempt_pins)
             pq.on_deadline = self._on_deadline
-            pool.free_queue = self._pq = pq
+            pool.set_free_queue(pq)  # the pure free/touch kernels take it
+            self._pq = pq
         return pq
 
     @property

@@ -50,17 +50,7 @@ class FullAttentionManager(SingleTypeManager):
         hashes = self.group_hashes(block_hashes)
         index = self.pool.index[self.group]
         n = min(max_length // self.block_size, len(hashes))
-        probe = self.pool.clongest_hit
-        if probe is not None and type(hashes) is list:  # the loop below, in C
-            out: list[int] = probe(index, hashes, n)
-        else:
-            get = index.get
-            out = []
-            for i in range(n):
-                b = get(hashes[i])
-                if b is None:
-                    break
-                out.append(b)
+        out = self.pool.longest_hit(index, hashes, n)  # the pool's kernel
         if self.drop_last_hit and out:
             out.pop()
         return out

@@ -1,0 +1,175 @@
+"""The kernels interface: every per-block loop of the core, as one set picked once.
+
+A *kernel* is one hot loop of the core as a plain function (or, for the free queue, a
+class) over lists, dicts and callbacks: no object of the core, no checks of the caller's
+arguments (the pool, the index and the hasher check them first). Each has a pure-Python
+implementation in :mod:`pagedkv.core.kernels_pure`, which is its specification, and may
+have a compiled one in ``pagedkv.core._ccore`` (``pagedkv/_csrc``) with the same
+signature and the same effect. A :class:`Kernels` record names one implementation of
+each; :data:`PURE` is the pure set, :data:`COMPILED` the compiled set (``None`` when the
+extension is not built or ``PAGEDKV_PURE`` is set), and :func:`kernels` the set for an
+object being built now. Objects take their kernels once, at construction, and call them
+unconditionally: no call site tests which core it runs.
+
+The contracts, in one line each (details and worked examples on the pure functions):
+
+=================  ==============================================================
+``queue_class``    the free queue: ``(num_blocks, *, first_id)``, popleft_n, remove,
+                   append_n, prepend_n, to_list, ... (:class:`FreeBlockQueue`)
+``pool_take``      ref count 1 for each taken id; evict the cached ones; -> number
+                   evicted inline
+``pool_free``      ref count -1; those at 0 queued, unhashed front, hashed back
+``pool_touch``     ref count +1; those at 0 leave the queue first
+``index_register`` register ``blocks[start:stop]`` under ``hashes``; -> skipped positions
+``longest_hit``    the blocks of the longest run of ``hashes`` the dict holds
+``hash_plain``     chained block hashes without extra keys; False: not done, unchanged
+=================  ==============================================================
+
+>>> kernels() in (PURE, COMPILED)
+True
+>>> with native.forced_pure():
+...     kernels() is PURE
+True
+>>> PURE.longest_hit({b"a": 4}, [b"a", b"b"], 2)
+[4]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, cast
+
+from pagedkv.core import kernels_pure, native
+from pagedkv.core.free_queue import FreeBlockQueue
+from pagedkv.core.kernels_pure import PlainHasher
+
+__all__ = ["COMPILED", "PURE", "Kernels", "kernels"]
+
+#: ``pool_take(ids, ref_cnt, block_hash, block_group, index, dups, secondary, removed,
+#: evict) -> int``.
+PoolTake = Callable[
+    [list[int], list[int], list[Any], list[int], list[dict[bytes, int]],
+     list[dict[bytes, list[int]]], dict[int, Any], Callable[[list[bytes], int], None],
+     Callable[[int], None]],
+    int,
+]
+#: ``pool_free(queue, ref_cnt, block_hash, ordered) -> None``.
+PoolFree = Callable[[FreeBlockQueue, list[int], list[Any], Iterable[int]], None]
+#: ``pool_touch(queue, ref_cnt, ids) -> None``.
+PoolTouch = Callable[[FreeBlockQueue, list[int], Iterable[int]], None]
+#: ``index_register(blocks, hashes, start, stop, index, dups, block_hash, block_group,
+#: group, evict) -> list[int]``.
+IndexRegister = Callable[
+    [list[int], list[bytes], int, int, dict[bytes, int], dict[bytes, list[int]], list[Any],
+     list[int], int, Callable[[int], None]],
+    list[int],
+]
+#: ``longest_hit(index, hashes, n) -> list[int]``.
+LongestHit = Callable[[dict[bytes, int], list[bytes], int], list[int]]
+#: ``hash_plain(hasher, hashes, tokens, start, stop, block_size) -> bool``.
+HashPlain = Callable[[PlainHasher, list[bytes], Sequence[int], int, int, int], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """One implementation of each kernel (module docstring). Frozen: a set never changes.
+
+    Arguments marked *list* must be exact lists: the compiled kernels take nothing else
+    (the call sites pass request block tables, ``block_hashes`` and the pool's per-block
+    lists, all lists by construction); ``hash_plain`` takes any sequence of tokens.
+    """
+
+    #: ``"pure"`` or ``"compiled"``.
+    name: str
+    #: The free queue class: ``queue_class(num_blocks, first_id=1)`` holds blocks
+    #: ``first_id .. num_blocks - 1`` in order (:class:`FreeBlockQueue` is the spec).
+    queue_class: Callable[..., FreeBlockQueue]
+    #: :func:`pagedkv.core.kernels_pure.pool_take`: mutates ref_cnt, block_hash, index.
+    pool_take: PoolTake
+    #: :func:`pagedkv.core.kernels_pure.pool_free`: mutates the queue (of
+    #: ``queue_class``) and ref_cnt.
+    pool_free: PoolFree
+    #: :func:`pagedkv.core.kernels_pure.pool_touch`: mutates the queue and ref_cnt.
+    pool_touch: PoolTouch
+    #: :func:`pagedkv.core.kernels_pure.index_register`: mutates the index, dups,
+    #: block_hash, block_group.
+    index_register: IndexRegister
+    #: :func:`pagedkv.core.kernels_pure.longest_hit`: mutates nothing.
+    longest_hit: LongestHit
+    #: :func:`pagedkv.core.kernels_pure.hash_plain` (SHA-256 over canonical CBOR; the
+    #: pure one also any other algorithm): mutates hashes.
+    hash_plain: HashPlain
+
+    def for_queue(self, queue: object) -> Kernels:
+        """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
+        ``queue`` is of its ``queue_class``, else :data:`PURE` (a retention policy's own
+        queue). O(1).
+
+        >>> PURE.for_queue(FreeBlockQueue(2)) is PURE
+        True
+        """
+        return self if type(queue) is self.queue_class else PURE
+
+    def __reduce__(self) -> tuple[Callable[[str], Kernels], tuple[str]]:
+        """Pickled by name: a copied pool or hasher gets this process's set."""
+        return _by_name, (self.name,)
+
+
+def _by_name(name: str) -> Kernels:
+    """:data:`PURE` or :data:`COMPILED` by name (the pure set when none is built)."""
+    return COMPILED if name == "compiled" and COMPILED is not None else PURE
+
+
+PURE = Kernels(
+    name="pure",
+    queue_class=FreeBlockQueue,
+    pool_take=kernels_pure.pool_take,
+    pool_free=kernels_pure.pool_free,
+    pool_touch=kernels_pure.pool_touch,
+    index_register=kernels_pure.index_register,
+    longest_hit=kernels_pure.longest_hit,
+    hash_plain=kernels_pure.hash_plain,
+)
+
+
+_module = native.module()
+
+
+def _compiled_hash_plain(hasher: PlainHasher, hashes: list[bytes], tokens: Sequence[int],
+                         start: int, stop: int, block_size: int, /) -> bool:
+    """The compiled ``hash_plain`` where ``tokens`` is a list (the C loop reads list
+    items directly), else the pure one (a tuple, a vLLM ConstantList): one test per call
+    that brings new blocks, inside the kernel set rather than at its call site."""
+    if type(tokens) is list:
+        done: bool = _c_hash_plain(hasher, hashes, tokens, start, stop, block_size)
+        return done
+    return kernels_pure.hash_plain(hasher, hashes, tokens, start, stop, block_size)
+
+
+def _compiled(ccore: ModuleType) -> Kernels:
+    """The compiled set over the extension module ``ccore``."""
+    return Kernels(
+        name="compiled",
+        queue_class=cast(Callable[..., FreeBlockQueue], ccore.FreeQueue),
+        pool_take=ccore.pool_take,
+        pool_free=cast(PoolFree, ccore.pool_free),
+        pool_touch=cast(PoolTouch, ccore.pool_touch),
+        index_register=ccore.index_register,
+        longest_hit=ccore.longest_hit,
+        hash_plain=_compiled_hash_plain,
+    )
+
+
+_c_hash_plain: Callable[..., Any] = kernels_pure.hash_plain if _module is None \
+    else _module.hash_plain
+#: The compiled set, or ``None`` when ``native.IMPORT_ERROR`` says why not.
+COMPILED: Kernels | None = None if _module is None else _compiled(_module)
+
+
+def kernels() -> Kernels:
+    """The set for an object being built now: :data:`COMPILED` when available, else (or
+    inside :func:`pagedkv.core.native.forced_pure`, or with ``PAGEDKV_PURE=1``)
+    :data:`PURE`. O(1)."""
+    return PURE if COMPILED is None or native.active() is None else COMPILED
