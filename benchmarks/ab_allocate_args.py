@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""What an argument record into ``Coordinator.allocate`` would cost, on the harness.
+
+Today the façade calls ``coordinator.allocate`` with nine positionals (keywords were
+measured at ~3 % of an allocation). This script puts one extra hop between the façade
+and the coordinator's method, in three forms, and replays the same harness workload
+(``kv_workload.py``, the pagedkv adapter) once per form per round, rotating the order:
+
+* ``positional``: the hop passes the nine values on positionally (today's cost, plus a hop);
+* ``record``: the hop builds a small slotted record (``AllocateArgs``) and a second
+  function reads its nine fields back before calling the method (what a record costs:
+  building it and reading it, against passing the values);
+* ``keywords``: the hop passes the eight after the request id as keywords (the old
+  figure, for scale).
+
+The same hop count on every side, so the differences are the record's (or the keywords')
+cost. One warm-up replay is not counted. Prints, per form, the median over rounds of the
+core operations' ops/s (lookup, allocate, free, as the harness counts them) and its change
+against ``positional``. On the
+compiled core a running request's allocation never reaches ``Coordinator.allocate`` (the
+C ``DecodeAllocate`` serves it); ``PAGEDKV_PURE=1`` shows the cost where every allocation
+passes through it.
+
+    python benchmarks/ab_allocate_args.py [--preset new-request-heavy] [--rounds 5]
+    PAGEDKV_PURE=1 python benchmarks/ab_allocate_args.py --preset shared-prompt
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import kv_workload
+from vllm_compare_adapter import PagedKVAdapter
+
+from pagedkv.core import native
+
+
+class AllocateArgs:
+    """``Coordinator.allocate``'s nine arguments as one record (this measurement only)."""
+
+    __slots__ = (
+        "headroom_blocks",
+        "hit",
+        "num_computed_tokens",
+        "num_encoder_tokens",
+        "num_local_computed_tokens",
+        "num_tokens",
+        "num_tokens_main_model",
+        "request_id",
+        "total_computed_tokens",
+    )
+
+    def __init__(self, request_id: str, hit: Any, num_computed_tokens: int,
+                 total_computed_tokens: int, num_tokens: int, num_encoder_tokens: int,
+                 num_tokens_main_model: int | None, headroom_blocks: int,
+                 num_local_computed_tokens: int | None) -> None:
+        self.request_id = request_id
+        self.hit = hit
+        self.num_computed_tokens = num_computed_tokens
+        self.total_computed_tokens = total_computed_tokens
+        self.num_tokens = num_tokens
+        self.num_encoder_tokens = num_encoder_tokens
+        self.num_tokens_main_model = num_tokens_main_model
+        self.headroom_blocks = headroom_blocks
+        self.num_local_computed_tokens = num_local_computed_tokens
+
+
+def positional_hop(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One hop passing the nine values on positionally."""
+    def hop(rid: str, hit: Any, computed: int, total: int, tokens: int, encoder: int = 0,
+            main: int | None = None, headroom: int = 0, local: int | None = None) -> Any:
+        return method(rid, hit, computed, total, tokens, encoder, main, headroom, local)
+    return hop
+
+
+def record_hop(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One hop building the record, one reading it back (a record-taking method's cost)."""
+    def take(a: AllocateArgs) -> Any:
+        return method(a.request_id, a.hit, a.num_computed_tokens, a.total_computed_tokens,
+                      a.num_tokens, a.num_encoder_tokens, a.num_tokens_main_model,
+                      a.headroom_blocks, a.num_local_computed_tokens)
+
+    def hop(rid: str, hit: Any, computed: int, total: int, tokens: int, encoder: int = 0,
+            main: int | None = None, headroom: int = 0, local: int | None = None) -> Any:
+        return take(AllocateArgs(rid, hit, computed, total, tokens, encoder, main, headroom,
+                                 local))
+    return hop
+
+
+def keyword_hop(method: Callable[..., Any]) -> Callable[..., Any]:
+    """One hop passing the values after the request id as keywords."""
+    def hop(rid: str, hit: Any, computed: int, total: int, tokens: int, encoder: int = 0,
+            main: int | None = None, headroom: int = 0, local: int | None = None) -> Any:
+        return method(rid, hit, num_computed_tokens=computed, total_computed_tokens=total,
+                      num_tokens=tokens, num_encoder_tokens=encoder,
+                      num_tokens_main_model=main, headroom_blocks=headroom,
+                      num_local_computed_tokens=local)
+    return hop
+
+
+FORMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "positional": positional_hop, "record": record_hop, "keywords": keyword_hop}
+
+
+def run_form(form: str, flags: list[str]) -> dict[str, Any]:
+    """One harness replay with ``form``'s hop in front of the coordinator's allocate."""
+    ap = argparse.ArgumentParser()
+    kv_workload.add_workload_args(ap)
+    args = kv_workload.parse_with_preset(ap, flags)
+    reqs = kv_workload.build_workload(args)
+    args.max_model_len = max(len(r.prompt) + len(r.decode) for r in reqs)
+    adapter = PagedKVAdapter(args)
+    coordinator = adapter.mgr.coordinator
+    coordinator.allocate = FORMS[form](coordinator.allocate)  # the instance's, this run
+    return kv_workload.replay(adapter, reqs, args.concurrency)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="new-request-heavy", choices=sorted(kv_workload.PRESETS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("workload", nargs=argparse.REMAINDER, help="-- flags for the harness")
+    a = ap.parse_args(argv)
+    extra = [f for f in a.workload if f != "--"]
+    flags = ["--preset", a.preset, "--hash-algo", "sha256_cbor", *extra]
+    names = list(FORMS)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    digests: dict[str, set[str]] = {n: set() for n in names}
+    run_form("positional", flags)  # warm-up, not counted
+    for r in range(a.rounds):
+        for form in names[r % len(names):] + names[:r % len(names)]:
+            out = run_form(form, flags)
+            rates[form].append(out["core_ops_per_s"])
+            digests[form].add(out["digest_alloc"])
+    core = "compiled" if native.active() is not None else "pure"
+    base = statistics.median(rates["positional"])
+    print(f"{a.preset} on the {core} core, {a.rounds} rotating rounds, core ops/s (median):")
+    for form in names:
+        med = statistics.median(rates[form])
+        print(f"  {form:<10} {med:>12,.0f}  {100 * (med / base - 1):+6.1f} % vs positional")
+    same = len(set().union(*digests.values())) == 1
+    print(f"  block-id digests equal on every form: {same}")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
