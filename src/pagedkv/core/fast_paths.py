@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedkv.core import native
-from pagedkv.core.coordinator_base import Coordinator
+from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
@@ -94,8 +94,23 @@ def install(mgr: Any, function: Callable[..., Any],
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
-        hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function)
+        hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function,
+        hit_type=ComputedBlocks if _admits_plainly(m) else None)
     return fast
+
+
+#: The group's methods a request's first allocation runs (UnitaryCoordinator.allocate's
+#: general branch); the compiled admission (``ccore_admit.h``) does what these bases do.
+_ADMISSION_STEPS = ("get_num_blocks_to_allocate", "slots_needed", "claimed_hit_blocks",
+                    "save_new_computed_blocks", "allocate_new_blocks")
+
+
+def _admits_plainly(m: SingleTypeManager) -> bool:
+    """Whether ``m`` takes a new request's blocks by :class:`SingleTypeManager`'s own
+    rules, so ``DecodeAllocate`` may take first calls too (with or without a hit)."""
+    kind = type(m)
+    return all(getattr(kind, name) is getattr(SingleTypeManager, name)
+               for name in _ADMISSION_STEPS)
 
 
 def _group_kinds(m: SingleTypeManager) -> tuple[int, int, int, int, int, Any, Any]:
