@@ -14,7 +14,12 @@ bool: new tokens may run past the request's, blocks register only as far as the 
 has tokens and block hashes — vLLM 0.33's async scheduling), and does what the Python
 method does on them: grow the table (the pool's ``get_new_blocks``), register the blocks
 that became full (the coordinator's ``cache_blocks``), or return ``None`` when the pool
-is short. Every other
+is short. It also takes a request's first call — ``allocate_slots(request, n)`` or with
+``new_computed_blocks=hit`` as :meth:`~pagedkv.KVCacheManager.get_computed_blocks` issued
+it, unchanged since (``pagedkv/_csrc/ccore_admit.h``) — when the group takes blocks by
+:class:`~pagedkv.core.managers.base.SingleTypeManager`'s own rules and the pool has no
+eviction policy or listener: the capacity check with the watermark, the hit's claim, the
+new table, new blocks and registration. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
 errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
@@ -34,7 +39,7 @@ of the three ``allocate_slots`` a manager has is decided here, once, at construc
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
 >>> mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
 >>> req = Request("r", [1, 2, 3], hasher=mgr.hasher)
->>> mgr.allocate_slots(req, 3)          # first call: the Python method
+>>> mgr.allocate_slots(req, 3)          # first call: compiled too, if compiled
 ([1],)
 >>> req.num_computed_tokens = 3
 >>> req.append_output_tokens(4)
