@@ -3,8 +3,8 @@
 
 Today the façade calls ``coordinator.allocate`` with nine positionals (keywords were
 measured at ~3 % of an allocation). This script puts one extra hop between the façade
-and the coordinator's method, in three forms, and replays the same harness workload
-(``kv_workload.py``, the pagedkv adapter) once per form per round, rotating the order:
+and the coordinator's method, in three forms, on three managers built as the harness's
+pagedkv adapter builds them (``kv_workload.py``, ``vllm_compare_adapter.py``):
 
 * ``positional``: the hop passes the nine values on positionally (today's cost, plus a hop);
 * ``record``: the hop builds a small slotted record (``AllocateArgs``) and a second
@@ -14,14 +14,16 @@ and the coordinator's method, in three forms, and replays the same harness workl
   figure, for scale).
 
 The same hop count on every side, so the differences are the record's (or the keywords')
-cost. One warm-up replay is not counted. Prints, per form, the median over rounds of the
-core operations' ops/s (lookup, allocate, free, as the harness counts them) and its change
-against ``positional``. On the
-compiled core a running request's allocation never reaches ``Coordinator.allocate`` (the
-C ``DecodeAllocate`` serves it); ``PAGEDKV_PURE=1`` shows the cost where every allocation
-passes through it.
+cost. The three managers replay the harness workload in lockstep (``lockstep.py``: one
+operation at a time on every manager, the first side rotating, so a slow moment of a
+shared machine falls on all alike; their block ids must agree). Prints, per round and as
+the median over rounds, the seconds in lookup / allocate / free per form and its change
+against ``positional``. On the compiled core a request's allocation reaches
+``Coordinator.allocate`` only when the C entry does not take it (``ccore_fast.h``,
+``ccore_admit.h``); ``PAGEDKV_PURE=1`` shows the cost where every allocation passes
+through it.
 
-    python benchmarks/ab_allocate_args.py [--preset new-request-heavy] [--rounds 5]
+    python benchmarks/ab_allocate_args.py [--preset new-request-heavy] [--rounds 3]
     PAGEDKV_PURE=1 python benchmarks/ab_allocate_args.py --preset shared-prompt
 """
 
@@ -29,11 +31,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import kv_workload
+from lockstep import replay_lockstep
 from vllm_compare_adapter import PagedKVAdapter
 
 from pagedkv.core import native
@@ -106,47 +108,54 @@ FORMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "positional": positional_hop, "record": record_hop, "keywords": keyword_hop}
 
 
-def run_form(form: str, flags: list[str]) -> dict[str, Any]:
-    """One harness replay with ``form``'s hop in front of the coordinator's allocate."""
+class _Spec(NamedTuple):
+    """A harness request as ``lockstep.replay_lockstep`` reads it."""
+
+    rid: str
+    prompt: list[int]
+    decode: list[int]
+
+
+def run_round(flags: list[str]) -> dict[str, float]:
+    """One lockstep replay of the harness workload; seconds in the core calls per form."""
     ap = argparse.ArgumentParser()
     kv_workload.add_workload_args(ap)
     args = kv_workload.parse_with_preset(ap, flags)
     reqs = kv_workload.build_workload(args)
     args.max_model_len = max(len(r.prompt) + len(r.decode) for r in reqs)
-    adapter = PagedKVAdapter(args)
-    coordinator = adapter.mgr.coordinator
-    coordinator.allocate = FORMS[form](coordinator.allocate)  # the instance's, this run
-    return kv_workload.replay(adapter, reqs, args.concurrency)
+    mgrs = []
+    for form in FORMS:
+        mgr = PagedKVAdapter(args).mgr
+        coordinator = mgr.coordinator
+        coordinator.allocate = FORMS[form](coordinator.allocate)  # this manager's only
+        mgrs.append(mgr)
+    specs = [_Spec(r.request_id, r.prompt, r.decode) for r in reqs]
+    spent = replay_lockstep(mgrs, specs, concurrency=args.concurrency)
+    return dict(zip(FORMS, spent, strict=True))
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="new-request-heavy", choices=sorted(kv_workload.PRESETS))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("workload", nargs=argparse.REMAINDER, help="-- flags for the harness")
     a = ap.parse_args(argv)
     extra = [f for f in a.workload if f != "--"]
     flags = ["--preset", a.preset, "--hash-algo", "sha256_cbor", *extra]
-    names = list(FORMS)
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    digests: dict[str, set[str]] = {n: set() for n in names}
-    run_form("positional", flags)  # warm-up, not counted
-    for r in range(a.rounds):
-        for form in names[r % len(names):] + names[:r % len(names)]:
-            out = run_form(form, flags)
-            rates[form].append(out["core_ops_per_s"])
-            digests[form].add(out["digest_alloc"])
     core = "compiled" if native.active() is not None else "pure"
-    base = statistics.median(rates["positional"])
-    print(f"{a.preset} on the {core} core, {a.rounds} rotating rounds, core ops/s (median):")
-    for form in names:
-        med = statistics.median(rates[form])
-        print(f"  {form:<10} {med:>12,.0f}  {100 * (med / base - 1):+6.1f} % vs positional")
-    same = len(set().union(*digests.values())) == 1
-    print(f"  block-id digests equal on every form: {same}")
-    if not same:
-        sys.exit(1)
+    costs: dict[str, list[float]] = {form: [] for form in FORMS}
+    for r in range(a.rounds):
+        spent = run_round(flags)
+        base = spent["positional"]
+        for form in FORMS:
+            costs[form].append(100 * (spent[form] / base - 1))
+        print(f"round {r + 1}: " + ", ".join(
+            f"{form} {spent[form]:.3f} s ({costs[form][-1]:+.1f} %)" for form in FORMS))
+    print(f"{a.preset} on the {core} core, lockstep, median of {a.rounds} rounds, "
+          "lookup/allocate/free time against positional:")
+    for form in FORMS:
+        print(f"  {form:<10} {statistics.median(costs[form]):+6.1f} %")
 
 
 if __name__ == "__main__":
