@@ -19,8 +19,7 @@ on every side (the same bytes hashed, the same digests). Prints:
 
     python benchmarks/compiled_core.py --vllm-python VLLM_PY --rounds 3
     python benchmarks/compiled_core.py --rounds 3                  # without vLLM
-    python benchmarks/compiled_core.py --vllm-python VLLM_PY --presets new-requests \\
-        -- --num-requests 500
+    python benchmarks/compiled_core.py --vllm-python VLLM_PY --presets new-request-heavy
 """
 
 from __future__ import annotations
@@ -135,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vllm-python", default=None,
                     help="an interpreter with vLLM 0.33 (without: pure vs compiled only)")
-    ap.add_argument("--presets", default="shared-prompt,heavy-eviction,mooncake,new-requests")
+    ap.add_argument("--presets", default=",".join(PRESETS),
+                    help=f"comma-separated workloads: {', '.join(PRESETS)}")
     ap.add_argument("--rounds", type=int, default=3, help="rotating rounds (>= 3)")
     ap.add_argument("--no-scaling", action="store_true", help="skip the 10k/1M table")
     ap.add_argument("workload", nargs=argparse.REMAINDER, help="-- flags for every driver")

@@ -26,7 +26,8 @@ requests sharing one 1,024-token system prompt, 10,000 blocks of 16 tokens, 32 r
 ``heavy-eviction`` (1,500 blocks, 8 system prompts, 80 % of requests sharing one),
 ``mooncake`` (the first 1,000 usable requests of the bundled Mooncake conversation trace,
 16 running) and ``new-requests`` (every prompt new and unshared, 256-2,048 tokens: a hash
-per block, the path new requests take).
+per block, the path new requests take) and ``new-request-heavy`` (600 such prompts with 1-4
+decode tokens each: admission, lookup and free dominate, the decode step hardly counts).
 
 Worked example::
 
@@ -79,6 +80,10 @@ PRESETS: dict[str, list[str]] = {
     "mooncake": ["--trace", DEFAULT_TRACE, "--trace-limit", "1000", "--concurrency", "16"],
     "new-requests": [
         "--shared-fraction", "0", "--suffix-len-min", "256", "--suffix-len-max", "2048",
+    ],
+    "new-request-heavy": [
+        "--shared-fraction", "0", "--suffix-len-min", "256", "--suffix-len-max", "2048",
+        "--num-requests", "600", "--decode-min", "1", "--decode-max", "4",
     ],
 }
 CORE_OPS = ("lookup", "allocate_prefill", "allocate_decode", "free")

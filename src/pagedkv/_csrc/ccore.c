@@ -190,6 +190,7 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 
 #include "ccore_pool.h"
 #include "ccore_fast.h"
+#include "ccore_admit.h"
 #include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
@@ -214,7 +215,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
-        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0) {
+        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

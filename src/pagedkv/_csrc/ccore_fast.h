@@ -34,7 +34,14 @@ typedef struct {
     Py_ssize_t block_size;
     Py_ssize_t hash_block_size; /* the pool's: block_hashes cover this many tokens each */
     Py_ssize_t max_model_len;
+    PyObject *hit_type;     /* ComputedBlocks: first calls are taken (ccore_admit.h); NULL: not */
 } DecodeAllocate;
+
+/* A request's first allocation (ccore_admit.h): 0 with *out set, 1 when the call is not
+ * covered (nothing changed: the caller falls back), -1 with an exception. */
+static int da_admit(DecodeAllocate *self, PyObject *request, PyObject *rid,
+                    Py_ssize_t num_new, PyObject *const *kwvalues, PyObject *kwnames,
+                    PyObject **out);
 
 static PyObject *str_request_id, *str_num_computed_tokens, *str_num_tokens,
     *str_all_token_ids, *str_owned_tokens, *str_free_queue, *str_num_free, *str_get_new_blocks,
@@ -51,6 +58,7 @@ static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
     Py_VISIT(self->cache_blocks);
     Py_VISIT(self->zeroing);
     Py_VISIT(self->request_type);
+    Py_VISIT(self->hit_type);
     return 0;
 }
 
@@ -65,6 +73,7 @@ static int da_clear(DecodeAllocate *self) {
     Py_CLEAR(self->cache_blocks);
     Py_CLEAR(self->zeroing);
     Py_CLEAR(self->request_type);
+    Py_CLEAR(self->hit_type);
     return 0;
 }
 
@@ -277,7 +286,16 @@ static PyObject *da_call(DecodeAllocate *self, PyObject *const *args, size_t nar
     /* A live request: this very object holds blocks under its id. */
     PyObject *table = NULL, *cached = NULL;
     Py_ssize_t computed = -1, num_tokens = -1;
-    if (!PyUnicode_CheckExact(rid) || da_get(self->live, rid) != request) goto fallback;
+    if (!PyUnicode_CheckExact(rid)) goto fallback;
+    PyObject *held_by = da_get(self->live, rid);
+    if (held_by == NULL && self->hit_type != NULL) { /* a first call: ccore_admit.h */
+        PyObject *admitted = NULL;
+        int rc = da_admit(self, request, rid, num_new, args + 2, kwnames, &admitted);
+        if (rc == 1) goto fallback;
+        Py_DECREF(rid);
+        return rc < 0 ? NULL : admitted;
+    }
+    if (held_by != request) goto fallback;
     computed = da_count(request, str_num_computed_tokens);
     if (computed < 0) goto fallback;
     int lenient;
@@ -447,16 +465,21 @@ static PyMethodDef da_methods[] = {
 static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "live_requests", "tables", "num_cached",
                              "pool", "cache_blocks", "zeroing", "request_type", "block_size",
-                             "max_model_len", "hash_block_size", "cache_function", NULL};
+                             "max_model_len", "hash_block_size", "cache_function", "hit_type",
+                             NULL};
     PyObject *function, *manager, *live, *tables, *cached, *pool, *cache_blocks, *zeroing,
         *rtype;
     Py_ssize_t block_size, max_len, hash_block_size = 0;
-    PyObject *cache_function = Py_None;
+    PyObject *cache_function = Py_None, *hit_type = Py_None;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOO!O!O!OOO!O!nn|nO:DecodeAllocate", kwlist, &function, &manager,
+            args, kwds, "OOO!O!O!OOO!O!nn|nOO:DecodeAllocate", kwlist, &function, &manager,
             &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool,
             &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
-            &max_len, &hash_block_size, &cache_function)) {
+            &max_len, &hash_block_size, &cache_function, &hit_type)) {
+        return -1;
+    }
+    if (hit_type != Py_None && !PyType_Check(hit_type)) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: hit_type is a type or None");
         return -1;
     }
     if (hash_block_size == 0) hash_block_size = block_size;
@@ -482,6 +505,7 @@ static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
         Py_INCREF(objs[i]);
         Py_XSETREF(*slots[i], objs[i]);
     }
+    Py_XSETREF(self->hit_type, hit_type == Py_None ? NULL : Py_NewRef(hit_type));
     self->block_size = block_size;
     self->hash_block_size = hash_block_size;
     self->max_model_len = max_len;

@@ -3,9 +3,9 @@ one place: the cheap pre-test and :func:`check_allocate`), and ``cache_blocks``.
 
 Functions taking the manager; :class:`pagedkv.KVCacheManager` holds each as its method of
 the same name. The compiled core's ``DecodeAllocate`` (:mod:`pagedkv.core.fast_paths`)
-takes a running request's plain calls and hands every other call to
-:func:`allocate_slots`, so the rule below governs both cores (the differential machine,
-``tests/core/test_kernels_differential.py``, compares them).
+takes a running request's plain calls and a new request's plain first call (a fresh hit
+or none) and hands every other call to :func:`allocate_slots`, so the rule below governs
+both cores (the differential machine, ``tests/core/test_kernels_differential.py``).
 """
 
 from __future__ import annotations

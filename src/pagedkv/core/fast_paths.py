@@ -14,7 +14,12 @@ bool: new tokens may run past the request's, blocks register only as far as the 
 has tokens and block hashes — vLLM 0.33's async scheduling), and does what the Python
 method does on them: grow the table (the pool's ``get_new_blocks``), register the blocks
 that became full (the coordinator's ``cache_blocks``), or return ``None`` when the pool
-is short. Every other
+is short. It also takes a request's first call — ``allocate_slots(request, n)`` or with
+``new_computed_blocks=hit`` as :meth:`~pagedkv.KVCacheManager.get_computed_blocks` issued
+it, unchanged since (``pagedkv/_csrc/ccore_admit.h``) — when the group takes blocks by
+:class:`~pagedkv.core.managers.base.SingleTypeManager`'s own rules and the pool has no
+eviction policy or listener: the capacity check with the watermark, the hit's claim, the
+new table, new blocks and registration. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
 errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
@@ -34,7 +39,7 @@ of the three ``allocate_slots`` a manager has is decided here, once, at construc
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
 >>> mgr = KVCacheManager.from_spec(spec, num_blocks=8, max_model_len=64)
 >>> req = Request("r", [1, 2, 3], hasher=mgr.hasher)
->>> mgr.allocate_slots(req, 3)          # first call: the Python method
+>>> mgr.allocate_slots(req, 3)          # first call: compiled too, if compiled
 ([1],)
 >>> req.num_computed_tokens = 3
 >>> req.append_output_tokens(4)
@@ -51,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedkv.core import native
-from pagedkv.core.coordinator_base import Coordinator
+from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
@@ -94,8 +99,23 @@ def install(mgr: Any, function: Callable[..., Any],
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
-        hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function)
+        hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function,
+        hit_type=ComputedBlocks if _admits_plainly(m) else None)
     return fast
+
+
+#: The group's methods a request's first allocation runs (UnitaryCoordinator.allocate's
+#: general branch); the compiled admission (``ccore_admit.h``) does what these bases do.
+_ADMISSION_STEPS = ("get_num_blocks_to_allocate", "slots_needed", "claimed_hit_blocks",
+                    "save_new_computed_blocks", "allocate_new_blocks")
+
+
+def _admits_plainly(m: SingleTypeManager) -> bool:
+    """Whether ``m`` takes a new request's blocks by :class:`SingleTypeManager`'s own
+    rules, so ``DecodeAllocate`` may take first calls too (with or without a hit)."""
+    kind = type(m)
+    return all(getattr(kind, name) is getattr(SingleTypeManager, name)
+               for name in _ADMISSION_STEPS)
 
 
 def _group_kinds(m: SingleTypeManager) -> tuple[int, int, int, int, int, Any, Any]:
