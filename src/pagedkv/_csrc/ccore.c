@@ -193,11 +193,15 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
+/* The hybrid groups' own loops (pure twins: pagedkv/core/kernels_hybrid.py). */
+#include "ccore_hybrid_hash.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
     {"sha256", sha256, METH_O, sha256_doc},
     {"sha256_mode", sha256_mode, METH_VARARGS, sha256_mode_doc},
+    /* the hybrid kernels */
+    {"hash_keyed", hash_keyed, METH_VARARGS, hash_keyed_doc},
     {NULL, NULL, 0, NULL},
 };
 

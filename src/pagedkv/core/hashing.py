@@ -36,6 +36,7 @@ from pagedkv.core.hash_extras import (
     keys_cbor,
     lora_keys_cbor,
 )
+from pagedkv.core.kernels_hybrid import extend_keyed
 from pagedkv.errors import InvalidArgumentError, require
 
 __all__ = [
@@ -92,8 +93,8 @@ class BlockHasher:
     3
     """
 
-    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "_native", "algo",
-                 "block_size", "memo_blocks", "seed")
+    __slots__ = ("_array_head", "_ctor", "_head", "_keyed", "_memo", "_memo_old", "_native",
+                 "algo", "block_size", "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -125,6 +126,8 @@ class BlockHasher:
         # The compiled core's block loop (sha256_cbor only), None on the pure core.
         ccore = native.active()
         self._native = ccore.hash_plain if ccore is not None and algo == "sha256_cbor" else None
+        # Its keyed loop (kernels_hybrid.hash_keyed), None on the pure core (the memo wins).
+        self._keyed = ccore.hash_keyed if ccore is not None and algo == "sha256_cbor" else None
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -161,6 +164,10 @@ class BlockHasher:
         if (extras is None and self._native is not None and type(token_ids) is list
                 and self._native(self, hashes, token_ids, start, stop, bs)):
             return  # the compiled core did what the plain paths below do
+        if (extras is not None and self._keyed is not None and type(token_ids) is list
+                and extend_keyed(self._keyed, hashes, token_ids, start, stop, bs,
+                                 hashes[-1] if hashes else self.seed, extras, keys_out)):
+            return  # the same, with extras
         if extras is None and stop - start <= _CHUNK_TOKENS and (
                 not hashes or len(hashes[-1]) == len(self.seed)):
             # The common call (a prompt or a decode step's new block, no extras): one
