@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EventBuffer", "EventRecorder", "GroupInfo", "StoredRun"]
 
+_new = tuple.__new__  # a named tuple's record without its Python-level __new__
+
 
 class GroupInfo:
     """What the pool knows of one KV-cache group: its block size and the spec
@@ -191,31 +193,43 @@ class EventBuffer(EventRecorder):
         info = self.groups[group]
         bs = info.block_size
         extras = request.hash_extras
-        lora = extras.lora if extras is not None else None
         if skipped:
             left_out = set(skipped)
             positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+            listed = [hashes[i] for i in positions]
         else:
             positions = range(start, end)
+            listed = hashes[start:end]
+        parent = hashes[start - 1] if start else None
         if extras is None:
+            lora = None
             extra: list[Any] = [None] * len(positions)
-        elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
-            recorded = request.block_extra_keys
-            extra = [event_extra_keys(recorded[i]) for i in positions]
         else:
-            extra = [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs))
-                     for i in positions]
-        event = BlockStored(
-            [hashes[i] for i in positions] if skipped else hashes[start:end],
-            hashes[start - 1] if start else None,
-            request.all_token_ids[start * bs : end * bs], bs,
+            lora = extras.lora
+            extra = self._extra_keys(request, extras, positions, bs, end)
+        # NOTE: tuple.__new__ rather than the named tuple's own (a Python-level __new__):
+        # the same record, ~0.4 us less per registration.
+        event = _new(BlockStored, (
+            listed, parent, request.all_token_ids[start * bs : end * bs], bs,
             lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
-            extra or None, group, info.kind, info.sliding_window,
-        )
+            extra or None, group, info.kind, info.sliding_window, None))
         self._events.append(event)
         announced = self._announced
-        for k, i in enumerate(positions):
-            announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
+        if skipped:
+            for k, i in enumerate(positions):
+                announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
+            return
+        for k in range(end - start):  # the common run: parents follow the hashes
+            announced[blocks[start + k]] = (event, k, k, parent)
+            parent = listed[k]
+
+    def _extra_keys(self, request: RequestLike, extras: Any, positions: Sequence[int],
+                    bs: int, end: int) -> list[Any]:
+        """Per registered position, its extra keys as events carry them (class docstring)."""
+        if bs == self.hash_block_size and len(request.block_extra_keys) >= end:
+            recorded = request.block_extra_keys
+            return [event_extra_keys(recorded[i]) for i in positions]
+        return [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs)) for i in positions]
 
     def stored_partial(
         self, request: RequestLike, block: int, i: int, group: int, primary: bool
@@ -254,8 +268,12 @@ class EventBuffer(EventRecorder):
             self._announced[dst] = entry
 
     def removed(self, hashes: list[bytes], group: int) -> None:
-        # One record per hash, as vLLM's pool emits them.
-        self._events.extend(BlockRemoved([h], MEDIUM_GPU, group) for h in hashes)
+        # One record per hash, as vLLM's pool emits them (a one-hash list is handed over
+        # and becomes the record's own).
+        if len(hashes) == 1:
+            self._events.append(_new(BlockRemoved, (hashes, MEDIUM_GPU, group)))
+            return
+        self._events.extend(_new(BlockRemoved, ([h], MEDIUM_GPU, group)) for h in hashes)
 
     def cleared(self) -> None:
         self._announced.clear()
