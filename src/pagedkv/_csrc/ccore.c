@@ -195,6 +195,7 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_vllm.h"
 /* The hybrid groups' own loops (pure twins: pagedkv/core/kernels_hybrid.py). */
 #include "ccore_hybrid_hash.h"
+#include "ccore_hybrid_admit.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -202,6 +203,7 @@ static PyMethodDef methods[] = {
     {"sha256_mode", sha256_mode, METH_VARARGS, sha256_mode_doc},
     /* the hybrid kernels */
     {"hash_keyed", hash_keyed, METH_VARARGS, hash_keyed_doc},
+    {"admit_groups", (PyCFunction)(void (*)(void))admit_groups, METH_FASTCALL, admit_groups_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -218,7 +220,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
-        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0) {
+        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_hybrid_admit_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,6 +13,7 @@ from typing import NamedTuple, cast
 
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.group_hits import group_hit_problem, truncate_hit
+from pagedkv.core.kernels_hybrid import admission_plan, kernel
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.reprefill import cache_finalized, unitary_cacheable_tokens
@@ -84,6 +85,9 @@ class Coordinator:
         self.cache_alignment_tokens = 1
         #: Computed tokens a drafter may prefill again, never registered (reprefill.py).
         self.num_reprefillable_tokens = 0
+        #: A new request's allocation in every group at once (kernels_hybrid.admit_groups;
+        #: picked here, compiled or pure).
+        self._admit = kernel("admit_groups")
         self._build_plans()
 
     def _build_plans(self) -> None:
@@ -95,6 +99,9 @@ class Coordinator:
         ``(manager, block size, cached counts or None)`` (counts only where registering
         nothing new is a no-op, see :meth:`SingleTypeManager.registers_whole_blocks_only`)."""
         self._tables0 = self.managers[0].req_to_blocks
+        #: Per group its admission plan entry (kernels_hybrid.admission_plan), or None
+        #: where a group admits by rules of its own (then the methods below).
+        self._admit_plan = admission_plan(self.managers)
         self._grow_plan = [
             (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
             for m in self.managers
@@ -180,6 +187,18 @@ class Coordinator:
         the new block ids per group, or ``None`` (the pool is short: nothing changed but
         the skipped blocks' release).
         """
+        plan = self._admit_plan
+        if plan is not None and request_id not in self._tables0 and (
+                num_local_computed_tokens is None
+                or total_computed_tokens <= num_local_computed_tokens):
+            # A new request without external tokens: every group at once (no group holds
+            # it, so no window releases anything).
+            pool = self.pool
+            return self._admit(  # type: ignore[no-any-return]
+                plan, request_id, hit, total_computed_tokens, num_tokens,
+                num_tokens if num_tokens_main_model is None else num_tokens_main_model,
+                headroom_blocks, pool.free_queue.num_free, pool.ref_cnt, pool.touch,
+                pool.get_new_blocks, self.zeroing, self.new_block_ids)
         for m in self._droppers:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
         if hit is None and request_id in self._tables0:

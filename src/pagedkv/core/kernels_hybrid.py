@@ -8,6 +8,8 @@ site asks which core it runs.
 
 * :func:`hash_keyed`: the chained block hash of blocks that carry extra keys, one
   encoded keys tail per block (the caller encodes the keys: :func:`block_tails`).
+* :func:`admit_groups`: a new request's allocation in every group at once (the
+  coordinator's admission: count, check, claim the hit, start the tables, grow them).
 
 Adding one: write the twin here (its docstring is the contract), the C function in a
 ``ccore_hybrid*.h`` header registered in ``ccore.c`` beside the others, its entry in
@@ -24,14 +26,17 @@ False
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pagedkv.core import native
 from pagedkv.core.cbor import canonical_cbor, cbor_head, encode_tokens
 from pagedkv.core.hash_extras import HashExtras, keys_cbor, lora_keys_cbor
 
-__all__ = ["HashKeyed", "block_tails", "extend_keyed", "hash_keyed", "kernel"]
+__all__ = [
+    "ADMIT_CHUNK", "ADMIT_FULL", "ADMIT_METHODS", "ADMIT_WINDOW", "HashKeyed", "admit_groups",
+    "block_tails", "extend_keyed", "hash_keyed", "kernel",
+]
 
 DIGEST_BYTES = 32
 #: Token ids the compiled encoding takes (the pure fast path's token table).
@@ -76,6 +81,113 @@ def hash_keyed(hashes: list[bytes], tokens: list[int], start: int, stop: int,
         parent = hashlib.sha256(data).digest()
         hashes.append(parent)
     return True
+
+
+#: Admission plan kinds (:func:`admit_groups`): a group growing by the base rule (full
+#: attention), by the sliding-window or chunked-local rule, or through its own methods.
+ADMIT_FULL, ADMIT_WINDOW, ADMIT_CHUNK, ADMIT_METHODS = 0, 1, 2, 3
+
+
+def admit_groups(plan: list[tuple[Any, ...]], request_id: str, hit: Any, total_computed: int,
+                 num_tokens: int, main_tokens: int, headroom: int, num_free: int,
+                 ref_cnt: list[int], touch: Any, take: Any, zeroing: list[bool],
+                 new_ids: list[list[int]]) -> tuple[list[int], ...] | None:
+    """:meth:`pagedkv.core.coordinator_base.Coordinator.allocate` for a request no group
+    holds, without external tokens: per group ``g`` a plan entry ``(kind, manager, tables,
+    num_cached, block_size, span, ignores_lookahead)`` (``span``: the window or chunk in
+    tokens). ``hit``: per-group hit blocks or None; ``main_tokens``: ``num_tokens``
+    without lookahead (groups that ignore lookahead size by it); ``num_free``: the pool's
+    free blocks; ``touch`` / ``take``: the pool's ``touch`` and ``get_new_blocks``.
+
+    In order, as the coordinator: every group's need (new blocks past the hit and the
+    skipped leading positions, plus hit blocks at ref count 0 that leave the free queue;
+    a methods group asks ``get_num_blocks_to_allocate``); None when the need plus
+    ``headroom`` exceeds ``num_free`` (nothing changed); else every group's claimed hit
+    blocks touched (hit given), every table started (nulls for the skipped positions,
+    then the claimed hit), every table grown to its slots (``take``), new real blocks
+    of zeroed groups appended to ``new_ids[g]``. Returns the new blocks per group.
+    """
+    groups = len(plan)
+    blocks = hit if hit is not None else [[] for _ in range(groups)]
+    slots: list[int] = []
+    skips: list[int] = []
+    needed = 0
+    for g, (kind, m, _tables, _cached, bs, span, ignores) in enumerate(plan):
+        n_slots = main_tokens if ignores else num_tokens
+        slots.append(n_slots)
+        if kind == ADMIT_METHODS:
+            skips.append(0)
+            needed += m.get_num_blocks_to_allocate(request_id, n_slots, blocks[g],
+                                                   total_computed)
+            continue
+        skipped = (0 if kind == ADMIT_FULL
+                   else max(0, total_computed - span + 1) if kind == ADMIT_WINDOW
+                   else total_computed // span * span) // bs
+        skips.append(skipped)
+        n = -(-n_slots // bs) - max(len(blocks[g]), skipped)
+        needed += max(n, 0) + sum(1 for b in blocks[g][skipped:] if b and ref_cnt[b] == 0)
+    if needed + headroom > num_free:
+        return None
+    if hit is not None:
+        for g, entry in enumerate(plan):
+            touch(entry[1].claimed_hit_blocks(blocks[g], total_computed)
+                  if entry[0] == ADMIT_METHODS else blocks[g][skips[g]:])
+    for g, (kind, m, tables, cached, _bs, _span, _ignores) in enumerate(plan):
+        if kind == ADMIT_METHODS:
+            m.save_new_computed_blocks(request_id, blocks[g], total_computed)
+            continue
+        table = [0] * skips[g]
+        table.extend(blocks[g][skips[g]:])
+        tables[request_id] = table
+        cached[request_id] = len(table)
+    out: list[list[int]] = []
+    for g, (kind, m, tables, _cached, bs, _span, _ignores) in enumerate(plan):
+        if kind == ADMIT_METHODS:
+            new = m.allocate_new_blocks(request_id, slots[g])
+        else:
+            table = tables[request_id]
+            n = -(-slots[g] // bs) - len(table)
+            new = take(n) if n > 0 else []
+            table.extend(new)
+        if zeroing[g] and new:
+            new_ids[g].extend(b for b in new if b)
+        out.append(new)
+    return tuple(out)
+
+
+#: The methods an admission calls; a manager that rebinds one on itself is left out.
+_ADMIT_METHODS = frozenset({"get_num_blocks_to_allocate", "claimed_hit_blocks",
+                            "save_new_computed_blocks", "allocate_new_blocks", "slots_needed"})
+#: Groups the compiled kernel takes at most.
+ADMIT_MAX_GROUPS = 64
+
+
+def admission_plan(managers: Sequence[Any]) -> list[tuple[Any, ...]] | None:
+    """The :func:`admit_groups` plan for ``managers`` (one entry per group), or None when
+    a group sizes by the encoder (cross attention) or rebinds an admission method, or
+    there are more than :data:`ADMIT_MAX_GROUPS` groups. Full attention, sliding window
+    and chunked local (those exact classes: a subclass may change a rule) run by the
+    kernel's own rules, every other kind through its methods. No state change."""
+    from pagedkv.core.managers.base import SingleTypeManager
+    from pagedkv.core.managers.chunked_local import ChunkedLocalManager
+    from pagedkv.core.managers.full import FullAttentionManager
+    from pagedkv.core.managers.sliding_window import SlidingWindowManager
+
+    kinds = {FullAttentionManager: ADMIT_FULL, SlidingWindowManager: ADMIT_WINDOW,
+             ChunkedLocalManager: ADMIT_CHUNK}
+    if len(managers) > ADMIT_MAX_GROUPS:
+        return None
+    plan: list[tuple[Any, ...]] = []
+    for m in managers:
+        if any(name in vars(m) for name in _ADMIT_METHODS) or (
+                type(m).slots_needed is not SingleTypeManager.slots_needed):
+            return None
+        kind = kinds.get(type(m), ADMIT_METHODS)
+        span = (m.sliding_window if kind == ADMIT_WINDOW
+                else m.attention_chunk_size if kind == ADMIT_CHUNK else 0)
+        plan.append((kind, m, m.req_to_blocks, m.num_cached_blocks, m.block_size, span,
+                     bool(m.ignores_lookahead)))
+    return plan
 
 
 def kernel(name: str) -> Any:
