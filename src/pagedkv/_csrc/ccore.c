@@ -196,6 +196,7 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 /* The hybrid groups' own loops (pure twins: pagedkv/core/kernels_hybrid.py). */
 #include "ccore_hybrid_hash.h"
 #include "ccore_hybrid_admit.h"
+#include "ccore_hybrid_events.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -203,7 +204,10 @@ static PyMethodDef methods[] = {
     {"sha256_mode", sha256_mode, METH_VARARGS, sha256_mode_doc},
     /* the hybrid kernels */
     {"hash_keyed", hash_keyed, METH_VARARGS, hash_keyed_doc},
-    {"admit_groups", (PyCFunction)(void (*)(void))admit_groups, METH_FASTCALL, admit_groups_doc},
+    {"admit_groups", (PyCFunction)(void (*)(void))admit_groups, METH_FASTCALL,
+     admit_groups_doc},
+    {"record_stored", (PyCFunction)(void (*)(void))record_stored, METH_FASTCALL,
+     record_stored_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,6 +10,8 @@ site asks which core it runs.
   encoded keys tail per block (the caller encodes the keys: :func:`block_tails`).
 * :func:`admit_groups`: a new request's allocation in every group at once (the
   coordinator's admission: count, check, claim the hit, start the tables, grow them).
+* :func:`record_stored`: one stored event of a registered run, and the blocks it
+  announces (the event recorder's registration record).
 
 Adding one: write the twin here (its docstring is the contract), the C function in a
 ``ccore_hybrid*.h`` header registered in ``ccore.c`` beside the others, its entry in
@@ -35,7 +37,7 @@ from pagedkv.core.hash_extras import HashExtras, keys_cbor, lora_keys_cbor
 
 __all__ = [
     "ADMIT_CHUNK", "ADMIT_FULL", "ADMIT_METHODS", "ADMIT_WINDOW", "HashKeyed", "admit_groups",
-    "block_tails", "extend_keyed", "hash_keyed", "kernel",
+    "block_tails", "extend_keyed", "hash_keyed", "kernel", "record_stored",
 ]
 
 DIGEST_BYTES = 32
@@ -153,6 +155,37 @@ def admit_groups(plan: list[tuple[Any, ...]], request_id: str, hit: Any, total_c
             new_ids[g].extend(b for b in new if b)
         out.append(new)
     return tuple(out)
+
+
+def record_stored(events: list[Any], announced: dict[int, Any], cls: type, blocks: Any,
+                  hashes: list[bytes], start: int, end: int, skipped: Any, token_ids: Any,
+                  block_size: int, lora_id: int | None, medium: str | None,
+                  lora_name: str | None, extra: list[Any] | None, group: int, kind: str | None,
+                  window: int | None) -> None:
+    """Append to ``events`` one ``cls`` record (a named tuple of 12 fields, as
+    :class:`pagedkv.core.records.BlockStored`) for table positions ``[start, end)`` of
+    ``blocks`` but the ascending ``skipped`` ones: the listed positions' hashes, the hash
+    before ``start`` as parent (None at 0), ``token_ids[start * block_size : end *
+    block_size]``, the LoRA and medium fields, ``extra`` (one entry per listed position;
+    None: a None each; an empty list becomes None), the group and its kind and window,
+    no lookahead ids. Then ``announced[blocks[i]] = (record, k, i - start, hashes[i - 1]
+    or None at 0)`` for the k-th listed position i. Raises as indexing does."""
+    if skipped:
+        left_out = set(skipped)
+        positions: Any = [i for i in range(start, end) if i not in left_out]
+        listed = [hashes[i] for i in positions]
+    else:
+        positions = range(start, end)
+        listed = hashes[start:end]
+    if extra is None:
+        extra = [None] * len(positions)
+    bs = block_size
+    record: Any = tuple.__new__(cls, (
+        listed, hashes[start - 1] if start else None, token_ids[start * bs:end * bs], bs,
+        lora_id, medium, lora_name, extra or None, group, kind, window, None))
+    events.append(record)
+    for k, i in enumerate(positions):
+        announced[blocks[i]] = (record, k, i - start, hashes[i - 1] if i else None)
 
 
 #: The methods an admission calls; a manager that rebinds one on itself is left out.

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pagedkv.core.hashing import event_extra_keys
+from pagedkv.core.kernels_hybrid import kernel
 from pagedkv.core.records import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -187,41 +188,28 @@ class EventBuffer(EventRecorder):
         # blocks may linger: they are replaced when the block is stored again and ignored
         # while it has no hash.
         self._announced: dict[int, tuple[BlockStored, int, int, bytes | None]] = {}
+        #: The record builder (kernels_hybrid.record_stored), compiled or pure.
+        self._record = kernel("record_stored")
 
     def stored(self, run: StoredRun) -> None:
         request, blocks, hashes, start, end, skipped, group = run
         info = self.groups[group]
         bs = info.block_size
         extras = request.hash_extras
-        if skipped:
-            left_out = set(skipped)
-            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
-            listed = [hashes[i] for i in positions]
-        else:
-            positions = range(start, end)
-            listed = hashes[start:end]
-        parent = hashes[start - 1] if start else None
         if extras is None:
-            lora = None
-            extra: list[Any] = [None] * len(positions)
+            lora = extra = None
         else:
             lora = extras.lora
+            if skipped:
+                left_out = set(skipped)
+                positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+            else:
+                positions = range(start, end)
             extra = self._extra_keys(request, extras, positions, bs, end)
-        # NOTE: tuple.__new__ rather than the named tuple's own (a Python-level __new__):
-        # the same record, ~0.4 us less per registration.
-        event = _new(BlockStored, (
-            listed, parent, request.all_token_ids[start * bs : end * bs], bs,
-            lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
-            extra or None, group, info.kind, info.sliding_window, None))
-        self._events.append(event)
-        announced = self._announced
-        if skipped:
-            for k, i in enumerate(positions):
-                announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
-            return
-        for k in range(end - start):  # the common run: parents follow the hashes
-            announced[blocks[start + k]] = (event, k, k, parent)
-            parent = listed[k]
+        self._record(self._events, self._announced, BlockStored, blocks, hashes, start, end,
+                     skipped, request.all_token_ids, bs, lora.adapter_id if lora else None,
+                     MEDIUM_GPU, lora.name if lora else None, extra, group, info.kind,
+                     info.sliding_window)
 
     def _extra_keys(self, request: RequestLike, extras: Any, positions: Sequence[int],
                     bs: int, end: int) -> list[Any]:
