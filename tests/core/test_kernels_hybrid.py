@@ -208,3 +208,37 @@ def test_admissions_agree_on_both_cores(layout: str, num_blocks: int,
                         mgr.pool.debug_state()))
             mgr.check_invariants()
         assert got[0] == got[1]
+
+
+# ---------------------------------------------------------------- longest hits
+
+def _call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (IndexError, TypeError, ValueError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    cached=st.lists(st.booleans(), max_size=14),
+    stride=st.integers(1, 3),
+    num_blocks=st.integers(-1, 8),
+    need=st.integers(-1, 4),
+    first=st.integers(-1, 7),
+    block_size=st.sampled_from([4, 8, 16]),
+    align=st.sampled_from([0, 4, 8, 16, 32]),
+)
+def test_hit_kernels_equal_their_twins(cached: list[bool], stride: int, num_blocks: int,
+                                       need: int, first: int, block_size: int,
+                                       align: int) -> None:
+    hashes = [bytes([i]) * 8 for i in range(len(cached))]
+    index = {h: 100 + i for i, (h, c) in enumerate(zip(hashes, cached, strict=True)) if c}
+    for name, args in (
+        ("window_hit", (index, hashes, stride, num_blocks, need)),
+        ("chunk_hit", (index, hashes, stride, first, num_blocks)),
+        ("state_hit", (index, hashes, stride, num_blocks, block_size, align)),
+    ):
+        compiled = _call(getattr(ccore, name), *args)
+        pure = _call(getattr(kernels_hybrid, name), *args)
+        assert compiled == pure, name

@@ -197,6 +197,7 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_hash.h"
 #include "ccore_hybrid_admit.h"
 #include "ccore_hybrid_events.h"
+#include "ccore_hybrid_hits.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -208,6 +209,9 @@ static PyMethodDef methods[] = {
      admit_groups_doc},
     {"record_stored", (PyCFunction)(void (*)(void))record_stored, METH_FASTCALL,
      record_stored_doc},
+    {"window_hit", (PyCFunction)(void (*)(void))window_hit, METH_FASTCALL, window_hit_doc},
+    {"chunk_hit", (PyCFunction)(void (*)(void))chunk_hit, METH_FASTCALL, chunk_hit_doc},
+    {"state_hit", (PyCFunction)(void (*)(void))state_hit, METH_FASTCALL, state_hit_doc},
     {NULL, NULL, 0, NULL},
 };
 

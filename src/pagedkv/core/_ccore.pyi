@@ -94,3 +94,15 @@ def record_stored(
     medium: str | None, lora_name: str | None, extra: list[Any] | None, group: int,
     kind: str | None, window: int | None, /,
 ) -> None: ...
+def window_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
+    need: int, /,
+) -> list[int]: ...
+def chunk_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, first: int,
+    num_blocks: int, /,
+) -> list[int]: ...
+def state_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
+    block_size: int, align: int, /,
+) -> list[int]: ...

@@ -12,6 +12,9 @@ site asks which core it runs.
   coordinator's admission: count, check, claim the hit, start the tables, grow them).
 * :func:`record_stored`: one stored event of a registered run, and the blocks it
   announces (the event recorder's registration record).
+* :func:`window_hit`, :func:`chunk_hit`, :func:`state_hit`: the longest hit of a
+  sliding-window, chunked-local and Mamba align group (block ``i``'s hash is
+  ``block_hashes[(i + 1) * stride - 1]``).
 
 Adding one: write the twin here (its docstring is the contract), the C function in a
 ``ccore_hybrid*.h`` header registered in ``ccore.c`` beside the others, its entry in
@@ -37,7 +40,8 @@ from pagedkv.core.hash_extras import HashExtras, keys_cbor, lora_keys_cbor
 
 __all__ = [
     "ADMIT_CHUNK", "ADMIT_FULL", "ADMIT_METHODS", "ADMIT_WINDOW", "HashKeyed", "admit_groups",
-    "block_tails", "extend_keyed", "hash_keyed", "kernel", "record_stored",
+    "block_tails", "chunk_hit", "extend_keyed", "hash_keyed", "kernel", "record_stored",
+    "state_hit", "window_hit",
 ]
 
 DIGEST_BYTES = 32
@@ -186,6 +190,71 @@ def record_stored(events: list[Any], announced: dict[int, Any], cls: type, block
     events.append(record)
     for k, i in enumerate(positions):
         announced[blocks[i]] = (record, k, i - start, hashes[i - 1] if i else None)
+
+
+def _strided(block_hashes: list[bytes], stride: int) -> list[bytes]:
+    if type(block_hashes) is not list:
+        raise TypeError("block_hashes must be a list")
+    if stride <= 0:
+        raise ValueError("stride must be positive")
+    return block_hashes if stride == 1 else block_hashes[stride - 1 :: stride]
+
+
+def window_hit(index: dict[bytes, int], block_hashes: list[bytes], stride: int,
+               num_blocks: int, need: int) -> list[int]:
+    """The rightmost run of ``need`` cached blocks among blocks ``[0, num_blocks)``, nulls
+    before it; else the cached run from block 0 (possibly empty); ``need <= 0``: all
+    ``num_blocks`` null. Raises IndexError past the hashes. No state change."""
+    hashes = _strided(block_hashes, stride)
+    if need <= 0:
+        return [0] * max(num_blocks, 0)
+    run: list[int] = []  # right to left
+    for i in range(num_blocks - 1, -1, -1):
+        b = index.get(hashes[i])
+        if b is None:
+            run.clear()
+            continue
+        run.append(b)
+        if len(run) == need:
+            run.reverse()
+            out = [0] * i
+            out.extend(run)
+            return out
+    run.reverse()
+    return run
+
+
+def chunk_hit(index: dict[bytes, int], block_hashes: list[bytes], stride: int, first: int,
+              num_blocks: int) -> list[int]:
+    """``first`` nulls (the blocks before the chunk), then the cached blocks from block
+    ``first`` up to the first miss below ``num_blocks``. Raises IndexError past the
+    hashes. No state change."""
+    hashes = _strided(block_hashes, stride)
+    first = max(first, 0)
+    out = [0] * first
+    for i in range(first, num_blocks):
+        b = index.get(hashes[i])
+        if b is None:
+            break
+        out.append(b)
+    return out
+
+
+def state_hit(index: dict[bytes, int], block_hashes: list[bytes], stride: int,
+              num_blocks: int, block_size: int, align: int) -> list[int]:
+    """The rightmost cached block ``i < num_blocks`` whose end ``(i + 1) * block_size`` is
+    a multiple of ``align``, nulls before it; else ``[]``. Raises IndexError past the
+    hashes, ValueError for ``align <= 0``. No state change."""
+    hashes = _strided(block_hashes, stride)
+    if align <= 0:
+        raise ValueError("state_hit: align must be positive")
+    for i in range(num_blocks - 1, -1, -1):
+        b = index.get(hashes[i])
+        if b is not None and not (i + 1) * block_size % align:
+            out = [0] * i
+            out.append(b)
+            return out
+    return []
 
 
 #: The methods an admission calls; a manager that rebinds one on itself is left out.

@@ -65,6 +65,7 @@ prompt, ``m`` = 12):
 
 from __future__ import annotations
 
+from pagedkv.core.kernels_hybrid import kernel
 from pagedkv.core.managers.base import SingleTypeManager, register_manager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.managers.skipping import SkippingManager
@@ -185,6 +186,7 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         self._partial: dict[str, tuple[int, int]] = {}
         #: (source, copy) pairs queued since the last take, in allocation order.
         self.pending_copies: list[tuple[int, int]] = []
+        self._state_hit = kernel("state_hit")  # compiled or pure, picked once
 
     def enable_partial_hits(self) -> None:
         self.partial_hits = True
@@ -202,17 +204,12 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """The rightmost cached state within ``max_length`` tokens ending on the hit
         alignment, nulls before it. No state change. O(blocks scanned) lookups."""
-        hashes = self.group_hashes(block_hashes)
-        bs = self.block_size
-        align = self.hit_alignment_tokens
-        get = self.pool.index[self.group].get
-        for i in range(min(max_length // bs, len(hashes)) - 1, -1, -1):
-            b = get(hashes[i])
-            if b is not None and not (i + 1) * bs % align:
-                out = [0] * i
-                out.append(b)
-                return out
-        return []
+        if type(block_hashes) is not list:
+            block_hashes = list(block_hashes)
+        k, bs = self.hash_stride, self.block_size
+        return self._state_hit(  # type: ignore[no-any-return]  # kernels_hybrid.state_hit
+            self.pool.index[self.group], block_hashes, k,
+            min(max_length // bs, len(block_hashes) // k), bs, self.hit_alignment_tokens)
 
     def get_num_blocks_to_allocate(
         self,
