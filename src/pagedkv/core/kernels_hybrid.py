@@ -31,7 +31,7 @@ False
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from pagedkv.core import native
@@ -255,41 +255,6 @@ def state_hit(index: dict[bytes, int], block_hashes: list[bytes], stride: int,
             out.append(b)
             return out
     return []
-
-
-#: The methods an admission calls; a manager that rebinds one on itself is left out.
-_ADMIT_METHODS = frozenset({"get_num_blocks_to_allocate", "claimed_hit_blocks",
-                            "save_new_computed_blocks", "allocate_new_blocks", "slots_needed"})
-#: Groups the compiled kernel takes at most.
-ADMIT_MAX_GROUPS = 64
-
-
-def admission_plan(managers: Sequence[Any]) -> list[tuple[Any, ...]] | None:
-    """The :func:`admit_groups` plan for ``managers`` (one entry per group), or None when
-    a group sizes by the encoder (cross attention) or rebinds an admission method, or
-    there are more than :data:`ADMIT_MAX_GROUPS` groups. Full attention, sliding window
-    and chunked local (those exact classes: a subclass may change a rule) run by the
-    kernel's own rules, every other kind through its methods. No state change."""
-    from pagedkv.core.managers.base import SingleTypeManager
-    from pagedkv.core.managers.chunked_local import ChunkedLocalManager
-    from pagedkv.core.managers.full import FullAttentionManager
-    from pagedkv.core.managers.sliding_window import SlidingWindowManager
-
-    kinds = {FullAttentionManager: ADMIT_FULL, SlidingWindowManager: ADMIT_WINDOW,
-             ChunkedLocalManager: ADMIT_CHUNK}
-    if len(managers) > ADMIT_MAX_GROUPS:
-        return None
-    plan: list[tuple[Any, ...]] = []
-    for m in managers:
-        if any(name in vars(m) for name in _ADMIT_METHODS) or (
-                type(m).slots_needed is not SingleTypeManager.slots_needed):
-            return None
-        kind = kinds.get(type(m), ADMIT_METHODS)
-        span = (m.sliding_window if kind == ADMIT_WINDOW
-                else m.attention_chunk_size if kind == ADMIT_CHUNK else 0)
-        plan.append((kind, m, m.req_to_blocks, m.num_cached_blocks, m.block_size, span,
-                     bool(m.ignores_lookahead)))
-    return plan
 
 
 def kernel(name: str) -> Any:
