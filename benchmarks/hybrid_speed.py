@@ -182,6 +182,8 @@ def main() -> None:
         return
     if not a.vllm_python:
         ap.error("--vllm-python is required")
+    if os.sep in a.vllm_python:  # a path: the workers run in each checkout's directory
+        a.vllm_python = os.path.abspath(a.vllm_python)
     paths = [os.path.abspath(p) for p in (*a.before, a.after)]
     sides = {os.path.basename(p) or p: p for p in paths}
     if len(sides) != len(paths):

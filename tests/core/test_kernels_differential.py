@@ -58,16 +58,6 @@ MAX_MODEL_LEN = 64
 HEADS = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
 
 
-#: Left out on layouts with a Mamba group: the engine counting keywords
-#: (``num_in_flight_tokens``, ``lenient_counts``) in :meth:`Differential.engine_step`. Both
-#: cores agree there, but the Mamba align group can end up holding three live states and
-#: fail its own ``check_invariants`` ("holds 3 states"). Mamba block 4, two sequences:
-#: (1) an 11-token prompt, 2 decode tokens, all 13 counted computed, then
-#: ``allocate_slots(req, 4, num_in_flight_tokens=1, lenient_counts=True)``; (2) an
-#: 18-token prompt, 2 decode tokens, ``allocate_slots(req, 1, lenient_counts=True)`` with
-#: all 20 counted computed, then 5 decode tokens allocated plainly. A question for the
-#: Mamba manager (reported), not a difference between the cores.
-MAMBA_COUNTING = "left out"
 
 
 class Clock:
@@ -184,7 +174,6 @@ class Differential(RuleBasedStateMachine):
         assert compiled.hasher._plain is not PURE.hash_plain
         assert pure.hasher._plain is PURE.hash_plain
         self.mgrs = (compiled, pure)
-        self.has_mamba = any(isinstance(g, MambaSpec) for g in self.layout.groups)
         self.waiting: list[Pair] = []
         self.running: list[Pair] = []
         self.held: list[list[int]] = []
@@ -331,8 +320,6 @@ class Differential(RuleBasedStateMachine):
             kwargs["num_in_flight_tokens"] = in_flight
         if lenient is not None:
             kwargs["lenient_counts"] = lenient
-        if self.has_mamba:
-            kwargs.clear()  # see MAMBA_COUNTING
         for req in pair:
             req.num_computed_tokens = max(0, req.num_tokens + delta)
         try:

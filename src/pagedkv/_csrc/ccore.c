@@ -194,11 +194,25 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
+/* The hybrid groups' own loops (pure twins: pagedkv/core/kernels_hybrid.py). */
+#include "ccore_hybrid_hash.h"
+#include "ccore_hybrid_admit.h"
+#include "ccore_hybrid_events.h"
+#include "ccore_hybrid_hits.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
     {"sha256", sha256, METH_O, sha256_doc},
     {"sha256_mode", sha256_mode, METH_VARARGS, sha256_mode_doc},
+    /* the hybrid kernels */
+    {"hash_keyed", hash_keyed, METH_VARARGS, hash_keyed_doc},
+    {"admit_groups", (PyCFunction)(void (*)(void))admit_groups, METH_FASTCALL,
+     admit_groups_doc},
+    {"record_stored", (PyCFunction)(void (*)(void))record_stored, METH_FASTCALL,
+     record_stored_doc},
+    {"window_hit", (PyCFunction)(void (*)(void))window_hit, METH_FASTCALL, window_hit_doc},
+    {"chunk_hit", (PyCFunction)(void (*)(void))chunk_hit, METH_FASTCALL, chunk_hit_doc},
+    {"state_hit", (PyCFunction)(void (*)(void))state_hit, METH_FASTCALL, state_hit_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -215,7 +229,8 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
-        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0) {
+        || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
+        || ccore_hybrid_admit_init() < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -5,7 +5,7 @@
  * aligned to the lcm of the block sizes. Installed by pagedkv/core/fast_paths.py.
  *
  * Its pure-Python specification is the facade's allocate_slots on a running request
- * (manager.py) followed by Coordinator.allocate -> Coordinator._grow and
+ * (manager.py) followed by Coordinator.allocate -> group_allocation.grow_running and
  * Coordinator.cache_blocks, with SlidingWindowManager / ChunkedLocalManager
  * remove_skipped_blocks for the windows. The call it takes: two positional arguments (a
  * request this manager holds, a plain positive count) and any of the facade's keywords
@@ -230,7 +230,7 @@ static Py_ssize_t ga_num_free(PyObject *pool) {
     return n;
 }
 
-/* Coordinator._grow's zeroing: group i's real new blocks appended to new_block_ids[i]. */
+/* group_allocation.grow_running's zeroing: group i's real new blocks appended to new_block_ids[i]. */
 static int ga_record_zeroing(GroupsAllocate *self, Py_ssize_t i, PyObject *new) {
     if (i >= PyList_GET_SIZE(self->zeroing) || i >= PyList_GET_SIZE(self->new_ids)) return 0;
     int on = PyObject_IsTrue(PyList_GET_ITEM(self->zeroing, i));
@@ -255,7 +255,7 @@ static int ga_record_zeroing(GroupsAllocate *self, Py_ssize_t i, PyObject *new) 
     return rc;
 }
 
-/* Coordinator._grow, first half: per group the blocks to add (plain groups) or the slots
+/* group_allocation.grow_running, first half: per group the blocks to add (plain groups) or the slots
  * (method groups) in counts[], and the blocks needed in *needed. 0, or -1 on an error. */
 static int ga_count(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
                     Py_ssize_t main, Py_ssize_t total_computed, Py_ssize_t *counts,
@@ -337,7 +337,7 @@ static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid
     return new;
 }
 
-/* Coordinator._grow after the release: the new ids per group, Py_None (a new reference)
+/* group_allocation.grow_running after the release: the new ids per group, Py_None (a new reference)
  * when the pool is short (nothing changed), NULL on an error. */
 static PyObject *ga_grow(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
                          Py_ssize_t main, Py_ssize_t headroom, Py_ssize_t total_computed) {

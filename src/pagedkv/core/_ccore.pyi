@@ -76,3 +76,33 @@ class VllmEntry:
     ) -> None: ...
     def cache_blocks(self, request: Any, num_computed_tokens: int, /) -> None: ...
     def allocate_slots(self, request: Any, num_new_tokens: int, /, **kwargs: Any) -> Any: ...
+
+# The hybrid kernels (pure twins in pagedkv.core.kernels_hybrid).
+def hash_keyed(
+    hashes: list[bytes], tokens: list[int], start: int, stop: int, block_size: int,
+    parent: bytes, tails: list[bytes], /,
+) -> bool: ...
+def admit_groups(
+    plan: list[tuple[Any, ...]], request_id: str, hit: Any, total_computed: int,
+    num_tokens: int, main_tokens: int, headroom: int, num_free: int, ref_cnt: list[int],
+    touch: Callable[[list[int]], None], take: Callable[[int], list[int]],
+    zeroing: list[bool], new_ids: list[list[int]], /,
+) -> tuple[list[int], ...] | None: ...
+def record_stored(
+    events: list[Any], announced: dict[int, Any], cls: type, blocks: Any, hashes: list[bytes],
+    start: int, end: int, skipped: Any, token_ids: Any, block_size: int, lora_id: int | None,
+    medium: str | None, lora_name: str | None, extra: list[Any] | None, group: int,
+    kind: str | None, window: int | None, /,
+) -> None: ...
+def window_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
+    need: int, /,
+) -> list[int]: ...
+def chunk_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, first: int,
+    num_blocks: int, /,
+) -> list[int]: ...
+def state_hit(
+    index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
+    block_size: int, align: int, /,
+) -> list[int]: ...

@@ -12,7 +12,9 @@ from collections.abc import Iterator, KeysView, Sequence
 from typing import NamedTuple, cast
 
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
+from pagedkv.core.group_allocation import admission_plan, full_sequence_blocks, grow_running
 from pagedkv.core.group_hits import group_hit_problem, truncate_hit
+from pagedkv.core.kernels import kernels
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.reprefill import cache_finalized, unitary_cacheable_tokens
@@ -84,6 +86,9 @@ class Coordinator:
         self.cache_alignment_tokens = 1
         #: Computed tokens a drafter may prefill again, never registered (reprefill.py).
         self.num_reprefillable_tokens = 0
+        #: A new request's allocation in every group at once (kernels_hybrid.admit_groups;
+        #: picked here, compiled or pure).
+        self._admit = kernels().admit_groups
         self._build_plans()
 
     def _build_plans(self) -> None:
@@ -95,6 +100,9 @@ class Coordinator:
         ``(manager, block size, cached counts or None)`` (counts only where registering
         nothing new is a no-op, see :meth:`SingleTypeManager.registers_whole_blocks_only`)."""
         self._tables0 = self.managers[0].req_to_blocks
+        #: Per group its admission plan entry (kernels_hybrid.admission_plan), or None
+        #: where a group admits by rules of its own (then the methods below).
+        self._admit_plan = admission_plan(self.managers)
         self._grow_plan = [
             (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
             for m in self.managers
@@ -180,6 +188,18 @@ class Coordinator:
         the new block ids per group, or ``None`` (the pool is short: nothing changed but
         the skipped blocks' release).
         """
+        plan = self._admit_plan
+        if plan is not None and request_id not in self._tables0 and (
+                num_local_computed_tokens is None
+                or total_computed_tokens <= num_local_computed_tokens):
+            # A new request without external tokens: every group at once (no group holds
+            # it, so no window releases anything).
+            pool = self.pool
+            return self._admit(  # type: ignore[no-any-return]
+                plan, request_id, hit, total_computed_tokens, num_tokens,
+                num_tokens if num_tokens_main_model is None else num_tokens_main_model,
+                headroom_blocks, pool.free_queue.num_free, pool.ref_cnt, pool.touch,
+                pool.get_new_blocks, self.zeroing, self.new_block_ids)
         for m in self._droppers:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
         if hit is None and request_id in self._tables0:
@@ -216,58 +236,13 @@ class Coordinator:
             new_blocks.append(new)
         return tuple(new_blocks)
 
-    def _grow(
-        self,
-        request_id: str,
-        num_tokens: int,
-        num_encoder_tokens: int,
-        num_tokens_main_model: int | None,
-        headroom_blocks: int,
-        total_computed_tokens: int,
-    ) -> BlockTables | None:
-        """:meth:`allocate` for a request that already holds blocks and adopts no hit (a
-        running request's next chunk or decode step, the common call), after the window
-        release: the same capacity check and growth.
-
-        NOTE: inlined for speed: in groups whose manager grows plainly (full attention,
-        sliding window, chunked local) the table grows to ``ceil(num_tokens /
-        block_size)`` blocks right here, without the four per-group method calls of
-        :meth:`allocate` (they would do the same: no hit to claim or save). Other groups
-        (Mamba, cross attention, sinks) go through their methods."""
-        plan = self._grow_plan
-        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
-        counts: list[int] = []  # plain groups: blocks to add; the others: their slots
-        num_needed = 0
-        for m, bs, tables in plan:
-            if tables is not None:
-                n = -(-num_tokens // bs) - len(tables[request_id])
-                counts.append(n)
-            else:
-                slots = main if m.ignores_lookahead else m.slots_needed(
-                    num_tokens, num_encoder_tokens)
-                n = m.get_num_blocks_to_allocate(request_id, slots, [], total_computed_tokens)
-                counts.append(slots)
-            if n > 0:
-                num_needed += n
-        pool = self.pool
-        if num_needed + headroom_blocks > pool.free_queue.num_free:
-            return None
-        out: list[list[int]] = []
-        zeroing = self.zeroing
-        for g, (m, _bs, tables) in enumerate(plan):
-            if tables is not None:
-                n = counts[g]
-                if n <= 0:
-                    out.append([])
-                    continue
-                new = pool.get_new_blocks(n)
-                tables[request_id].extend(new)
-            else:
-                new = m.allocate_new_blocks(request_id, counts[g])
-            if zeroing[g] and new:
-                self.new_block_ids[g].extend(b for b in new if b)
-            out.append(new)
-        return tuple(out)
+    def _grow(self, request_id: str, num_tokens: int, num_encoder_tokens: int,
+              num_tokens_main_model: int | None, headroom_blocks: int,
+              total_computed_tokens: int) -> BlockTables | None:
+        """:meth:`allocate` for a running request adopting no hit, after the window
+        release (:func:`~pagedkv.core.group_allocation.grow_running`)."""
+        return grow_running(self, request_id, num_tokens, num_encoder_tokens,
+                            num_tokens_main_model, headroom_blocks, total_computed_tokens)
 
     def num_blocks_for_full_sequence(
         self,
@@ -287,18 +262,9 @@ class Coordinator:
         Worked case (sliding window 8 at block 4, cap 5 blocks): a new 40-token request
         needs ``min(10, 5) = 5`` blocks, not 10.
         """
-        table_hit = hit if hit is not None else self._no_hit
-        caps = self.admission_cap_blocks
-        n = 0
-        for g, m in enumerate(self.managers):
-            slots = num_tokens if m.ignores_lookahead else m.slots_needed(
-                num_tokens, num_encoder_tokens)
-            cap = caps[g]
-            if cap is not None and slots > cap * m.block_size:
-                slots = cap * m.block_size
-            n += m.get_num_blocks_to_allocate(request_id, slots, table_hit[g],
-                                              total_computed_tokens)
-        return n
+        return full_sequence_blocks(self.managers, self.admission_cap_blocks, request_id,
+                                    hit if hit is not None else self._no_hit,
+                                    total_computed_tokens, num_tokens, num_encoder_tokens)
 
     def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Register the request's blocks that are full within its first ``num_tokens``

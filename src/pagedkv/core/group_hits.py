@@ -112,3 +112,4 @@ def truncate_hit(managers: Sequence[_Group], hit: tuple[list[int], ...], num_tok
                 f"{m.group}'s block size {m.block_size}")
         out.append(list(blocks[: num_tokens // m.block_size]))
     return tuple(out)
+

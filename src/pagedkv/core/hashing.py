@@ -36,6 +36,7 @@ from pagedkv.core.hash_extras import (
     lora_keys_cbor,
 )
 from pagedkv.core.kernels import PURE, kernels
+from pagedkv.core.kernels_hybrid import extend_keyed
 from pagedkv.core.kernels_pure import CHUNK_TOKENS
 from pagedkv.errors import InvalidArgumentError, require
 
@@ -93,8 +94,8 @@ class BlockHasher:
     3
     """
 
-    __slots__ = ("_array_head", "_ctor", "_head", "_memo", "_memo_old", "_plain", "algo",
-                 "block_size", "memo_blocks", "seed")
+    __slots__ = ("_array_head", "_ctor", "_head", "_keyed", "_memo", "_memo_old", "_plain",
+                 "algo", "block_size", "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -123,9 +124,12 @@ class BlockHasher:
         # bytes head (a digest's length), and the token array's head.
         self._head = b"\x83" + cbor_head(2, len(self.seed))
         self._array_head = cbor_head(4, block_size)
-        # The plain-block kernel (pagedkv.core.kernels), picked once: the compiled one
-        # implements sha256_cbor only.
-        self._plain = kernels().hash_plain if algo == "sha256_cbor" else PURE.hash_plain
+        # The plain-block and keyed-block kernels (pagedkv.core.kernels), picked once: the
+        # compiled ones implement sha256_cbor only; the pure set has no keyed kernel (the
+        # memo path below is its faster Python form).
+        k = kernels() if algo == "sha256_cbor" else PURE
+        self._plain = k.hash_plain
+        self._keyed = k.hash_keyed
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -159,8 +163,13 @@ class BlockHasher:
         stop = len(token_ids) // bs * bs
         if start >= stop:
             return
-        if extras is None and self._plain(self, hashes, token_ids, start, stop, bs):
-            return  # the common call: blocks without extra keys
+        if extras is None:
+            if self._plain(self, hashes, token_ids, start, stop, bs):
+                return  # the common call: blocks without extra keys
+        elif self._keyed is not None and extend_keyed(
+                self._keyed, hashes, token_ids, start, stop, bs,
+                hashes[-1] if hashes else self.seed, extras, keys_out):
+            return  # the same, with extras
         if hashes and len(hashes[-1]) != len(self.seed):
             # A caller-supplied parent of another length: its block the checked way, then
             # every parent is a digest of this hasher.

@@ -23,7 +23,17 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``index_register`` register ``blocks[start:stop]`` under ``hashes``; -> skipped positions
 ``longest_hit``    the blocks of the longest run of ``hashes`` the dict holds
 ``hash_plain``     chained block hashes without extra keys; False: not done, unchanged
+``hash_keyed``     the same for blocks with encoded extra keys (``None`` in the pure set:
+                   the hasher's memo path is its Python form)
+``window_hit``     a sliding-window group's longest hit (right to left)
+``chunk_hit``      a chunked-local group's longest hit
+``state_hit``      a Mamba align group's hit (the last cached state)
+``admit_groups``   a new request's allocation in every group at once; ``None``: refused
+``record_stored``  one stored event of a registered run (the event recorder's record)
 =================  ==============================================================
+
+The last six are the hybrid path's; their pure implementations are in
+:mod:`pagedkv.core.kernels_hybrid`.
 
 >>> kernels() in (PURE, COMPILED)
 True
@@ -41,7 +51,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, cast
 
-from pagedkv.core import kernels_pure, native
+from pagedkv.core import kernels_hybrid, kernels_pure, native
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.kernels_pure import PlainHasher
 
@@ -101,6 +111,20 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_pure.hash_plain` (SHA-256 over canonical CBOR; the
     #: pure one also any other algorithm): mutates hashes.
     hash_plain: HashPlain
+    #: :func:`pagedkv.core.kernels_hybrid.hash_keyed` (its specification; ``None`` in the
+    #: pure set): mutates hashes.
+    hash_keyed: kernels_hybrid.HashKeyed | None
+    #: :func:`pagedkv.core.kernels_hybrid.window_hit`: mutates nothing.
+    window_hit: Callable[..., list[int]]
+    #: :func:`pagedkv.core.kernels_hybrid.chunk_hit`: mutates nothing.
+    chunk_hit: Callable[..., list[int]]
+    #: :func:`pagedkv.core.kernels_hybrid.state_hit`: mutates nothing.
+    state_hit: Callable[..., list[int]]
+    #: :func:`pagedkv.core.kernels_hybrid.admit_groups`: mutates the tables and counts
+    #: of its plan, through the pool's touch and take.
+    admit_groups: Callable[..., Any]
+    #: :func:`pagedkv.core.kernels_hybrid.record_stored`: appends to the event list.
+    record_stored: Callable[..., Any]
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -131,6 +155,12 @@ PURE = Kernels(
     index_register=kernels_pure.index_register,
     longest_hit=kernels_pure.longest_hit,
     hash_plain=kernels_pure.hash_plain,
+    hash_keyed=None,
+    window_hit=kernels_hybrid.window_hit,
+    chunk_hit=kernels_hybrid.chunk_hit,
+    state_hit=kernels_hybrid.state_hit,
+    admit_groups=kernels_hybrid.admit_groups,
+    record_stored=kernels_hybrid.record_stored,
 )
 
 
@@ -148,6 +178,16 @@ def _compiled_hash_plain(hasher: PlainHasher, hashes: list[bytes], tokens: Seque
     return kernels_pure.hash_plain(hasher, hashes, tokens, start, stop, block_size)
 
 
+def _compiled_hash_keyed(hashes: list[bytes], tokens: Sequence[int], start: int, stop: int,
+                         block_size: int, parent: bytes, tails: list[bytes], /) -> bool:
+    """The compiled ``hash_keyed`` where ``tokens`` is a list, else False (not done: the
+    hasher's Python path hashes them), inside the kernel set as ``hash_plain``'s test."""
+    if type(tokens) is list:
+        done: bool = _c_hash_keyed(hashes, tokens, start, stop, block_size, parent, tails)
+        return done
+    return False
+
+
 def _compiled(ccore: ModuleType) -> Kernels:
     """The compiled set over the extension module ``ccore``."""
     return Kernels(
@@ -159,11 +199,19 @@ def _compiled(ccore: ModuleType) -> Kernels:
         index_register=ccore.index_register,
         longest_hit=ccore.longest_hit,
         hash_plain=_compiled_hash_plain,
+        hash_keyed=_compiled_hash_keyed,
+        window_hit=ccore.window_hit,
+        chunk_hit=ccore.chunk_hit,
+        state_hit=ccore.state_hit,
+        admit_groups=ccore.admit_groups,
+        record_stored=ccore.record_stored,
     )
 
 
 _c_hash_plain: Callable[..., Any] = kernels_pure.hash_plain if _module is None \
     else _module.hash_plain
+_c_hash_keyed: Callable[..., Any] = kernels_hybrid.hash_keyed if _module is None \
+    else _module.hash_keyed
 #: The compiled set, or ``None`` when ``native.IMPORT_ERROR`` says why not.
 COMPILED: Kernels | None = None if _module is None else _compiled(_module)
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pagedkv.core.hashing import event_extra_keys
+from pagedkv.core.kernels import kernels
 from pagedkv.core.records import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from pagedkv.core.request import RequestLike
 
 __all__ = ["EventBuffer", "EventRecorder", "GroupInfo", "StoredRun"]
+
+_new = tuple.__new__  # a named tuple's record without its Python-level __new__
 
 
 class GroupInfo:
@@ -185,37 +188,36 @@ class EventBuffer(EventRecorder):
         # blocks may linger: they are replaced when the block is stored again and ignored
         # while it has no hash.
         self._announced: dict[int, tuple[BlockStored, int, int, bytes | None]] = {}
+        #: The record builder (kernels_hybrid.record_stored), compiled or pure.
+        self._record = kernels().record_stored
 
     def stored(self, run: StoredRun) -> None:
         request, blocks, hashes, start, end, skipped, group = run
         info = self.groups[group]
         bs = info.block_size
         extras = request.hash_extras
-        lora = extras.lora if extras is not None else None
-        if skipped:
-            left_out = set(skipped)
-            positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
-        else:
-            positions = range(start, end)
         if extras is None:
-            extra: list[Any] = [None] * len(positions)
-        elif bs == self.hash_block_size and len(request.block_extra_keys) >= end:
-            recorded = request.block_extra_keys
-            extra = [event_extra_keys(recorded[i]) for i in positions]
+            lora = extra = None
         else:
-            extra = [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs))
-                     for i in positions]
-        event = BlockStored(
-            [hashes[i] for i in positions] if skipped else hashes[start:end],
-            hashes[start - 1] if start else None,
-            request.all_token_ids[start * bs : end * bs], bs,
-            lora.adapter_id if lora else None, MEDIUM_GPU, lora.name if lora else None,
-            extra or None, group, info.kind, info.sliding_window,
-        )
-        self._events.append(event)
-        announced = self._announced
-        for k, i in enumerate(positions):
-            announced[blocks[i]] = (event, k, i - start, hashes[i - 1] if i else None)
+            lora = extras.lora
+            if skipped:
+                left_out = set(skipped)
+                positions: Sequence[int] = [i for i in range(start, end) if i not in left_out]
+            else:
+                positions = range(start, end)
+            extra = self._extra_keys(request, extras, positions, bs, end)
+        self._record(self._events, self._announced, BlockStored, blocks, hashes, start, end,
+                     skipped, request.all_token_ids, bs, lora.adapter_id if lora else None,
+                     MEDIUM_GPU, lora.name if lora else None, extra, group, info.kind,
+                     info.sliding_window)
+
+    def _extra_keys(self, request: RequestLike, extras: Any, positions: Sequence[int],
+                    bs: int, end: int) -> list[Any]:
+        """Per registered position, its extra keys as events carry them (class docstring)."""
+        if bs == self.hash_block_size and len(request.block_extra_keys) >= end:
+            recorded = request.block_extra_keys
+            return [event_extra_keys(recorded[i]) for i in positions]
+        return [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs)) for i in positions]
 
     def stored_partial(
         self, request: RequestLike, block: int, i: int, group: int, primary: bool
@@ -254,8 +256,12 @@ class EventBuffer(EventRecorder):
             self._announced[dst] = entry
 
     def removed(self, hashes: list[bytes], group: int) -> None:
-        # One record per hash, as vLLM's pool emits them.
-        self._events.extend(BlockRemoved([h], MEDIUM_GPU, group) for h in hashes)
+        # One record per hash, as vLLM's pool emits them (a one-hash list is handed over
+        # and becomes the record's own).
+        if len(hashes) == 1:
+            self._events.append(_new(BlockRemoved, (hashes, MEDIUM_GPU, group)))
+            return
+        self._events.extend(_new(BlockRemoved, ([h], MEDIUM_GPU, group)) for h in hashes)
 
     def cleared(self) -> None:
         self._announced.clear()

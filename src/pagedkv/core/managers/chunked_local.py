@@ -44,6 +44,7 @@ Admission: the current chunk plus one scheduling step plus one block of misalign
 
 from __future__ import annotations
 
+from pagedkv.core.kernels import kernels
 from pagedkv.core.managers.base import register_manager
 from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
@@ -76,6 +77,7 @@ class ChunkedLocalManager(SkippingManager):
             )
         self.attention_chunk_size = chunk
         self.chunk_blocks = chunk // spec.block_size
+        self._chunk_hit = kernels().chunk_hit  # compiled or pure, picked once
 
     def admission_cap_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """vLLM 0.33's runtime cap: the chunk plus the tokens in flight (the planner's
@@ -106,18 +108,17 @@ class ChunkedLocalManager(SkippingManager):
         """Nulls up to the chunk of token ``max_length``, then cached blocks left to right
         (module docstring). Does not modify any state. O(blocks of one chunk) lookups;
         with ``drop_last_hit`` at worst one lookup per earlier chunk as well."""
+        chunk_start_block = max_length // self.attention_chunk_size * self.chunk_blocks
+        if not self.drop_last_hit:  # the kernel (kernels_hybrid.chunk_hit)
+            if type(block_hashes) is not list:
+                block_hashes = list(block_hashes)
+            k = self.hash_stride
+            return self._chunk_hit(
+                self.pool.index[self.group], block_hashes, k, chunk_start_block,
+                min(max_length // self.block_size, len(block_hashes) // k))
         hashes = self.group_hashes(block_hashes)
         num_blocks = min(max_length // self.block_size, len(hashes))
         get = self.pool.index[self.group].get
-        chunk_start_block = max_length // self.attention_chunk_size * self.chunk_blocks
-        if not self.drop_last_hit:
-            out = [0] * chunk_start_block
-            for i in range(chunk_start_block, num_blocks):
-                b = get(hashes[i])
-                if b is None:
-                    break
-                out.append(b)
-            return out
         while True:
             end = min(num_blocks, chunk_start_block + self.chunk_blocks)
             run: list[int] = []

@@ -65,6 +65,7 @@ prompt, ``m`` = 12):
 
 from __future__ import annotations
 
+from pagedkv.core.kernels import kernels
 from pagedkv.core.managers.base import SingleTypeManager, register_manager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.managers.skipping import SkippingManager
@@ -85,9 +86,8 @@ class MambaManager(SingleTypeManager):
     hit_shape = "state"
 
     @classmethod
-    def variant_for(
-        cls, spec: KVCacheSpec, *, enable_caching: bool = True
-    ) -> type[SingleTypeManager]:
+    def variant_for(cls, spec: KVCacheSpec, *, enable_caching: bool = True
+                    ) -> type[SingleTypeManager]:
         if isinstance(spec, MambaSpec) and spec.cache_checkpoints:
             return MambaCheckpointManager
         return MambaAlignManager if enable_caching else cls
@@ -186,6 +186,7 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         self._partial: dict[str, tuple[int, int]] = {}
         #: (source, copy) pairs queued since the last take, in allocation order.
         self.pending_copies: list[tuple[int, int]] = []
+        self._state_hit = kernels().state_hit  # compiled or pure, picked once
 
     def enable_partial_hits(self) -> None:
         self.partial_hits = True
@@ -203,17 +204,12 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """The rightmost cached state within ``max_length`` tokens ending on the hit
         alignment, nulls before it. No state change. O(blocks scanned) lookups."""
-        hashes = self.group_hashes(block_hashes)
-        bs = self.block_size
-        align = self.hit_alignment_tokens
-        get = self.pool.index[self.group].get
-        for i in range(min(max_length // bs, len(hashes)) - 1, -1, -1):
-            b = get(hashes[i])
-            if b is not None and not (i + 1) * bs % align:
-                out = [0] * i
-                out.append(b)
-                return out
-        return []
+        if type(block_hashes) is not list:
+            block_hashes = list(block_hashes)
+        k, bs = self.hash_stride, self.block_size
+        return self._state_hit(  # kernels_hybrid.state_hit
+            self.pool.index[self.group], block_hashes, k,
+            min(max_length // bs, len(block_hashes) // k), bs, self.hit_alignment_tokens)
 
     def get_num_blocks_to_allocate(
         self,
@@ -437,12 +433,13 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         return super().pop_blocks_for_free(request_id)
 
     def check_invariants(self) -> None:
-        """The base checks (a table may hold the last state and the live block, with
-        nulls between them, so the sliding-window null-prefix rule does not apply)."""
+        """The base checks; no real block below the released positions (release follows
+        the processed tokens, as vLLM 0.33's: under in-flight counting a table may hold
+        states besides the live one and the last, in vLLM too; tests/hybrid)."""
         SingleTypeManager.check_invariants(self)
         for rid, table in self.req_to_blocks.items():
-            real = [b for b in table if b]
-            assert len(real) <= 2, f"group {self.group}: {rid} holds {len(real)} states"
+            mark = self._released.get(rid, 0)
+            assert not any(table[:mark]), f"group {self.group}: {rid}: a state below {mark}"
         if self.offloads is not None:
             self.offloads.check_invariants(self.req_to_blocks)
 

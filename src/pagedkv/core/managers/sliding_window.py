@@ -42,6 +42,7 @@ of misalignment: ``SlidingWindowSpec.max_admission_blocks``.
 
 from __future__ import annotations
 
+from pagedkv.core.kernels import kernels
 from pagedkv.core.managers.base import register_manager
 from pagedkv.core.managers.skipping import SkippingManager
 from pagedkv.core.pool import BlockPool
@@ -64,6 +65,7 @@ class SlidingWindowManager(SkippingManager):
         #: Consecutive cached blocks a hit must end with (one more with drop_last_hit).
         self.num_run_blocks = cdiv(spec.sliding_window - 1, spec.block_size) + int(drop_last_hit)
         self._spec = spec
+        self._window_hit = kernels().window_hit  # compiled or pure, picked once
 
     def admission_cap_blocks(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """The window plus the tokens in flight, in blocks (the spec's bound)."""
@@ -109,32 +111,16 @@ class SlidingWindowManager(SkippingManager):
 
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
         """Rightmost run of ``num_run_blocks`` cached blocks ending within ``max_length``
-        tokens, null blocks before it; else the cached run from block 0. With
-        ``drop_last_hit`` the run's last block is then dropped. Does not modify any state.
-        O(blocks scanned) dict lookups: at worst every block up to ``max_length``."""
-        hashes = self.group_hashes(block_hashes)
-        num_blocks = min(max_length // self.block_size, len(hashes))
-        need = self.num_run_blocks
-        if need == 0:
-            # Window 1: a token reads only itself, every earlier block is skippable.
-            return [0] * num_blocks
-        get = self.pool.index[self.group].get
-        run: list[int] = []  # the current run, right to left
-        out: list[int] | None = None
-        for i in range(num_blocks - 1, -1, -1):
-            b = get(hashes[i])
-            if b is None:
-                run.clear()
-                continue
-            run.append(b)
-            if len(run) == need:
-                run.reverse()
-                out = [0] * i
-                out.extend(run)
-                break
-        if out is None:
-            run.reverse()  # the run that reached block 0 (possibly empty)
-            out = run
-        if self.drop_last_hit and out:
+        tokens, null blocks before it; else the cached run from block 0 (the kernel
+        :func:`~pagedkv.core.kernels_hybrid.window_hit`). With ``drop_last_hit`` the run's
+        last block is then dropped. Does not modify any state. O(blocks scanned) dict
+        lookups: at worst every block up to ``max_length``."""
+        if type(block_hashes) is not list:
+            block_hashes = list(block_hashes)
+        k = self.hash_stride
+        num_blocks = min(max_length // self.block_size, len(block_hashes) // k)
+        out: list[int] = self._window_hit(self.pool.index[self.group], block_hashes, k,
+                                          num_blocks, self.num_run_blocks)
+        if self.drop_last_hit and out and self.num_run_blocks:
             out.pop()
         return out

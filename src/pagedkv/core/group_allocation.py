@@ -1,0 +1,123 @@
+"""A coordinator's allocation group by group: the plan of the compiled admission
+(:func:`admission_plan`, run by :func:`pagedkv.core.kernels_hybrid.admit_groups`), the
+running request's growth (:func:`grow_running`) and the full-sequence gate's count
+(:func:`full_sequence_blocks`). Each is called by
+:class:`~pagedkv.core.coordinator_base.Coordinator` with itself or its managers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pagedkv.core.kernels_hybrid import ADMIT_CHUNK, ADMIT_FULL, ADMIT_METHODS, ADMIT_WINDOW
+from pagedkv.core.managers.base import SingleTypeManager
+from pagedkv.core.managers.chunked_local import ChunkedLocalManager
+from pagedkv.core.managers.full import FullAttentionManager
+from pagedkv.core.managers.sliding_window import SlidingWindowManager
+
+__all__ = ["ADMIT_MAX_GROUPS", "admission_plan", "full_sequence_blocks", "grow_running"]
+
+
+#: The methods an admission calls; a manager that rebinds one on itself is left out.
+_ADMIT_METHODS = frozenset({"get_num_blocks_to_allocate", "claimed_hit_blocks",
+                            "save_new_computed_blocks", "allocate_new_blocks", "slots_needed"})
+#: Groups the compiled admission takes at most.
+ADMIT_MAX_GROUPS = 64
+
+
+def admission_plan(managers: Sequence[Any]) -> list[tuple[Any, ...]] | None:
+    """The :func:`~pagedkv.core.kernels_hybrid.admit_groups` plan for ``managers`` (one
+    entry per group), or None when a group sizes by the encoder (cross attention) or
+    rebinds an admission method, or there are more than :data:`ADMIT_MAX_GROUPS` groups.
+    Full attention, sliding window and chunked local (those exact classes: a subclass may
+    change a rule) run by the kernel's own rules, every other kind through its methods.
+    No state change."""
+    kinds = {FullAttentionManager: ADMIT_FULL, SlidingWindowManager: ADMIT_WINDOW,
+             ChunkedLocalManager: ADMIT_CHUNK}
+    if len(managers) > ADMIT_MAX_GROUPS:
+        return None
+    plan: list[tuple[Any, ...]] = []
+    for m in managers:
+        if any(name in vars(m) for name in _ADMIT_METHODS) or (
+                type(m).slots_needed is not SingleTypeManager.slots_needed):
+            return None
+        kind = kinds.get(type(m), ADMIT_METHODS)
+        span = (m.sliding_window if kind == ADMIT_WINDOW
+                else m.attention_chunk_size if kind == ADMIT_CHUNK else 0)
+        plan.append((kind, m, m.req_to_blocks, m.num_cached_blocks, m.block_size, span,
+                     bool(m.ignores_lookahead)))
+    return plan
+
+
+def full_sequence_blocks(managers: Sequence[Any], caps: Sequence[int | None],
+                         request_id: str, table_hit: Sequence[list[int]],
+                         total_computed_tokens: int, num_tokens: int,
+                         num_encoder_tokens: int) -> int:
+    """The body of :meth:`~pagedkv.core.coordinator_base.Coordinator.num_blocks_for_full_sequence`:
+    each group's need for ``num_tokens`` slots, capped at its admission cap ``caps[g]``."""
+    n = 0
+    for g, m in enumerate(managers):
+        slots = num_tokens if m.ignores_lookahead else m.slots_needed(
+            num_tokens, num_encoder_tokens)
+        cap = caps[g]
+        if cap is not None and slots > cap * m.block_size:
+            slots = cap * m.block_size
+        n += m.get_num_blocks_to_allocate(request_id, slots, table_hit[g],
+                                          total_computed_tokens)
+    return n
+
+
+def grow_running(
+    coord: Any,
+    request_id: str,
+    num_tokens: int,
+    num_encoder_tokens: int,
+    num_tokens_main_model: int | None,
+    headroom_blocks: int,
+    total_computed_tokens: int,
+) -> tuple[list[int], ...] | None:
+    """``coord.allocate`` (:class:`~pagedkv.core.coordinator_base.Coordinator`) for a
+    request that already holds blocks and adopts no hit (a running request's next chunk
+    or decode step, the common call), after the window release: the same capacity check
+    and growth.
+
+    NOTE: inlined for speed: in groups whose manager grows plainly (full attention,
+    sliding window, chunked local) the table grows to ``ceil(num_tokens /
+    block_size)`` blocks right here, without the four per-group method calls of
+    ``allocate`` (they would do the same: no hit to claim or save). Other groups
+    (Mamba, cross attention, sinks) go through their methods."""
+    plan = coord._grow_plan
+    main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+    counts: list[int] = []  # plain groups: blocks to add; the others: their slots
+    num_needed = 0
+    for m, bs, tables in plan:
+        if tables is not None:
+            n = -(-num_tokens // bs) - len(tables[request_id])
+            counts.append(n)
+        else:
+            slots = main if m.ignores_lookahead else m.slots_needed(
+                num_tokens, num_encoder_tokens)
+            n = m.get_num_blocks_to_allocate(request_id, slots, [], total_computed_tokens)
+            counts.append(slots)
+        if n > 0:
+            num_needed += n
+    pool = coord.pool
+    if num_needed + headroom_blocks > pool.free_queue.num_free:
+        return None
+    out: list[list[int]] = []
+    zeroing = coord.zeroing
+    for g, (m, _bs, tables) in enumerate(plan):
+        if tables is not None:
+            n = counts[g]
+            if n <= 0:
+                out.append([])
+                continue
+            new = pool.get_new_blocks(n)
+            tables[request_id].extend(new)
+        else:
+            new = m.allocate_new_blocks(request_id, counts[g])
+        if zeroing[g] and new:
+            coord.new_block_ids[g].extend(b for b in new if b)
+        out.append(new)
+    return tuple(out)
