@@ -336,15 +336,11 @@ class Differential(RuleBasedStateMachine):
     def odd_step(self, i: int, n: Any, computed: Any, kw: int) -> None:
         """``allocate_slots`` with counts, computed counts and keyword sets that the
         compiled entry points must hand to the Python method (which raises the documented
-        error) or take themselves; the request's computed count restored after. (Odd
-        computed counts and the counting keywords are left out with a Mamba group: see
-        MAMBA_COUNTING.)"""
+        error) or take themselves; the request's computed count restored after."""
         pair = self.running[i % len(self.running)]
         saved = pair[0].num_computed_tokens
         kwargs = STEP_KEYWORDS[kw]
-        if self.has_mamba and ({"num_in_flight_tokens", "lenient_counts"} & set(kwargs)):
-            kwargs = {}
-        if computed is not None and not self.has_mamba:
+        if computed is not None:
             for req in pair:
                 req.num_computed_tokens = computed
         try:
