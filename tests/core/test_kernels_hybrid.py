@@ -185,22 +185,22 @@ def _admission_pair(layout: str, num_blocks: int) -> tuple[KVCacheManager, KVCac
     num_blocks=st.integers(6, 40),
     prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 9),
                                st.booleans()), min_size=1, max_size=8),
-    keywords=st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans()),
-                      min_size=8, max_size=8),
+    keywords=st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans(),
+                                st.booleans()), min_size=8, max_size=8),
 )
 def test_admissions_agree_on_both_cores(layout: str, num_blocks: int,
                                         prompts: list[tuple[int, int, int, bool]],
-                                        keywords: list[tuple[int, bool, bool]]) -> None:
+                                        keywords: list[tuple[int, bool, bool, bool]]) -> None:
     """A run of admissions (shared prefixes, hits adopted, some requests freed, some
     refused for want of blocks; reserved blocks, the watermark on or off, delayed
-    registration) on the compiled core (a new request's first ``allocate_slots`` in C,
-    ``ccore_hybrid_first.h``, and the compiled admission) and on the pure one: the same
-    tables, events, free blocks and pool state after every step."""
+    registration, the full-sequence gate) on the compiled core (a new request's first
+    ``allocate_slots`` in C, ``ccore_hybrid_first.h``, and the compiled admission) and on
+    the pure one: the same tables, events, free blocks and pool state after every step."""
     pair = _admission_pair(layout, num_blocks)
     assert pair[0].coordinator._admit is ccore.admit_groups
     assert pair[1].coordinator._admit is kernels_hybrid.admit_groups
     for n, (prefix, length, lookahead, free_after) in enumerate(prompts):
-        reserved, scheduled, delay = keywords[n]
+        reserved, scheduled, delay, must_fit = keywords[n]
         got = []
         for mgr in pair:
             req = mgr.new_request(f"r{n}", [7 * prefix + t % 5 for t in range(length)])
@@ -209,7 +209,7 @@ def test_admissions_agree_on_both_cores(layout: str, num_blocks: int,
                                      new_computed_blocks=hit,
                                      num_lookahead_tokens=lookahead,
                                      reserved_blocks=reserved, has_scheduled_reqs=scheduled,
-                                     delay_caching=delay)
+                                     delay_caching=delay, full_sequence_must_fit=must_fit)
             tables = None if new is None else mgr.get_block_ids(f"r{n}")
             if new is not None and delay:
                 mgr.cache_blocks(req, length)

@@ -9,28 +9,30 @@
  * when the keywords carry a first call's plain values: new_computed_blocks None or a
  * ComputedBlocks, num_new_computed_tokens None, num_lookahead_tokens and reserved_blocks
  * plain ints >= 0, num_external_computed_tokens and num_encoder_tokens 0,
- * has_scheduled_reqs and delay_caching bools, full_sequence_must_fit and lenient_counts
+ * has_scheduled_reqs, delay_caching and full_sequence_must_fit bools, lenient_counts
  * False, num_in_flight_tokens 0. A hit holding tokens or blocks must be as
  * get_computed_blocks issued it to this manager for this request (issuer, request id, one
  * list per group, no per-group lengths) with the index unchanged since (the pool's
  * index_generation and the fingerprint equal: _check_hit's fast acceptance), shorter
  * than the request; hit plus new tokens within the request's tokens. The coordinator must
- * have an admission plan (_admit_plan). Then, in the Python method's order: the headroom
- * (reserved blocks, plus the watermark when has_scheduled_reqs), admit_groups with the
+ * have an admission plan (_admit_plan). Then, in the Python method's order: under
+ * full_sequence_must_fit the gate (the coordinator's num_blocks_for_full_sequence plus the
+ * watermark within the free blocks, else None), the headroom (reserved blocks, plus the
+ * watermark when has_scheduled_reqs), admit_groups with the
  * coordinator's arguments, the live entry, and the registration (ga_cache) unless
  * delayed. Any other call, and any call failing a check, returns 1 before anything
  * changed; GroupsAllocate then hands it to the Python method, the specification and the
  * only place that raises. */
 
 static PyObject *str_fc_coordinator, *str_fc_admit_plan, *str_fc_get_new_blocks,
-    *str_fc_block_ids_type;
+    *str_fc_block_ids_type, *str_fc_full_sequence;
 static PyObject *fc_hit_type; /* pagedkv.core.coordinator_base.ComputedBlocks, looked up once */
 
 /* The first call's keyword values. */
 typedef struct {
     PyObject *hit; /* borrowed; NULL: none */
-    Py_ssize_t lookahead, reserved;
-    int scheduled, delay;
+    Py_ssize_t lookahead, reserved, watermark;
+    int scheduled, delay, must_fit;
 } FcCall;
 
 /* 1 when every keyword has a plain first call's value (filling c), else 0. */
@@ -57,7 +59,10 @@ static int fc_keywords(PyObject *const *values, PyObject *kwnames, FcCall *c) {
         } else if (ga_name_is(name, str_kw_delay)) {
             ok = PyBool_Check(v);
             c->delay = v == Py_True;
-        } else if (ga_name_is(name, str_kw_must_fit) || ga_name_is(name, str_lenient_counts)) {
+        } else if (ga_name_is(name, str_kw_must_fit)) {
+            ok = PyBool_Check(v);
+            c->must_fit = v == Py_True;
+        } else if (ga_name_is(name, str_lenient_counts)) {
             ok = v == Py_False;
         } else {
             ok = 0;
@@ -162,20 +167,42 @@ static PyObject *fc_admit(GroupsAllocate *self, PyObject *plan, PyObject *rid,
     return out;
 }
 
-/* The coordinator's admission plan (a new reference to a list) and the headroom, or NULL
- * (fall back, no error set). */
-static PyObject *fc_plan(PyObject *mgr, const FcCall *c, Py_ssize_t *headroom) {
-    Py_ssize_t watermark = 0;
+/* The coordinator's admission plan (a new reference to a list), the headroom and the
+ * watermark (c->watermark), or NULL (fall back, no error set). *coord: the coordinator (a
+ * new reference) when the plan is returned. */
+static PyObject *fc_plan(PyObject *mgr, FcCall *c, Py_ssize_t *headroom, PyObject **coord) {
+    c->watermark = 0;
     if (c->scheduled) {
-        watermark = da_count(mgr, str_watermark_blocks);
-        if (watermark < 0 || c->reserved > PY_SSIZE_T_MAX - watermark) return NULL;
+        c->watermark = da_count(mgr, str_watermark_blocks);
+        if (c->watermark < 0 || c->reserved > PY_SSIZE_T_MAX - c->watermark) return NULL;
     }
-    *headroom = c->reserved + watermark;
-    PyObject *coord = admit_attr(mgr, str_fc_coordinator);
-    PyObject *plan = coord == NULL ? NULL : admit_attr(coord, str_fc_admit_plan);
-    Py_XDECREF(coord);
+    *headroom = c->reserved + c->watermark;
+    *coord = admit_attr(mgr, str_fc_coordinator);
+    PyObject *plan = *coord == NULL ? NULL : admit_attr(*coord, str_fc_admit_plan);
     if (plan != NULL && !PyList_CheckExact(plan)) Py_CLEAR(plan);
+    if (plan == NULL) Py_CLEAR(*coord);
     return plan;
+}
+
+/* full_sequence_must_fit's gate (facade_allocation.whole_request_fits): 1 the request
+ * fits, 0 not, -1 an error from the coordinator's count (nothing changed). */
+static int fc_fits(PyObject *coord, PyObject *rid, PyObject *tables, Py_ssize_t num_hit,
+                   Py_ssize_t num_tokens, Py_ssize_t watermark, Py_ssize_t num_free) {
+    PyObject *total = PyLong_FromSsize_t(num_hit), *n = PyLong_FromSsize_t(num_tokens);
+    PyObject *zero = PyLong_FromLong(0), *r = NULL;
+    if (total && n && zero) {
+        PyObject *a[6] = {coord, rid, tables == NULL ? Py_None : tables, total, n, zero};
+        r = PyObject_VectorcallMethod(str_fc_full_sequence, a,
+                                      6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    Py_XDECREF(total);
+    Py_XDECREF(n);
+    Py_XDECREF(zero);
+    if (r == NULL) return -1;
+    Py_ssize_t need = PyLong_AsSsize_t(r);
+    Py_DECREF(r);
+    if (need == -1 && PyErr_Occurred()) return -1;
+    return need <= num_free - watermark;
 }
 
 /* GroupsAllocate's first call (the header comment): 1 not taken (nothing changed, no
@@ -184,7 +211,7 @@ static PyObject *fc_plan(PyObject *mgr, const FcCall *c, Py_ssize_t *headroom) {
 static int ga_first(GroupsAllocate *self, PyObject *const *args, PyObject *kwnames,
                     PyObject *rid, Py_ssize_t num_new, PyObject **out) {
     PyObject *request = args[0];
-    FcCall c = {NULL, 0, 0, 1, 0};
+    FcCall c = {NULL, 0, 0, 0, 1, 0, 0};
     if (Py_TYPE(request) != (PyTypeObject *)self->request_type
         || PyUnicode_GET_LENGTH(rid) == 0 || !fc_keywords(args + 2, kwnames, &c)
         || da_get(self->live, rid) != NULL || da_get(self->g[0].tables, rid) != NULL
@@ -193,9 +220,9 @@ static int ga_first(GroupsAllocate *self, PyObject *const *args, PyObject *kwnam
     if (num_tokens < 0 || num_tokens > self->max_model_len) return 1;
     PyObject *mgr = da_manager_of(self->manager_ref);
     if (mgr == NULL) return -1;
-    PyObject *tables = NULL;
+    PyObject *tables = NULL, *coord = NULL;
     Py_ssize_t headroom = 0;
-    PyObject *plan = fc_plan(mgr, &c, &headroom);
+    PyObject *plan = fc_plan(mgr, &c, &headroom, &coord);
     int plain = plan != NULL;
     if (plain && c.hit != NULL) {
         tables = fc_hit_tables(self, mgr, c.hit, rid, num_tokens, &num_hit);
@@ -207,7 +234,17 @@ static int ga_first(GroupsAllocate *self, PyObject *const *args, PyObject *kwnam
         || c.lookahead > PY_SSIZE_T_MAX - num_tokens) {
         if (PyErr_Occurred()) PyErr_Clear();
         Py_XDECREF(plan);
+        Py_XDECREF(coord);
         return 1;
+    }
+    int fits = c.must_fit ? fc_fits(coord, rid, tables, num_hit, num_tokens, c.watermark,
+                                    num_free)
+                          : 1;
+    Py_DECREF(coord);
+    if (fits <= 0) {
+        Py_DECREF(plan);
+        *out = fits == 0 ? Py_NewRef(Py_None) : NULL;
+        return fits == 0 ? 0 : -1;
     }
     /* From here on state changes: errors propagate as the Python method's would. */
     Py_ssize_t main = num_hit + num_new, slots = main + c.lookahead;
@@ -229,8 +266,9 @@ static int ccore_hybrid_first_init(void) {
     str_fc_admit_plan = PyUnicode_InternFromString("_admit_plan");
     str_fc_get_new_blocks = PyUnicode_InternFromString("get_new_blocks");
     str_fc_block_ids_type = PyUnicode_InternFromString("ComputedBlocks");
+    str_fc_full_sequence = PyUnicode_InternFromString("num_blocks_for_full_sequence");
     return str_fc_coordinator && str_fc_admit_plan && str_fc_get_new_blocks
-                   && str_fc_block_ids_type
+                   && str_fc_block_ids_type && str_fc_full_sequence
                ? 0
                : -1;
 }
