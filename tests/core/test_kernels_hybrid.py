@@ -160,6 +160,8 @@ def test_record_stored_equals_its_twin(num_blocks: int, start: int, length: int,
 def _admission_pair(layout: str, num_blocks: int) -> tuple[KVCacheManager, KVCacheManager]:
     heads = {"num_kv_heads": 1, "head_size": 8, "dtype_bytes": 2}
     groups = {
+        "swa": (SlidingWindowSpec(block_size=4, sliding_window=6, **heads),),
+        "chunked": (ChunkedLocalAttentionSpec(block_size=4, attention_chunk_size=8, **heads),),
         "full+swa": (FullAttentionSpec(block_size=4, **heads),
                      SlidingWindowSpec(block_size=4, sliding_window=6, **heads)),
         "full+chunked": (FullAttentionSpec(block_size=8, **heads),
@@ -177,30 +179,40 @@ def _admission_pair(layout: str, num_blocks: int) -> tuple[KVCacheManager, KVCac
     return compiled, pure
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    layout=st.sampled_from(["full+swa", "full+chunked", "full+swa+mamba"]),
+    layout=st.sampled_from(["swa", "chunked", "full+swa", "full+chunked", "full+swa+mamba"]),
     num_blocks=st.integers(6, 40),
     prompts=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 9),
                                st.booleans()), min_size=1, max_size=8),
+    keywords=st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.booleans(),
+                                st.booleans()), min_size=8, max_size=8),
 )
 def test_admissions_agree_on_both_cores(layout: str, num_blocks: int,
-                                        prompts: list[tuple[int, int, int, bool]]) -> None:
+                                        prompts: list[tuple[int, int, int, bool]],
+                                        keywords: list[tuple[int, bool, bool, bool]]) -> None:
     """A run of admissions (shared prefixes, hits adopted, some requests freed, some
-    refused for want of blocks) on the compiled admission and on its pure twin: the same
-    tables, events, free blocks and pool state after every step."""
+    refused for want of blocks; reserved blocks, the watermark on or off, delayed
+    registration, the full-sequence gate) on the compiled core (a new request's first
+    ``allocate_slots`` in C, ``ccore_hybrid_first.h``, and the compiled admission) and on
+    the pure one: the same tables, events, free blocks and pool state after every step."""
     pair = _admission_pair(layout, num_blocks)
     assert pair[0].coordinator._admit is ccore.admit_groups
     assert pair[1].coordinator._admit is kernels_hybrid.admit_groups
     for n, (prefix, length, lookahead, free_after) in enumerate(prompts):
+        reserved, scheduled, delay, must_fit = keywords[n]
         got = []
         for mgr in pair:
             req = mgr.new_request(f"r{n}", [7 * prefix + t % 5 for t in range(length)])
             hit = mgr.get_computed_blocks(req)
             new = mgr.allocate_slots(req, length - hit.num_computed_tokens,
                                      new_computed_blocks=hit,
-                                     num_lookahead_tokens=lookahead)
+                                     num_lookahead_tokens=lookahead,
+                                     reserved_blocks=reserved, has_scheduled_reqs=scheduled,
+                                     delay_caching=delay, full_sequence_must_fit=must_fit)
             tables = None if new is None else mgr.get_block_ids(f"r{n}")
+            if new is not None and delay:
+                mgr.cache_blocks(req, length)
             if new is not None and free_after:
                 req.num_computed_tokens = length
                 mgr.free(req)
@@ -208,6 +220,40 @@ def test_admissions_agree_on_both_cores(layout: str, num_blocks: int,
                         mgr.pool.debug_state()))
             mgr.check_invariants()
         assert got[0] == got[1]
+
+
+def _first_calls_off_the_path(mgr: KVCacheManager) -> list[Any]:
+    a = mgr.new_request("a", list(range(12)))
+    mgr.allocate_slots(a, 12)
+    b = mgr.new_request("b", list(range(12)) + [99])
+    c = mgr.new_request("c", list(range(12)) + [98])
+    hit_b, hit_c = mgr.get_computed_blocks(b), mgr.get_computed_blocks(c)
+    calls = (lambda: mgr.allocate_slots(c, 1, new_computed_blocks=hit_b),
+             lambda: mgr.allocate_slots(mgr.new_request("a", [1]), 1),
+             lambda: mgr.allocate_slots(b, 13 - hit_b.num_computed_tokens,
+                                        new_computed_blocks=hit_b),
+             lambda: mgr.allocate_slots(c, 13 - hit_c.num_computed_tokens,
+                                        new_computed_blocks=hit_c))
+    seen: list[Any] = []
+    for call in calls:
+        try:
+            seen.append(call())
+        except Exception as exc:
+            seen.append((type(exc).__name__, str(exc)))
+        seen.append(mgr.pool.debug_state())
+        mgr.check_invariants()
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["swa", "full+swa+mamba"])
+def test_first_calls_the_compiled_core_leaves_fail_as_the_pure_core(layout: str) -> None:
+    """First calls outside the compiled path (a hit issued for another request, a live id
+    given again by another object) go to the Python method on both cores: the same errors,
+    results and state; plain ones with a hit agree too."""
+    outcomes = [_first_calls_off_the_path(mgr) for mgr in _admission_pair(layout, 30)]
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][0] == "InvalidHitError"
+    assert outcomes[0][2][0] == "DuplicateRequestError"
 
 
 # ---------------------------------------------------------------- longest hits

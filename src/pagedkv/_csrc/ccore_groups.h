@@ -11,9 +11,9 @@
  * request this manager holds, a plain positive count) and any of the facade's keywords
  * with the values of a running request's step (no hit, no external or encoder tokens, no
  * full-sequence gate; lookahead, reserve, in-flight tokens, lenient counts, delayed
- * caching allowed). In that order it releases every dropping group's skipped blocks
- * (windows in C, other groups through their remove_skipped_blocks), checks capacity for
- * every group at once (pool.free_queue.num_free), grows plain tables through the pool's
+ * caching allowed), and a request's plain first call (ccore_hybrid_first.h). In that
+ * order it releases every dropping group's skipped blocks (windows in C, other groups
+ * through their remove_skipped_blocks), checks capacity for every group at once (pool.free_queue.num_free), grows plain tables through the pool's
  * get_new_blocks (other groups through get_num_blocks_to_allocate / allocate_new_blocks),
  * records zeroed groups' new blocks, and registers the blocks that became full (a group's
  * cache_blocks runs only when its count says a block became full). Every other call goes
@@ -430,6 +430,11 @@ static int ga_accept(GroupsAllocate *self, PyObject *const *args, PyObject *kwna
     return ga_holds(self, rid);
 }
 
+/* A request's first call, in C when plain (ccore_hybrid_first.h, included after the
+ * admission kernel it runs): 1 not taken, 0 taken (*out), -1 an error. */
+static int ga_first(GroupsAllocate *self, PyObject *const *args, PyObject *kwnames,
+                    PyObject *rid, Py_ssize_t num_new, PyObject **out);
+
 static PyObject *ga_call(GroupsAllocate *self, PyObject *const *args, size_t nargsf,
                          PyObject *kwnames) {
     GaCall c = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -442,6 +447,14 @@ static PyObject *ga_call(GroupsAllocate *self, PyObject *const *args, size_t nar
     Py_DECREF(mgr);
     PyObject *request = args[0], *rid = PyObject_GetAttr(request, str_request_id);
     if (rid == NULL) PyErr_Clear();
+    if (rid != NULL && PyUnicode_CheckExact(rid) && da_get(self->live, rid) == NULL) {
+        PyObject *first = NULL; /* a request's first call (ccore_hybrid_first.h) */
+        int taken = ga_first(self, args, kwnames, rid, c.num_new, &first);
+        if (taken <= 0) {
+            Py_DECREF(rid);
+            return first;
+        }
+    }
     if (rid == NULL || !ga_accept(self, args, kwnames, rid, &c)) {
         Py_XDECREF(rid);
         return ga_python(self, self->function, args, nargsf, kwnames);
