@@ -5,6 +5,7 @@ says which core is in use. Everything else is configured in pyproject.toml."""
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -40,9 +41,8 @@ _ARGS = [] if sys.platform == "win32" else ["-O3"]
 _CCORE = Extension(
     "pagedkv.core._ccore",
     sources=[os.path.join(_CSRC, name) for name in ("ccore.c", "sha256.c")],
-    depends=[os.path.join(_CSRC, name)
-             for name in ("sha256.h", "ccore_pool.h", "ccore_fast.h", "ccore_groups.h",
-                          "ccore_index.h", "ccore_vllm.h")],
+    # Every header: a change to any of them rebuilds the module.
+    depends=sorted(glob.glob(os.path.join(_CSRC, "*.h"))),
     extra_compile_args=_ARGS,
 )
 
