@@ -9,9 +9,13 @@ build: the pure core is plain Python). Each round runs the harness driver
 ``PYTHONPATH`` differing. Printed per workload: each side's median ``core_ops_per_s`` and
 ``core_plus_hash_ops_per_s`` over rounds, the median (and range) of the per-round ratio
 this checkout / earlier commit (above 1: this checkout is faster), and whether the
-block-id digests are equal::
+block-id digests are equal. With ``--ops``, also one line per core call type (lookup,
+prefill and decode allocation, free): each side's median mean microseconds per call and
+the median per-round ratio earlier / this (above 1: this checkout's call is faster), to
+say which call type moved::
 
     python benchmarks/pure_core_speed.py --baseline ded63ff --rounds 5
+    python benchmarks/pure_core_speed.py --baseline ded63ff --rounds 7 --ops
     python benchmarks/pure_core_speed.py --baseline ded63ff --presets mooncake -- \\
         --num-requests 500
 
@@ -34,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from compare_vllm import METRICS, SRC, pagedkv_cmd, run_driver  # noqa: E402
+from kv_workload import CORE_OPS  # noqa: E402
 
 DIGESTS = ("workload_digest", "digest_lookup", "digest_alloc")
 
@@ -61,14 +66,22 @@ def measure(srcs: dict[str, str], flags: list[str], rounds: int) -> dict[str, li
     return runs
 
 
-def report(preset: str, runs: dict[str, list[dict[str, Any]]]) -> None:
-    """One line per metric, then the digests' verdict."""
+def report(preset: str, runs: dict[str, list[dict[str, Any]]], ops: bool = False) -> None:
+    """One line per metric (per core call type too with ``ops``), then the digests'
+    verdict."""
     for m in METRICS:
         base = statistics.median(r[m] for r in runs["baseline"])
         now = statistics.median(r[m] for r in runs["this"])
         ratios = [a[m] / b[m] for a, b in zip(runs["this"], runs["baseline"], strict=True)]
         print(f"{preset:<16} {m:<26} {base:>12,.0f} {now:>12,.0f} "
               f"{statistics.median(ratios):>7.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
+    for op in CORE_OPS if ops else ():
+        base_us = [r["ops"][op]["mean_us"] for r in runs["baseline"]]
+        now_us = [r["ops"][op]["mean_us"] for r in runs["this"]]
+        ratios = [b / a for a, b in zip(now_us, base_us, strict=True)]
+        print(f"{preset:<16} {op + '_us':<26} {statistics.median(base_us):>12,.2f} "
+              f"{statistics.median(now_us):>12,.2f} {statistics.median(ratios):>7.3f} "
+              f"({min(ratios):.3f}-{max(ratios):.3f})")
     same = all(len({r[d] for side in runs.values() for r in side}) == 1 for d in DIGESTS)
     print(f"{preset:<16} digests {'equal' if same else 'DIFFERENT'}")
 
@@ -80,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--baseline", required=True, help="the earlier commit (any git revision)")
     ap.add_argument("--presets", default="shared-prompt,heavy-eviction,mooncake,new-requests")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (>= 3)")
+    ap.add_argument("--ops", action="store_true",
+                    help="also each core call type's microseconds per call")
     ap.add_argument("workload", nargs=argparse.REMAINDER, help="-- flags for every driver")
     a = ap.parse_args(argv)
     if a.rounds < 3:
@@ -94,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{'ratio':>7} (range)")
         for preset in a.presets.split(","):
             flags = ["--preset", preset, "--hash-algo", "sha256_cbor", *extra]
-            report(preset, measure(srcs, flags, a.rounds))
+            report(preset, measure(srcs, flags, a.rounds), a.ops)
 
 
 if __name__ == "__main__":
