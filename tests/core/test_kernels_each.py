@@ -249,8 +249,10 @@ def test_hash_plain_takes_any_sequence_and_rejects_a_bad_range() -> None:
         a: list[bytes] = []
         b: list[bytes] = []
         assert k.hash_plain(hasher, a, [1, 2, 3, 4], 0, 4, 2)
-        assert k.hash_plain(hasher, b, (1, 2, 3, 4), 0, 4, 2)  # a tuple: the pure loop
-        assert a == b and len(a) == 2
+        assert k.hash_plain(hasher, b, (1, 2, 3, 4), 0, 4, 2)  # a tuple, read in place
+        c: list[bytes] = []
+        assert k.hash_plain(hasher, c, range(1, 5), 0, 4, 2)  # any other sequence
+        assert a == b == c and len(a) == 2
         with pytest.raises(ValueError, match="bad block range"):
             k.hash_plain(hasher, [], [1, 2, 3], 0, 3, 2)
 
