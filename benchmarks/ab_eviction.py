@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of the inlined eviction in ``BlockPool.get_new_blocks`` against the general path
-(one ``_evict`` call per cached block), interleaved call by call on the same pool so
+(one ``evict_block`` call per cached block), interleaved call by call on the same pool so
 machine noise hits both sides alike. Prints the best 64-block allocate (each evicting 64
 cached blocks) for pools of 10,000 and 1,000,000 cached blocks.
 
@@ -20,11 +20,11 @@ SPEC = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype_byt
 
 
 def general_get_new_blocks(self: BlockPool, n: int) -> list[int]:
-    """The general path: one ``_evict`` call per cached block."""
+    """The general path: one ``evict_block`` call per cached block."""
     ids = self.free_queue.popleft_n(n)
     for b in ids:
         if self.block_hash[b] is not None:
-            self._evict(b)
+            self.prefix.evict_block(b)
         self.ref_cnt[b] = 1
     return ids
 

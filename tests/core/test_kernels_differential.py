@@ -21,7 +21,8 @@ example count and steps per example every layout runs (also in the test ids). Un
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +159,21 @@ def view(value: Any) -> Any:
 
 
 Pair = tuple[Request, Request]
+
+
+@contextmanager
+def computed_as(pair: Pair, count: Any) -> Iterator[None]:
+    """Both requests' ``num_computed_tokens`` set to ``count`` (left as they are when
+    ``None``) inside the block, and restored after it, also when the call inside raises."""
+    saved = pair[0].num_computed_tokens
+    if count is not None:
+        for req in pair:
+            req.num_computed_tokens = count
+    try:
+        yield
+    finally:
+        for req in pair:
+            req.num_computed_tokens = saved
 
 
 class Differential(RuleBasedStateMachine):
@@ -315,19 +331,13 @@ class Differential(RuleBasedStateMachine):
         """An engine's counting (vLLM 0.33's async scheduling): tokens in flight counted
         as computed, new tokens past the request's; out-of-range values raise alike."""
         pair = self.running[i % len(self.running)]
-        saved = pair[0].num_computed_tokens
         kwargs: dict[str, Any] = {}
         if in_flight is not None:
             kwargs["num_in_flight_tokens"] = in_flight
         if lenient is not None:
             kwargs["lenient_counts"] = lenient
-        for req in pair:
-            req.num_computed_tokens = max(0, req.num_tokens + delta)
-        try:
+        with computed_as(pair, max(0, pair[0].num_tokens + delta)):
             self.both(lambda m, k: m.allocate_slots(pair[k], n, **kwargs))
-        finally:
-            for req in pair:
-                req.num_computed_tokens = saved
         self.settle_host()
 
     @precondition(lambda self: self.running)
@@ -344,18 +354,11 @@ class Differential(RuleBasedStateMachine):
         question for the Mamba manager; the plain counting keywords run in
         ``engine_step`` on every layout)."""
         pair = self.running[i % len(self.running)]
-        saved = pair[0].num_computed_tokens
         kwargs = STEP_KEYWORDS[kw]
         if self.has_mamba and ({"num_in_flight_tokens", "lenient_counts"} & set(kwargs)):
             kwargs = {}
-        if computed is not None and not self.has_mamba:
-            for req in pair:
-                req.num_computed_tokens = computed
-        try:
+        with computed_as(pair, None if self.has_mamba else computed):
             self.both(lambda m, k: m.allocate_slots(pair[k], n, **kwargs))
-        finally:
-            for req in pair:
-                req.num_computed_tokens = saved
         self.settle_host()
 
     @precondition(lambda self: self.running)

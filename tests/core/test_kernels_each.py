@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +23,8 @@ from pagedkv.core import native
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.hashing import BlockHasher
 from pagedkv.core.kernels import COMPILED, PURE, Kernels
+from pagedkv.core.prefix_index import PrefixIndex
+from pagedkv.core.recorder import EventRecorder, GroupInfo
 
 pytestmark = pytest.mark.skipif(
     COMPILED is None, reason=f"no compiled kernels to compare: {native.IMPORT_ERROR}")
@@ -52,21 +54,18 @@ class IndexState:
         self.log.append(("removed", list(hashes), group))
 
     def evict(self, b: int) -> None:
-        """The pool's ``_evict`` on this state: every key of ``b`` goes."""
-        keys = [(self.block_group[b], self.block_hash[b]), *self.secondary.pop(b, ())]
-        for g, h in keys:
-            index, dups = self.index[g], self.dups[g].get(h)
-            if index.get(h) == b:
-                if dups:
-                    index[h] = dups.pop(0)
-                else:
-                    del index[h]
-            elif dups and b in dups:
-                dups.remove(b)
-            if dups is not None and not dups:
-                del self.dups[g][h]
-        self.block_hash[b] = None
+        """The pool's evict callback on this state: the real
+        :meth:`PrefixIndex.evict_block` over these lists (its removals told to
+        :meth:`removed`)."""
         self.log.append(("evict", b))
+        groups = [GroupInfo(4, None, None)] * len(self.index)
+        prefix = PrefixIndex(len(self.ref_cnt), enable_caching=True, hash_block_size=4,
+                             groups=groups, recorder=None, policy=None, ref_cnt=self.ref_cnt,
+                             kernels=PURE)
+        prefix.block_hash, prefix.block_group = self.block_hash, self.block_group
+        prefix.index, prefix.duplicates, prefix.secondary = self.index, self.dups, self.secondary
+        prefix.recorder = cast(EventRecorder, self)
+        prefix.evict_block(b)
 
     def register(self, b: int, g: int, h: bytes) -> None:
         if self.index[g].setdefault(h, b) != b:
@@ -250,8 +249,10 @@ def test_hash_plain_takes_any_sequence_and_rejects_a_bad_range() -> None:
         a: list[bytes] = []
         b: list[bytes] = []
         assert k.hash_plain(hasher, a, [1, 2, 3, 4], 0, 4, 2)
-        assert k.hash_plain(hasher, b, (1, 2, 3, 4), 0, 4, 2)  # a tuple: the pure loop
-        assert a == b and len(a) == 2
+        assert k.hash_plain(hasher, b, (1, 2, 3, 4), 0, 4, 2)  # a tuple, read in place
+        c: list[bytes] = []
+        assert k.hash_plain(hasher, c, range(1, 5), 0, 4, 2)  # any other sequence
+        assert a == b == c and len(a) == 2
         with pytest.raises(ValueError, match="bad block range"):
             k.hash_plain(hasher, [], [1, 2, 3], 0, 3, 2)
 

@@ -98,13 +98,15 @@ def _count_compiled_loops(pool: Any) -> dict[str, int]:
     counts: dict[str, int] = {}
 
     def wrap(name: str, key: str) -> None:
-        inner = getattr(pool, name)
+        # The registration kernel is the pool's index's (pool.prefix).
+        owner = pool.prefix if name == "_index_register" else pool
+        inner = getattr(owner, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             counts[key] = counts.get(key, 0) + 1
             return inner(*args, **kwargs)
 
-        setattr(pool, name, counted)
+        setattr(owner, name, counted)
 
     for name, key in [("_pool_free", "free: C"), ("free_blocks", "free: calls"),
                       ("_pool_take", "take: C"), ("get_new_blocks", "take: calls"),

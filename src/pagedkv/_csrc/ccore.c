@@ -34,9 +34,11 @@ static size_t cbor_head(uint8_t *out, unsigned major, uint64_t value) {
     return 1 + (size_t)n;
 }
 
-/* One block's hash input: [parent, tokens, None] as canonical CBOR. */
+/* One block's hash input [parent, tokens, keys] as canonical CBOR into out; its length.
+ * `tail` (tail_len bytes) is the keys' canonical CBOR, or NULL for None (no keys). The one
+ * encoder of hash_plain and hash_keyed. */
 static size_t encode_block(uint8_t *out, const uint8_t *parent, const uint32_t *tokens,
-                           Py_ssize_t bs) {
+                           Py_ssize_t bs, const char *tail, Py_ssize_t tail_len) {
     uint8_t *p = out;
     *p++ = 0x83;
     *p++ = 0x58;
@@ -63,20 +65,50 @@ static size_t encode_block(uint8_t *out, const uint8_t *parent, const uint32_t *
             *p++ = (uint8_t)v;
         }
     }
-    *p++ = 0xf6;
+    if (tail == NULL) {
+        *p++ = 0xf6;
+    } else {
+        memcpy(p, tail, (size_t)tail_len);
+        p += tail_len;
+    }
     return (size_t)(p - out);
 }
 
-/* Token ids [start, stop) of `tokens` (a list) as uint32 into out; 0 when one is not an
- * int in 0 .. TABLE_LIMIT - 1. */
+/* One token: 1 with *out set; 0 when `item` is not an int in 0 .. TABLE_LIMIT - 1. */
+static int read_token(PyObject *item, uint32_t *out) {
+    if (!PyLong_Check(item)) return 0;
+    int overflow = 0;
+    long v = PyLong_AsLongAndOverflow(item, &overflow);
+    if (overflow || v < 0 || v >= TABLE_LIMIT) return 0;
+    *out = (uint32_t)v;
+    return 1;
+}
+
+/* Token ids [start, stop) of `tokens` (any sequence; a list or tuple read in place) as
+ * uint32 into out: 1; 0 when one is not an int in 0 .. TABLE_LIMIT - 1 or indexing the
+ * sequence raised IndexError or TypeError (cleared, as the pure kernel's slice); -1 with
+ * any other error set. */
 static int read_tokens(PyObject *tokens, Py_ssize_t start, Py_ssize_t stop, uint32_t *out) {
+    if (PyList_Check(tokens) || PyTuple_Check(tokens)) {
+        PyObject **items = PySequence_Fast_ITEMS(tokens);
+        for (Py_ssize_t i = start; i < stop; i++) {
+            if (!read_token(items[i], out + (i - start))) return 0;
+        }
+        return 1;
+    }
     for (Py_ssize_t i = start; i < stop; i++) {
-        PyObject *item = PyList_GET_ITEM(tokens, i);
-        if (!PyLong_Check(item)) return 0;
-        int overflow = 0;
-        long v = PyLong_AsLongAndOverflow(item, &overflow);
-        if (overflow || v < 0 || v >= TABLE_LIMIT) return 0;
-        out[i - start] = (uint32_t)v;
+        PyObject *item = PySequence_GetItem(tokens, i);
+        if (item == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_IndexError)
+                && !PyErr_ExceptionMatches(PyExc_TypeError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            return 0;
+        }
+        int ok = read_token(item, out + (i - start));
+        Py_DECREF(item);
+        if (!ok) return 0;
     }
     return 1;
 }
@@ -91,27 +123,74 @@ static int push_digest(PyObject *hashes, const uint8_t *data, size_t len, uint8_
     return rc;
 }
 
+/* The kernels' block range rule: 0 <= start <= stop <= len(tokens), stop - start a
+ * multiple of bs > 0. 0, or -1 with ValueError (or len's error) set. */
+static int check_block_range(const char *name, PyObject *tokens, Py_ssize_t start,
+                             Py_ssize_t stop, Py_ssize_t bs) {
+    Py_ssize_t len = PyObject_Length(tokens);
+    if (len < 0) return -1;
+    if (bs <= 0 || start < 0 || stop > len || start > stop || (stop - start) % bs != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: bad block range", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* The chained hashes of the blocks of `tokens` in [start, stop) after `parent` (updated
+ * to the last digest), appended to `hashes`: block k's keys tail is tails[k] (bytes, at
+ * most `longest` long) or None when `tails` is NULL. A new reference to True, or False
+ * with `hashes` unchanged (a token outside the table); NULL on error. */
+static PyObject *hash_blocks(PyObject *hashes, PyObject *tokens, Py_ssize_t start,
+                             Py_ssize_t stop, Py_ssize_t bs, uint8_t *parent,
+                             PyObject *tails, Py_ssize_t longest) {
+    Py_ssize_t n = stop - start;
+    size_t buf_len = (size_t)bs * 5 + 64 + (size_t)longest;
+    uint32_t ids_small[CHUNK_TOKENS];
+    uint8_t buf_small[64 * 5 + 64];
+    uint32_t *ids = n <= CHUNK_TOKENS ? ids_small : PyMem_Malloc(sizeof(uint32_t) * (size_t)n);
+    uint8_t *buf = buf_len <= sizeof buf_small ? buf_small : PyMem_Malloc(buf_len);
+    PyObject *result = NULL;
+    if (ids == NULL || buf == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int read = read_tokens(tokens, start, stop, ids);
+    if (read <= 0) {
+        result = read == 0 ? Py_False : NULL;
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k += bs) {
+        PyObject *tail = tails == NULL ? NULL : PyList_GET_ITEM(tails, k / bs);
+        size_t len = encode_block(buf, parent, ids + k, bs,
+                                  tail == NULL ? NULL : PyBytes_AS_STRING(tail),
+                                  tail == NULL ? 0 : PyBytes_GET_SIZE(tail));
+        if (push_digest(hashes, buf, len, parent) < 0) goto done;
+    }
+    result = Py_True;
+done:
+    if (ids != ids_small) PyMem_Free(ids);
+    if (buf != buf_small) PyMem_Free(buf);
+    Py_XINCREF(result);
+    return result;
+}
+
 PyDoc_STRVAR(hash_plain_doc,
 "hash_plain(hasher, hashes, tokens, start, stop, block_size) -> bool\n\n"
-"Append to `hashes` the SHA-256 CBOR chained hashes of the blocks of `tokens` (a list)\n"
-"in [start, stop) (multiples of block_size) without extra keys, as\n"
-"BlockHasher._extend_plain computes them (the first parent: the last of `hashes`, else\n"
-"hasher.seed). False, with nothing changed, when a token is not an int in\n"
-"0 .. 2**17 - 1 or the parent is not a 32-byte digest.");
+"Append to `hashes` the SHA-256 CBOR chained hashes of the blocks of `tokens` (any\n"
+"sequence; a list or tuple read in place) in [start, stop) (multiples of block_size)\n"
+"without extra keys, as pagedkv.core.kernels_pure.hash_plain computes them (the first\n"
+"parent: the last of `hashes`, else hasher.seed). False, with nothing changed, when a\n"
+"token is not an int in 0 .. 2**17 - 1 or the parent is not a 32-byte digest.");
 
 static PyObject *hash_plain(PyObject *self, PyObject *args) {
     PyObject *hasher, *hashes, *tokens;
     Py_ssize_t start, stop, bs;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO!O!nnn:hash_plain", &hasher, &PyList_Type, &hashes,
-                          &PyList_Type, &tokens, &start, &stop, &bs)) {
+    if (!PyArg_ParseTuple(args, "OO!Onnn:hash_plain", &hasher, &PyList_Type, &hashes,
+                          &tokens, &start, &stop, &bs)) {
         return NULL;
     }
-    if (bs <= 0 || start < 0 || stop > PyList_GET_SIZE(tokens) || start > stop ||
-        (stop - start) % bs != 0) {
-        PyErr_SetString(PyExc_ValueError, "hash_plain: bad block range");
-        return NULL;
-    }
+    if (check_block_range("hash_plain", tokens, start, stop, bs) < 0) return NULL;
     uint8_t parent[DIGEST_BYTES];
     Py_ssize_t num_hashes = PyList_GET_SIZE(hashes);
     PyObject *last = num_hashes ? PyList_GET_ITEM(hashes, num_hashes - 1)
@@ -121,30 +200,7 @@ static PyObject *hash_plain(PyObject *self, PyObject *args) {
     if (parent_ok) memcpy(parent, PyBytes_AS_STRING(last), DIGEST_BYTES);
     if (!num_hashes) Py_DECREF(last);
     if (!parent_ok) Py_RETURN_FALSE;
-    Py_ssize_t n = stop - start;
-    uint32_t ids_small[CHUNK_TOKENS];
-    uint8_t buf_small[64 * 5 + 64];
-    uint32_t *ids = n <= CHUNK_TOKENS ? ids_small : PyMem_Malloc(sizeof(uint32_t) * (size_t)n);
-    uint8_t *buf = bs <= 64 ? buf_small : PyMem_Malloc((size_t)bs * 5 + 64);
-    PyObject *result = NULL;
-    if (ids == NULL || buf == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (!read_tokens(tokens, start, stop, ids)) {
-        result = Py_False;
-        goto done;
-    }
-    for (Py_ssize_t k = 0; k < n; k += bs) {
-        size_t len = encode_block(buf, parent, ids + k, bs);
-        if (push_digest(hashes, buf, len, parent) < 0) goto done;
-    }
-    result = Py_True;
-done:
-    if (ids != ids_small) PyMem_Free(ids);
-    if (buf != buf_small) PyMem_Free(buf);
-    Py_XINCREF(result);
-    return result;
+    return hash_blocks(hashes, tokens, start, stop, bs, parent, NULL, 0);
 }
 
 PyDoc_STRVAR(sha256_doc,

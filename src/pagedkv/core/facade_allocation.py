@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast
 from pagedkv.core import validation
 from pagedkv.core.components import AllocateCall
 from pagedkv.core.coordinator import ComputedBlocks
-from pagedkv.core.request import RequestLike
+from pagedkv.core.request import Request, RequestLike
 from pagedkv.core.validation import ManagerView, check_count, check_request_id, request_of
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
 
@@ -97,9 +97,8 @@ def allocate_slots(self: Facade,
         rid = request.request_id
         num_computed = request.num_computed_tokens
         num_request_tokens = request.num_tokens
-        # The common call (a live request, no hit, no external or encoder tokens, any
-        # valid lookahead and headroom) passes these few tests; anything else gets
-        # check_allocate's full check (below: the rule, one module).
+        # The common call (a live request, no hit or external or encoder tokens, valid
+        # lookahead and headroom) passes these tests, else check_allocate's full check.
         first = (
             self.live_requests.get(rid) is not request
             or new_computed_blocks is not None
@@ -113,7 +112,8 @@ def allocate_slots(self: Facade,
             or num_new_tokens <= 0 or num_computed < 0
             or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
             or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
-            or num_request_tokens != getattr(request, "_owned_tokens", num_request_tokens)
+            or num_request_tokens != (request._owned_tokens if type(request) is Request
+                                      else getattr(request, "_owned_tokens", num_request_tokens))
             or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
                                          or not 0 < num_in_flight_tokens <= num_computed))
         ) and check_allocate(
@@ -134,8 +134,8 @@ def allocate_slots(self: Facade,
         hit, num_hit = adopted(self, new_computed_blocks, num_new_computed_tokens)
         local_computed += num_hit
     coordinator = self.coordinator
-    max_len = self.max_model_len
     total_computed = local_computed + num_external_computed_tokens
+    max_len = self.max_model_len
     num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
     watermark = self.watermark_blocks if first and has_scheduled_reqs else 0
     if full_sequence_must_fit and not whole_request_fits(

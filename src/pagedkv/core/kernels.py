@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 from pagedkv.core import kernels_hybrid, kernels_pure, native
 from pagedkv.core.free_queue import FreeBlockQueue
@@ -88,7 +88,8 @@ class Kernels:
 
     Arguments marked *list* must be exact lists: the compiled kernels take nothing else
     (the call sites pass request block tables, ``block_hashes`` and the pool's per-block
-    lists, all lists by construction); ``hash_plain`` takes any sequence of tokens.
+    lists, all lists by construction); ``hash_plain`` and ``hash_keyed`` take any sequence
+    of tokens (the compiled ones read a list or tuple in place).
     """
 
     #: ``"pure"`` or ``"compiled"``.
@@ -146,72 +147,37 @@ def _by_name(name: str) -> Kernels:
     return COMPILED if name == "compiled" and COMPILED is not None else PURE
 
 
-PURE = Kernels(
-    name="pure",
-    queue_class=FreeBlockQueue,
-    pool_take=kernels_pure.pool_take,
-    pool_free=kernels_pure.pool_free,
-    pool_touch=kernels_pure.pool_touch,
-    index_register=kernels_pure.index_register,
-    longest_hit=kernels_pure.longest_hit,
-    hash_plain=kernels_pure.hash_plain,
-    hash_keyed=None,
-    window_hit=kernels_hybrid.window_hit,
-    chunk_hit=kernels_hybrid.chunk_hit,
-    state_hit=kernels_hybrid.state_hit,
-    admit_groups=kernels_hybrid.admit_groups,
-    record_stored=kernels_hybrid.record_stored,
+#: Every kernel once: its field, its pure implementation (``None``: none, the caller's
+#: Python path is its form), and the name of its compiled twin in ``_ccore``. Both sets
+#: are built from this one table.
+_TABLE: tuple[tuple[str, object, str], ...] = (
+    ("queue_class", FreeBlockQueue, "FreeQueue"),
+    ("pool_take", kernels_pure.pool_take, "pool_take"),
+    ("pool_free", kernels_pure.pool_free, "pool_free"),
+    ("pool_touch", kernels_pure.pool_touch, "pool_touch"),
+    ("index_register", kernels_pure.index_register, "index_register"),
+    ("longest_hit", kernels_pure.longest_hit, "longest_hit"),
+    ("hash_plain", kernels_pure.hash_plain, "hash_plain"),
+    ("hash_keyed", None, "hash_keyed"),
+    ("window_hit", kernels_hybrid.window_hit, "window_hit"),
+    ("chunk_hit", kernels_hybrid.chunk_hit, "chunk_hit"),
+    ("state_hit", kernels_hybrid.state_hit, "state_hit"),
+    ("admit_groups", kernels_hybrid.admit_groups, "admit_groups"),
+    ("record_stored", kernels_hybrid.record_stored, "record_stored"),
 )
 
-
-_module = native.module()
-
-
-def _compiled_hash_plain(hasher: PlainHasher, hashes: list[bytes], tokens: Sequence[int],
-                         start: int, stop: int, block_size: int, /) -> bool:
-    """The compiled ``hash_plain`` where ``tokens`` is a list (the C loop reads list
-    items directly), else the pure one (a tuple, a vLLM ConstantList): one test per call
-    that brings new blocks, inside the kernel set rather than at its call site."""
-    if type(tokens) is list:
-        done: bool = _c_hash_plain(hasher, hashes, tokens, start, stop, block_size)
-        return done
-    return kernels_pure.hash_plain(hasher, hashes, tokens, start, stop, block_size)
-
-
-def _compiled_hash_keyed(hashes: list[bytes], tokens: Sequence[int], start: int, stop: int,
-                         block_size: int, parent: bytes, tails: list[bytes], /) -> bool:
-    """The compiled ``hash_keyed`` where ``tokens`` is a list, else False (not done: the
-    hasher's Python path hashes them), inside the kernel set as ``hash_plain``'s test."""
-    if type(tokens) is list:
-        done: bool = _c_hash_keyed(hashes, tokens, start, stop, block_size, parent, tails)
-        return done
-    return False
+_pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}
+PURE = Kernels("pure", **_pure_impls)
 
 
 def _compiled(ccore: ModuleType) -> Kernels:
-    """The compiled set over the extension module ``ccore``."""
-    return Kernels(
-        name="compiled",
-        queue_class=cast(Callable[..., FreeBlockQueue], ccore.FreeQueue),
-        pool_take=ccore.pool_take,
-        pool_free=cast(PoolFree, ccore.pool_free),
-        pool_touch=cast(PoolTouch, ccore.pool_touch),
-        index_register=ccore.index_register,
-        longest_hit=ccore.longest_hit,
-        hash_plain=_compiled_hash_plain,
-        hash_keyed=_compiled_hash_keyed,
-        window_hit=ccore.window_hit,
-        chunk_hit=ccore.chunk_hit,
-        state_hit=ccore.state_hit,
-        admit_groups=ccore.admit_groups,
-        record_stored=ccore.record_stored,
-    )
+    """The compiled set over the extension module ``ccore``: each kernel its
+    ``_ccore`` attribute, called directly (no Python wrapper)."""
+    impls: dict[str, Any] = {field: getattr(ccore, name) for field, _, name in _TABLE}
+    return Kernels("compiled", **impls)
 
 
-_c_hash_plain: Callable[..., Any] = kernels_pure.hash_plain if _module is None \
-    else _module.hash_plain
-_c_hash_keyed: Callable[..., Any] = kernels_hybrid.hash_keyed if _module is None \
-    else _module.hash_keyed
+_module = native.module()
 #: The compiled set, or ``None`` when ``native.IMPORT_ERROR`` says why not.
 COMPILED: Kernels | None = None if _module is None else _compiled(_module)
 

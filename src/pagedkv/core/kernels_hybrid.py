@@ -49,7 +49,7 @@ _NULL = b"\xf6"  # the CBOR encoding of None: a block without extra keys
 HashKeyed = Callable[[list[bytes], Sequence[int], int, int, int, bytes, list[bytes]], bool]
 
 
-def hash_keyed(hashes: list[bytes], tokens: list[int], start: int, stop: int,
+def hash_keyed(hashes: list[bytes], tokens: Sequence[int], start: int, stop: int,
                block_size: int, parent: bytes, tails: list[bytes]) -> bool:
     """Append to ``hashes`` the SHA-256 chained hashes of the blocks of ``tokens`` in
     ``[start, stop)``: block ``k``'s hash input is the canonical CBOR array
@@ -60,12 +60,12 @@ def hash_keyed(hashes: list[bytes], tokens: list[int], start: int, stop: int,
     an int in ``0 .. 2**17 - 1`` (the caller's checked path encodes it or raises).
 
     Raises:
-        TypeError: ``hashes`` or ``tokens`` not a list, ``tails`` not a list of one bytes
-            object per block.
+        TypeError: ``hashes`` not a list, ``tails`` not a list of one bytes object per
+            block.
         ValueError: ``[start, stop)`` is not whole blocks within ``tokens``.
     """
-    if type(hashes) is not list or type(tokens) is not list:
-        raise TypeError("hash_keyed: hashes and tokens must be lists")
+    if type(hashes) is not list:
+        raise TypeError("hash_keyed: hashes must be a list")
     if block_size <= 0 or start < 0 or stop > len(tokens) or start > stop or (
             (stop - start) % block_size):
         raise ValueError("hash_keyed: bad block range")

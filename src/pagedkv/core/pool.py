@@ -9,12 +9,17 @@ State per block id ``b`` (parallel lists, see ``free_queue.py`` for why blocks a
   under (``None`` when it holds no reusable content).
 
 The prefix index itself (keys, duplicates, partial-prefix entries; registering, moving and
-evicting) is :class:`~pagedkv.core.prefix_index.PrefixIndex`, the pool's base; the pool adds
-the reference counts, the free queue, and the eviction of the cached blocks it hands out.
-Its per-block loops are kernels (:mod:`pagedkv.core.kernels`: ``pool_take``,
-``pool_free``, ``pool_touch`` and the queue class), taken once at construction and called
-unconditionally; :meth:`BlockPool.set_free_queue` rebinds the free and touch kernels when
-a retention policy swaps in its own queue.
+evicting) is a :class:`~pagedkv.core.prefix_index.PrefixIndex` the pool holds as
+:attr:`BlockPool.prefix`; the pool adds the reference counts, the free queue, and the
+eviction of the cached blocks it hands out. The index's per-block lists and dicts
+(``block_hash``, ``block_group``, ``index``) and its registration methods
+(``cache_full_blocks``, ``cache_partial_block``, ``evict_blocks``, ...) are also bound on
+the pool once, at construction, as plain attributes: the same objects, so a hot loop
+reading ``pool.block_hash`` pays no property call. Its per-block loops are kernels
+(:mod:`pagedkv.core.kernels`: ``pool_take``, ``pool_free``, ``pool_touch`` and the queue
+class), taken once at construction and called unconditionally;
+:meth:`BlockPool.set_free_queue` rebinds the free and touch kernels when a retention
+policy swaps in its own queue.
 
 Events: the pool tells its recorder (:mod:`pagedkv.core.recorder`) what it registered
 (one ``StoredRun`` record per run, built only for a recorder that ``hears_stored``),
@@ -37,6 +42,7 @@ from typing import Any
 
 from pagedkv.core.components import DeviceBlock, EvictionPolicy, PoolListener
 from pagedkv.core.free_queue import FreeBlockQueue
+from pagedkv.core.kernels import kernels
 from pagedkv.core.prefix_index import PrefixIndex
 from pagedkv.core.recorder import EventRecorder, GroupInfo
 from pagedkv.errors import InvalidArgumentError
@@ -47,7 +53,7 @@ __all__ = ["NULL_BLOCK", "BlockPool", "GroupInfo"]
 NULL_BLOCK = 0
 
 
-class BlockPool(PrefixIndex):
+class BlockPool:
     """Fixed pool of ``num_blocks`` blocks shared by every KV-cache group.
 
     Complexity: every method is O(number of blocks it is given or returns), independent of
@@ -69,21 +75,57 @@ class BlockPool(PrefixIndex):
             raise InvalidArgumentError(
                 f"num_blocks must be an int >= 2 (block 0 is the null block), got {num_blocks!r}"
             )
-        super().__init__(num_blocks, enable_caching=enable_caching,
-                         hash_block_size=hash_block_size, groups=groups, recorder=recorder,
-                         policy=policy)
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
         self.ref_cnt = [0] * num_blocks
-        # The kernels (pagedkv.core.kernels), picked once: the allocation's loop, and the
-        # free and touch loops for the queue the pool holds (set_free_queue rebinds them).
-        k = self._kernels
+        # The kernels (pagedkv.core.kernels), picked once for the pool and its index.
+        k = self._kernels = kernels()
+        #: The prefix index (module docstring): what the pool's blocks are cached under.
+        self.prefix = PrefixIndex(num_blocks, enable_caching=enable_caching,
+                                  hash_block_size=hash_block_size, groups=groups,
+                                  recorder=recorder, policy=policy, ref_cnt=self.ref_cnt,
+                                  kernels=k)
+        self._bind_index()
+        # The allocation's loop, and the free and touch loops for the queue the pool holds
+        # (set_free_queue rebinds them).
         self._pool_take = k.pool_take
         self.free_queue: FreeBlockQueue = k.queue_class(num_blocks, first_id=1)
         self._pool_free = k.pool_free
         self._pool_touch = k.pool_touch
         #: Told of evictions, allocations, hits and resets (module docstring).
         self.listeners: tuple[PoolListener, ...] = tuple(listeners)
+        self.policy = policy
         if policy is not None:
             policy.bind(self)
+
+    def _bind_index(self) -> None:
+        """Bind the index's lists, dicts and methods on the pool (module docstring): the
+        same objects, never rebound (the index mutates them in place)."""
+        p = self.prefix
+        self.groups = p.groups
+        self.block_hash = p.block_hash
+        self.block_group = p.block_group
+        self.index = p.index
+        self.recorder = p.recorder
+        self.longest_hit = p.longest_hit
+        self.cache_full_blocks = p.cache_full_blocks
+        self.cache_partial_block = p.cache_partial_block
+        self.move_block_hashes = p.move_block_hashes
+        self.evict_blocks = p.evict_blocks
+        self.has_entry = p.has_entry
+        self.duplicates_of = p.duplicates_of
+        self.num_cached_blocks = p.num_cached_blocks
+
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Cumulative number of cached blocks evicted (the index's count). O(1)."""
+        return self.prefix.num_evicted_blocks
+
+    @property
+    def index_generation(self) -> int:
+        """:attr:`PrefixIndex.index_generation` of the pool's index. O(1)."""
+        return self.prefix.index_generation
 
     # ------------------------------------------------------------------ allocation
 
@@ -99,12 +141,13 @@ class BlockPool(PrefixIndex):
         listeners = self.listeners
         victims = self._cached_at_front(n) if listeners else None
         ids = self.free_queue.popleft_n(n)
-        # (It returns the blocks it evicted inline; the rest went through _evict, which
-        # counted them itself: so the count is read after the call.)
+        # (It returns the blocks it evicted inline; the rest went through evict_block,
+        # which counted them itself: so the count is read after the call.)
+        prefix = self.prefix
         inline = self._pool_take(ids, self.ref_cnt, self.block_hash, self.block_group,
-                                 self.index, self._dups, self._secondary,
-                                 self.recorder.removed, self._evict)
-        self.num_evicted_blocks += inline
+                                 self.index, prefix.duplicates, prefix.secondary,
+                                 self.recorder.removed, prefix.evict_block)
+        prefix.num_evicted_blocks += inline
         if listeners:
             self._tell_taken(ids, victims)
         return ids
@@ -167,14 +210,7 @@ class BlockPool(PrefixIndex):
                 return False
         elif self.free_queue.num_free != self.num_blocks - 1:
             return False
-        for d in self.index:
-            d.clear()
-        for dups in self._dups:
-            dups.clear()
-        self._secondary.clear()
-        self.block_hash = [None] * self.num_blocks
-        self._num_rehashed += 1
-        self.recorder.cleared()
+        self.prefix.clear()
         for listener in self.listeners:
             listener.cleared()
         return True
@@ -191,10 +227,7 @@ class BlockPool(PrefixIndex):
             "block_group": [g if h is not None else None
                             for g, h in zip(self.block_group, self.block_hash, strict=True)],
             "free_queue": self.free_queue.to_list(),
-            "index": [dict(d) for d in self.index],
-            "duplicates": [{h: list(v) for h, v in d.items()} for d in self._dups],
-            "secondary": {b: list(v) for b, v in self._secondary.items()},
-            "num_evicted_blocks": self.num_evicted_blocks,
+            **self.prefix.debug_state(),
             "events": self.recorder.pending(),
         }
         if self.policy is not None:
@@ -214,7 +247,7 @@ class BlockPool(PrefixIndex):
             assert (r == 0) == (b in queued_set), (
                 f"block {b}: ref count {r} but {'in' if b in queued_set else 'not in'} queue"
             )
-        self._check_index()
+        self.prefix.check_index()
         self.recorder.check_invariants(self.block_hash, self.enable_caching)
         if self.policy is not None:
             self.policy.check_invariants()

@@ -14,8 +14,8 @@ Partial-prefix entries (hybrid groups whose block is k > 1 hash blocks long) reg
 block under the hash of a shorter prefix that ends inside it, as a *secondary* key; see
 :meth:`PrefixIndex.cache_partial_block`.
 
-:class:`PrefixIndex` is the base of :class:`pagedkv.core.pool.BlockPool`, which adds the
-reference counts and the free queue (and evicts, inline, the cached blocks it hands out).
+:class:`pagedkv.core.pool.BlockPool` holds one (``pool.prefix``) and adds the reference
+counts and the free queue (and evicts, inline, the cached blocks it hands out).
 Every registration, eviction and move is told to the recorder
 (:mod:`pagedkv.core.recorder`) and, when one is set, to the eviction policy.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from pagedkv.core.components import EvictionPolicy
-from pagedkv.core.kernels import Kernels, kernels
+from pagedkv.core.kernels import Kernels
 from pagedkv.core.recorder import EventRecorder, GroupInfo, StoredRun
 from pagedkv.core.request import RequestLike
 from pagedkv.errors import InvalidArgumentError
@@ -34,14 +34,11 @@ __all__ = ["PrefixIndex"]
 
 
 class PrefixIndex:
-    """The prefix index over ``num_blocks`` block ids (module docstring); the pool's base.
+    """The prefix index over ``num_blocks`` block ids (module docstring); the pool holds it.
 
     Complexity: every method is O(number of blocks or keys it is given or touches),
     independent of ``num_blocks``, except the checks.
     """
-
-    #: Reference counts per block (the pool's; read to refuse registering a free block).
-    ref_cnt: list[int]
 
     def __init__(
         self,
@@ -52,6 +49,8 @@ class PrefixIndex:
         groups: Sequence[GroupInfo],
         recorder: EventRecorder | None,
         policy: EvictionPolicy | None,
+        ref_cnt: list[int],
+        kernels: Kernels,
     ) -> None:
         num_groups = max(1, len(groups))
         self.num_blocks = num_blocks
@@ -62,10 +61,10 @@ class PrefixIndex:
         self.block_group: list[int] = [0] * num_blocks
         #: Per group: hash -> primary block id.
         self.index: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
-        # Per group: hash -> later duplicate block ids, in insertion order.
-        self._dups: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
-        # Block id -> secondary (group, hash) keys (partial-prefix entries).
-        self._secondary: dict[int, list[tuple[int, bytes]]] = {}
+        #: Per group: hash -> later duplicate block ids, in insertion order.
+        self.duplicates: list[dict[bytes, list[int]]] = [{} for _ in range(num_groups)]
+        #: Block id -> secondary (group, hash) keys (partial-prefix entries).
+        self.secondary: dict[int, list[tuple[int, bytes]]] = {}
         #: Told about every registration, eviction and reset (default: records nothing).
         self.recorder = recorder if recorder is not None else EventRecorder()
         #: Cumulative number of cached blocks evicted (reused or dropped from the index).
@@ -74,12 +73,13 @@ class PrefixIndex:
         self._num_rehashed = 0
         #: The eviction order when it is not vLLM's LRU (retention), else None.
         self.policy = policy
-        #: The kernels this index and its pool run (:mod:`pagedkv.core.kernels`), picked
-        #: once here.
-        self._kernels: Kernels = kernels()
-        self._index_register = self._kernels.index_register
+        #: Reference counts per block (the pool's list; read to refuse registering a free
+        #: block).
+        self.ref_cnt = ref_cnt
+        # The kernels of this index and its pool (pagedkv.core.kernels), picked by the pool.
+        self._index_register = kernels.index_register
         #: The longest-hit kernel over one group's dict (full attention's lookup).
-        self.longest_hit = self._kernels.longest_hit
+        self.longest_hit = kernels.longest_hit
 
     # ------------------------------------------------------------------ queries
 
@@ -94,18 +94,18 @@ class PrefixIndex:
         partial-prefix entry). O(duplicates of the key)."""
         if self.index[group].get(key) == block:
             return True
-        dups = self._dups[group].get(key)
+        dups = self.duplicates[group].get(key)
         return dups is not None and block in dups
 
     def duplicates_of(self, group: int, key: bytes) -> list[int]:
         """The later blocks registered under ``(key, group)`` besides the primary, in
         registration order (read-only). O(1)."""
-        return self._dups[group].get(key, [])
+        return self.duplicates[group].get(key, [])
 
     def num_cached_blocks(self) -> int:
         """Number of prefix-index entries (primary, duplicate and secondary). O(groups)."""
         n = sum(len(d) for d in self.index)
-        n += sum(len(v) for d in self._dups for v in d.values())
+        n += sum(len(v) for d in self.duplicates for v in d.values())
         return n
 
     # ------------------------------------------------------------------ registration
@@ -137,7 +137,7 @@ class PrefixIndex:
         if mask is None:
             skipped = self._index_register(
                 blocks, hashes, num_cached_blocks, num_full_blocks, self.index[group],
-                self._dups[group], self.block_hash, self.block_group, group,
+                self.duplicates[group], self.block_hash, self.block_group, group,
                 self._evict_rehashed)
         else:
             skipped = self._register_masked(blocks, hashes, num_cached_blocks,
@@ -158,7 +158,7 @@ class PrefixIndex:
         """``index_register`` (:mod:`pagedkv.core.kernels_pure`) with positions whose
         ``mask[i - start]`` is false skipped too; the skipped positions."""
         index = self.index[group]
-        dups = self._dups[group]
+        dups = self.duplicates[group]
         bh = self.block_hash
         bg = self.block_group
         skipped: list[int] = []
@@ -172,7 +172,7 @@ class PrefixIndex:
                 if bh[b] == h and bg[b] == group:
                     skipped.append(i)
                     continue
-                self._evict(b, count=False)
+                self.evict_block(b, count=False)
             bh[b] = h
             bg[b] = group
             if index.setdefault(h, b) != b:
@@ -230,23 +230,23 @@ class PrefixIndex:
         i = num_tokens // hbs - 1
         h = request.block_hashes[i]
         index = self.index[group]
-        dups = self._dups[group].get(h)
+        dups = self.duplicates[group].get(h)
         if index.get(h) == block or (dups is not None and block in dups):
             return h
         old = self.block_hash[block]
         if old is not None and self._key_tokens(request, block, old, group_bs, i) < num_tokens:
             # vLLM 0.33: a longer prefix replaces a shorter partial key (its entries go).
-            self._evict(block, count=False)
-            dups = self._dups[group].get(h)
+            self.evict_block(block, count=False)
+            dups = self.duplicates[group].get(h)
         if self.block_hash[block] is None:
             self.block_hash[block] = h
             self.block_group[block] = group
             primary = True
         else:
-            self._secondary.setdefault(block, []).append((group, h))
+            self.secondary.setdefault(block, []).append((group, h))
             primary = False
         if index.setdefault(h, block) != block:
-            self._dups[group].setdefault(h, []).append(block)
+            self.duplicates[group].setdefault(h, []).append(block)
         self.recorder.stored_partial(request, block, i, group, primary)
         if self.policy is not None and primary:
             self.policy.registered_partial(request, block, h, group)
@@ -277,8 +277,8 @@ class PrefixIndex:
         if h is None:
             return
         after = self.policy.moving(src, dst) if self.policy is not None else None
-        assert self.block_hash[dst] is None and dst not in self._secondary
-        keys = [(self.block_group[src], h), *self._secondary.pop(src, ())]
+        assert self.block_hash[dst] is None and dst not in self.secondary
+        keys = [(self.block_group[src], h), *self.secondary.pop(src, ())]
         for g, key in keys:
             self._unregister(g, key, src)
         self.block_hash[src] = None
@@ -288,9 +288,9 @@ class PrefixIndex:
         self.block_group[dst] = g
         for n, (g, key) in enumerate(keys):
             if n:
-                self._secondary.setdefault(dst, []).append((g, key))
+                self.secondary.setdefault(dst, []).append((g, key))
             if self.index[g].setdefault(key, dst) != dst:
-                self._dups[g].setdefault(key, []).append(dst)
+                self.duplicates[g].setdefault(key, []).append(dst)
         self.recorder.moved(src, dst)
         if after is not None:
             after()
@@ -298,7 +298,7 @@ class PrefixIndex:
     def _unregister(self, group: int, h: bytes, b: int) -> None:
         """Drop the entry ``(h, group) -> b``; a duplicate becomes primary if ``b`` was."""
         index = self.index[group]
-        dups = self._dups[group].get(h)
+        dups = self.duplicates[group].get(h)
         if index.get(h) == b:
             if dups:
                 index[h] = dups.pop(0)
@@ -307,22 +307,25 @@ class PrefixIndex:
         elif dups and b in dups:
             dups.remove(b)
         if dups is not None and not dups:
-            del self._dups[group][h]
+            del self.duplicates[group][h]
 
     def _evict_rehashed(self, b: int) -> None:
-        """:meth:`_evict` of a block about to be registered under another key."""
-        self._evict(b, count=False)
+        """:meth:`evict_block` of a block about to be registered under another key."""
+        self.evict_block(b, count=False)
 
-    def _evict(self, b: int, *, count: bool = True) -> None:
-        """Drop every index entry of block ``b`` and clear its hash; tell the recorder."""
+    def evict_block(self, b: int, *, count: bool = True) -> None:
+        """Drop every index entry of block ``b`` (which has a hash) and clear its hash; tell
+        the recorder and the policy. ``count``: an eviction (else the block is about to be
+        registered under another key). The pool's take kernel calls it for the blocks it
+        does not evict inline. O(keys of ``b``)."""
         h = self.block_hash[b]
         assert h is not None
         g = self.block_group[b]
         self._unregister(g, h, b)
         self.block_hash[b] = None
         self.recorder.removed([h], g)
-        if self._secondary:
-            for g2, h2 in self._secondary.pop(b, ()):
+        if self.secondary:
+            for g2, h2 in self.secondary.pop(b, ()):
                 self._unregister(g2, h2, b)
                 self.recorder.removed([h2], g2)
         if count:
@@ -348,16 +351,39 @@ class PrefixIndex:
             self.policy.before_evict_blocks()
         for b in ids:
             if b and self.block_hash[b] is not None:
-                self._evict(b)
+                self.evict_block(b)
 
-    def _check_index(self) -> None:
+    def clear(self) -> None:
+        """Drop every entry and every block's hash, in place (the lists and dicts stay the
+        same objects); tell the recorder. The pool's reset, once no block is in use.
+        O(num_blocks)."""
+        for d in self.index:
+            d.clear()
+        for dups in self.duplicates:
+            dups.clear()
+        self.secondary.clear()
+        self.block_hash[:] = [None] * self.num_blocks
+        self._num_rehashed += 1
+        self.recorder.cleared()
+
+    def debug_state(self) -> dict[str, object]:
+        """A deep copy of the entries and the eviction count (the pool's ``debug_state``
+        holds them). O(index size)."""
+        return {
+            "index": [dict(d) for d in self.index],
+            "duplicates": [{h: list(v) for h, v in d.items()} for d in self.duplicates],
+            "secondary": {b: list(v) for b, v in self.secondary.items()},
+            "num_evicted_blocks": self.num_evicted_blocks,
+        }
+
+    def check_index(self) -> None:
         """Assert the index and the blocks' hashes agree entry for entry (primary,
         duplicate and secondary keys). O(num_blocks + index size)."""
         registered: set[tuple[int, bytes, int]] = set()
         for g, index in enumerate(self.index):
             for h, b in index.items():
                 registered.add((g, h, b))
-            for h, dups in self._dups[g].items():
+            for h, dups in self.duplicates[g].items():
                 assert h in index, f"duplicates for a hash with no primary in group {g}"
                 assert dups, "empty duplicate list kept"
                 for b in dups:
@@ -368,7 +394,7 @@ class PrefixIndex:
             primary = self.block_hash[b]
             if primary is not None:
                 expected.add((self.block_group[b], primary, b))
-            for g2, h2 in self._secondary.get(b, ()):
+            for g2, h2 in self.secondary.get(b, ()):
                 assert primary is not None, f"block {b} has secondary keys but no primary hash"
                 expected.add((g2, h2, b))
         assert registered == expected, (
