@@ -138,19 +138,18 @@ class Request:
             InvalidArgumentError: a token id that is not an int in ``0 .. 2**64 - 1``;
                 nothing was appended.
         """
+        token_ids = self.all_token_ids
         if type(tokens) is int and 0 <= tokens < 1 << 64:
-            self.all_token_ids.append(tokens)
+            token_ids.append(tokens)
         else:
             new = [tokens] if isinstance(tokens, int) else list(tokens)
             why = token_ids_problem(new)
             if why is not None:
                 raise InvalidArgumentError(f"request {self.request_id!r}: output {why}")
-            self.all_token_ids.extend(new)
-        self._owned_tokens = len(self.all_token_ids)
+            token_ids.extend(new)
+        self._owned_tokens = num_tokens = len(token_ids)
         hasher = self._hasher
-        if hasher is not None and len(self.all_token_ids) >= (
-            len(self.block_hashes) + 1
-        ) * hasher.block_size:
+        if hasher is not None and num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
             self._extend_hashes()
 
     def set_hasher(self, hasher: BlockHasher) -> None:
