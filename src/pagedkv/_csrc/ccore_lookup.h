@@ -141,15 +141,15 @@ static int lk_lookup(DecodeAllocate *self, PyObject *mgr, PyObject *request, PyO
     Py_ssize_t num_tokens = da_num_tokens(self, request);
     Py_ssize_t preempted = da_count(request, str_num_preemptions);
     if (num_tokens < 0 || num_tokens > self->max_model_len || preempted < 0) return 1;
-    PyObject *rid = PyObject_GetAttr(request, str_request_id);
-    PyObject *hashes = PyObject_GetAttr(request, str_block_hashes);
-    PyObject *issuer = PyObject_GetAttr(mgr, str_issuer_token);
-    PyObject *generation = PyObject_GetAttr(self->pool, str_index_generation);
+    PyObject *rid = admit_attr(request, str_request_id);
+    PyObject *hashes = admit_attr(request, str_block_hashes);
+    PyObject *issuer = admit_attr(mgr, str_issuer_token);
+    PyObject *generation = admit_attr(self->pool, str_index_generation);
     PyObject *index = lk_group_dict(self->pool, str_index, self->group);
     PyObject *blocks = NULL;
     int rc = 1;
-    if (rid == NULL || hashes == NULL || issuer == NULL || generation == NULL) PyErr_Clear();
-    else if (index != NULL && PyUnicode_CheckExact(rid) && PyList_CheckExact(hashes)) {
+    if (rid && hashes && issuer && generation && index && PyUnicode_CheckExact(rid)
+        && PyList_CheckExact(hashes)) {
         Py_ssize_t n = num_tokens > 0 ? (num_tokens - 1) / self->block_size : 0;
         if (n > PyList_GET_SIZE(hashes)) n = PyList_GET_SIZE(hashes);
         blocks = lk_probe(index, hashes, n);
