@@ -256,6 +256,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_events.h"
 #include "ccore_hybrid_hits.h"
 #include "ccore_hybrid_first.h"
+/* A full-attention request's lookup, first take and registration, and free. */
+#include "ccore_lookup.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -287,6 +289,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
+        || ccore_lookup_add(m) < 0
         || ccore_hybrid_admit_init() < 0 || ccore_hybrid_first_init() < 0) {
         Py_DECREF(m);
         return NULL;

@@ -157,6 +157,40 @@ static int admit_pool_plain(DecodeAllocate *self, PyObject *mgr, Py_ssize_t *wat
     return *watermark >= 0;
 }
 
+/* The first call's take and registration without Python calls (ccore_lookup.h). */
+static PyObject *lk_admit_take(DecodeAllocate *self, Py_ssize_t n, int *covered);
+static int lk_admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
+                             PyObject *table, Py_ssize_t start, Py_ssize_t end);
+
+/* The pool's get_new_blocks(n), in C when the pool is plain and quiet. */
+static PyObject *admit_take(DecodeAllocate *self, Py_ssize_t n) {
+    int covered;
+    PyObject *ids = lk_admit_take(self, n, &covered);
+    if (covered) return ids;
+    PyObject *n_obj = PyLong_FromSsize_t(n);
+    ids = n_obj ? PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj) : NULL;
+    Py_XDECREF(n_obj);
+    if (ids != NULL && !PyList_CheckExact(ids)) {
+        PyErr_SetString(PyExc_TypeError, "get_new_blocks: a list");
+        Py_CLEAR(ids);
+    }
+    return ids;
+}
+
+/* The coordinator's cache_blocks(request, num_slots), in C when the pool is plain and
+ * quiet; `held` blocks (the hit) are registered already. 0 or -1. */
+static int admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
+                          PyObject *table, Py_ssize_t held, Py_ssize_t num_slots) {
+    int rc = lk_admit_register(self, request, rid, table, held, num_slots);
+    if (rc != 1) return rc;
+    PyObject *end = PyLong_FromSsize_t(num_slots);
+    PyObject *call_args[2] = {request, end};
+    PyObject *r = end ? PyObject_Vectorcall(self->cache_blocks, call_args, 2, NULL) : NULL;
+    Py_XDECREF(end);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* The steps, after every check: touch the hit, start the table, take the new blocks,
  * enter the request as live, register its full blocks. 0 with *out, or -1. */
 static int admit_apply(DecodeAllocate *self, PyObject *request, PyObject *rid,
@@ -170,39 +204,23 @@ static int admit_apply(DecodeAllocate *self, PyObject *request, PyObject *rid,
     PyObject *table = blocks != NULL ? PyList_GetSlice(blocks, 0, PyList_GET_SIZE(blocks))
                                      : PyList_New(0);
     if (table == NULL) return -1;
-    PyObject *count = PyLong_FromSsize_t(PyList_GET_SIZE(table));
+    Py_ssize_t held = PyList_GET_SIZE(table);
+    PyObject *count = PyLong_FromSsize_t(held);
     int rc = count == NULL || PyDict_SetItem(self->tables, rid, table) < 0
              || PyDict_SetItem(self->cached, rid, count) < 0 ? -1 : 0;
     Py_XDECREF(count);
     PyObject *new_ids = NULL;
-    if (rc == 0 && need_new > 0) {
-        PyObject *n_obj = PyLong_FromSsize_t(need_new);
-        new_ids = n_obj ? PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj)
-                        : NULL;
-        Py_XDECREF(n_obj);
-        Py_ssize_t len = PyList_GET_SIZE(table);
-        if (new_ids != NULL && (!PyList_CheckExact(new_ids)
-                                || PyList_SetSlice(table, len, len, new_ids) < 0)) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "get_new_blocks: a list");
-            Py_CLEAR(new_ids);
-        }
-    } else if (rc == 0) {
-        new_ids = PyList_New(0);
+    if (rc == 0) new_ids = need_new > 0 ? admit_take(self, need_new) : PyList_New(0);
+    if (new_ids != NULL && need_new > 0 && PyList_SetSlice(table, held, held, new_ids) < 0) {
+        Py_CLEAR(new_ids);
     }
-    Py_DECREF(table);
-    if (new_ids == NULL || PyDict_SetItem(self->live, rid, request) < 0) {
+    if (new_ids == NULL || PyDict_SetItem(self->live, rid, request) < 0
+        || admit_register(self, request, rid, table, held, num_slots) < 0) {
+        Py_DECREF(table);
         Py_XDECREF(new_ids);
         return -1;
     }
-    PyObject *end = PyLong_FromSsize_t(num_slots);
-    PyObject *call_args[2] = {request, end};
-    PyObject *r = end ? PyObject_Vectorcall(self->cache_blocks, call_args, 2, NULL) : NULL;
-    Py_XDECREF(end);
-    if (r == NULL) {
-        Py_DECREF(new_ids);
-        return -1;
-    }
-    Py_DECREF(r);
+    Py_DECREF(table);
     *out = PyTuple_Pack(1, new_ids);
     Py_DECREF(new_ids);
     return *out == NULL ? -1 : 0;

@@ -35,7 +35,17 @@ typedef struct {
     Py_ssize_t hash_block_size; /* the pool's: block_hashes cover this many tokens each */
     Py_ssize_t max_model_len;
     PyObject *hit_type;     /* ComputedBlocks: first calls are taken (ccore_admit.h); NULL: not */
+    PyObject *lookup_function; /* get_computed_blocks in Python (ccore_lookup.h), or NULL */
+    PyObject *free_function;   /* free in Python (ccore_lookup.h), or NULL */
+    PyObject *null_recorder;   /* the recorder type that hears nothing, or NULL */
+    Py_ssize_t group;       /* the group's index in the pool */
+    int fast_lookup;        /* get_computed_blocks in C (no component hooks it) */
+    int fast_free;          /* free in C (no component hooks it) */
+    int fast_register;      /* a first call's take and registration without Python calls */
 } DecodeAllocate;
+
+static PyObject *da_lookup(DecodeAllocate *self, PyObject *request);
+static PyObject *da_free(DecodeAllocate *self, PyObject *request);
 
 /* A request's first allocation (ccore_admit.h): 0 with *out set, 1 when the call is not
  * covered (nothing changed: the caller falls back), -1 with an exception. */
@@ -59,6 +69,9 @@ static int da_traverse(DecodeAllocate *self, visitproc visit, void *arg) {
     Py_VISIT(self->zeroing);
     Py_VISIT(self->request_type);
     Py_VISIT(self->hit_type);
+    Py_VISIT(self->lookup_function);
+    Py_VISIT(self->free_function);
+    Py_VISIT(self->null_recorder);
     return 0;
 }
 
@@ -74,6 +87,9 @@ static int da_clear(DecodeAllocate *self) {
     Py_CLEAR(self->zeroing);
     Py_CLEAR(self->request_type);
     Py_CLEAR(self->hit_type);
+    Py_CLEAR(self->lookup_function);
+    Py_CLEAR(self->free_function);
+    Py_CLEAR(self->null_recorder);
     return 0;
 }
 
@@ -459,25 +475,67 @@ static PyMethodDef da_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "cache_blocks(request, num_computed_tokens): KVCacheManager.cache_blocks, the "
      "common call in C."},
+    {"get_computed_blocks", (PyCFunction)da_lookup, METH_O,
+     "get_computed_blocks(request): KVCacheManager.get_computed_blocks, the common call in "
+     "C."},
+    {"free", (PyCFunction)da_free, METH_O,
+     "free(request): KVCacheManager.free, the common call in C."},
     {NULL, NULL, 0, NULL},
 };
+
+/* The optional entries (ccore_lookup.h): the lookup needs a hit type that is a plain
+ * tuple subclass (built in C), a Python lookup and a group; the free a Python free; the
+ * first call's own take and registration a null recorder type. 0 or -1. */
+static int da_init_fast(DecodeAllocate *self, PyObject *hit_type, PyObject *lookup_function,
+                        PyObject *free_function, Py_ssize_t group, PyObject *null_recorder,
+                        int fast_register) {
+    if ((lookup_function != Py_None && !PyCallable_Check(lookup_function))
+        || (free_function != Py_None && !PyCallable_Check(free_function))
+        || (null_recorder != Py_None && !PyType_Check(null_recorder))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "DecodeAllocate: lookup_function and free_function are calls or None, "
+                        "null_recorder a type or None");
+        return -1;
+    }
+    PyTypeObject *ht = hit_type != Py_None && PyType_Check(hit_type) ? (PyTypeObject *)hit_type
+                                                                     : NULL;
+    int plain_hit = ht != NULL && PyType_IsSubtype(ht, &PyTuple_Type)
+                    && ht->tp_basicsize == PyTuple_Type.tp_basicsize
+                    && ht->tp_itemsize == PyTuple_Type.tp_itemsize && ht->tp_dictoffset == 0;
+    self->group = group;
+    self->fast_lookup = plain_hit && lookup_function != Py_None && group >= 0;
+    Py_XSETREF(self->lookup_function,
+               lookup_function == Py_None ? NULL : Py_NewRef(lookup_function));
+    Py_XSETREF(self->free_function, free_function == Py_None ? NULL : Py_NewRef(free_function));
+    self->fast_free = self->free_function != NULL;
+    Py_XSETREF(self->null_recorder, null_recorder == Py_None ? NULL : Py_NewRef(null_recorder));
+    self->fast_register = fast_register && self->null_recorder != NULL && group >= 0;
+    return 0;
+}
 
 static int da_init(DecodeAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "live_requests", "tables", "num_cached",
                              "pool", "cache_blocks", "zeroing", "request_type", "block_size",
                              "max_model_len", "hash_block_size", "cache_function", "hit_type",
-                             NULL};
+                             "lookup_function", "free_function", "group",
+                             "null_recorder", "fast_register", NULL};
     PyObject *function, *manager, *live, *tables, *cached, *pool, *cache_blocks, *zeroing,
         *rtype;
     Py_ssize_t block_size, max_len, hash_block_size = 0;
-    PyObject *cache_function = Py_None, *hit_type = Py_None;
+    PyObject *cache_function = Py_None, *hit_type = Py_None, *lookup_function = Py_None,
+             *free_function = Py_None, *null_recorder = Py_None;
+    Py_ssize_t group = -1;
+    int fast_register = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOO!O!O!OOO!O!nn|nOO:DecodeAllocate", kwlist, &function, &manager,
-            &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached, &pool,
-            &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
-            &max_len, &hash_block_size, &cache_function, &hit_type)) {
+            args, kwds, "OOO!O!O!OOO!O!nn|nOOOOnOp:DecodeAllocate", kwlist, &function,
+            &manager, &PyDict_Type, &live, &PyDict_Type, &tables, &PyDict_Type, &cached,
+            &pool, &cache_blocks, &PyList_Type, &zeroing, &PyType_Type, &rtype, &block_size,
+            &max_len, &hash_block_size, &cache_function, &hit_type, &lookup_function,
+            &free_function, &group, &null_recorder, &fast_register)) {
         return -1;
     }
+    if (da_init_fast(self, hit_type, lookup_function, free_function, group, null_recorder,
+                     fast_register) < 0) return -1;
     if (hit_type != Py_None && !PyType_Check(hit_type)) {
         PyErr_SetString(PyExc_TypeError, "DecodeAllocate: hit_type is a type or None");
         return -1;
@@ -533,6 +591,10 @@ static PyGetSetDef da_getset[] = {
 static PyMemberDef da_members[] = {
     {"function", T_OBJECT, offsetof(DecodeAllocate, function), READONLY,
      "The Python allocate_slots every other call goes to (with the manager)."},
+    {"takes_lookups", T_INT, offsetof(DecodeAllocate, fast_lookup), READONLY,
+     "Whether get_computed_blocks runs in C (else it is not to be installed)."},
+    {"takes_frees", T_INT, offsetof(DecodeAllocate, fast_free), READONLY,
+     "Whether free runs in C (else it is not to be installed)."},
     {NULL, 0, 0, 0, NULL},
 };
 

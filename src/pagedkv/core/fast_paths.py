@@ -60,7 +60,11 @@ from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
+from pagedkv.core.managers.full import FullAttentionManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.pool import BlockPool
+from pagedkv.core.prefix_index import PrefixIndex
+from pagedkv.core.recorder import EventRecorder
 from pagedkv.core.request import Request
 
 #: ``GroupsAllocate``'s kinds (``pagedkv/_csrc/ccore_groups.h``): how a group grows (its
@@ -73,7 +77,9 @@ __all__ = ["install"]
 
 
 def install(mgr: Any, function: Callable[..., Any],
-            cache_function: Callable[..., Any] | None = None) -> Any:
+            cache_function: Callable[..., Any] | None = None,
+            lookup_function: Callable[..., Any] | None = None,
+            free_function: Callable[..., Any] | None = None) -> Any:
     """The compiled ``allocate_slots`` for ``mgr`` (a :class:`pagedkv.KVCacheManager`, built
     up to its components), or ``None`` when the compiled core is not in use or ``mgr`` has
     anything the fast path does not cover. Every call it does not take goes to
@@ -82,7 +88,17 @@ def install(mgr: Any, function: Callable[..., Any],
     ``cache_blocks``: a held request's call with a plain count, within its slots, is
     checked in C and reaches the coordinator only when a block became full; every other
     call goes to ``cache_function(mgr, ...)``. It holds ``mgr`` by a weak reference, so
-    the manager's attributes make no reference cycle."""
+    the manager's attributes make no reference cycle.
+
+    On one full-attention group, with ``lookup_function`` (the class's
+    ``get_computed_blocks``, given when no component hooks the lookup) its
+    ``get_computed_blocks`` takes a pagedkv Request's lookup in C when the group finds hits
+    by full attention's own rule (``takes_lookups``), and with ``free_function`` (the
+    class's ``free``, given when no component hooks the free) its ``free`` frees in C when
+    the group and coordinator free by the base rule (``takes_frees``); on a plain pool a
+    first call's take and registration run without Python calls when the pool's recorder
+    hears nothing and registers by the index's own rule (``pagedkv/_csrc/ccore_lookup.h``).
+    Every call these do not cover goes to the Python function."""
     ccore = native.active()
     coordinator = mgr.coordinator
     if ccore is None:
@@ -100,8 +116,48 @@ def install(mgr: Any, function: Callable[..., Any],
         cache_blocks=coordinator.cache_blocks, zeroing=coordinator.zeroing,
         request_type=Request, block_size=m.block_size, max_model_len=mgr.max_model_len,
         hash_block_size=coordinator.pool.hash_block_size, cache_function=cache_function,
-        hit_type=ComputedBlocks if _admits_plainly(m) else None)
+        hit_type=ComputedBlocks if _admits_plainly(m) else None,
+        lookup_function=lookup_function if _looks_up_plainly(m) else None,
+        free_function=free_function if _frees_plainly(coordinator, m) else None,
+        group=m.group, null_recorder=EventRecorder,
+        fast_register=_registers_plainly(coordinator, m))
     return fast
+
+
+def _looks_up_plainly(m: SingleTypeManager) -> bool:
+    """Whether ``m`` finds hits by full attention's own rule over its own hashes (one
+    hash block per block, the last hit kept), so the lookup may run in C."""
+    return (type(m).find_longest_cache_hit is FullAttentionManager.find_longest_cache_hit
+            and not m.drop_last_hit and m.hash_stride == 1
+            and ComputedBlocks._fields == _HIT_FIELDS and _admits_plainly(m))
+
+
+def _frees_plainly(coordinator: Any, m: SingleTypeManager) -> bool:
+    """Whether the coordinator and ``m`` free by the base rule (table and count dropped,
+    blocks freed last first), so the free may run in C."""
+    return (type(coordinator).free is Coordinator.free
+            and type(m).free is SingleTypeManager.free)
+
+
+def _registers_plainly(coordinator: Any, m: SingleTypeManager) -> bool:
+    """Whether a first call's registration is the index's own loop with nothing around
+    it (the coordinator's and the group's rules as written, every position reachable, one
+    hash block per block), so it may run in C when the recorder hears nothing."""
+    kind = type(m)
+    return (_admits_plainly(m) and m.hash_stride == 1
+            and getattr(coordinator.cache_blocks, "__func__", None) is Coordinator.cache_blocks
+            and not coordinator.num_reprefillable_tokens and not coordinator._capped_at_hashes
+            and kind.cache_blocks in (FullAttentionManager.cache_blocks,
+                                      SingleTypeManager.cache_blocks)
+            and kind.reachable_mask is SingleTypeManager.reachable_mask
+            and type(coordinator.pool.prefix).cache_full_blocks is PrefixIndex.cache_full_blocks
+            and coordinator.pool.cache_full_blocks == coordinator.pool.prefix.cache_full_blocks
+            and type(coordinator.pool).get_new_blocks is BlockPool.get_new_blocks)
+
+
+#: ComputedBlocks' fields in the order the compiled lookup builds them (ccore_admit.h).
+_HIT_FIELDS = ("block_ids", "num_computed_tokens", "issuer", "request_id", "generation",
+               "fingerprint", "group_tokens")
 
 
 #: The group's methods a request's first allocation runs (UnitaryCoordinator.allocate's

@@ -123,34 +123,52 @@ class KVCacheManager:
         self._fast_allocate = False
         if hooks.before_allocate or hooks.allocate_hit or hooks.after_allocate:
             self.allocate_slots = self._allocate_with_components  # type: ignore[method-assign]
-        elif (fast := fast_paths.install(self, facade_allocation.allocate_slots,
-                                         facade_allocation.cache_blocks)) is not None:
-            # The compiled core takes a running request's plain calls.
-            self.allocate_slots = fast  # type: ignore[method-assign]
-            self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
-            self._fast_allocate = True
+        else:
+            self._install_fast()
         self.publisher: EventPublisher | None = None
         if config.kv_events is not None:
             self.publisher = config.kv_events.make_publisher(self.prefix_index_snapshot)
         for c in self.components:
             c.bind(self)
 
+    def _install_fast(self) -> None:
+        """Put the compiled core's entries (:mod:`pagedkv.core.fast_paths`) in front of
+        ``allocate_slots`` and ``cache_blocks``, and of ``get_computed_blocks`` and ``free``
+        where no component hooks them and the layout lets them run in C."""
+        hooks = self._hooks
+        fast = fast_paths.install(
+            self, facade_allocation.allocate_slots, facade_allocation.cache_blocks,
+            lookup_function=None if hooks.after_lookup else facade_lookups.get_computed_blocks,
+            free_function=None if hooks.before_free else facade_frees.free)
+        self._fast_allocate = fast is not None
+        if fast is None:
+            return
+        # The compiled core takes a running request's plain calls.
+        self.allocate_slots = fast  # type: ignore[method-assign]
+        self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
+        if getattr(fast, "takes_lookups", False):
+            self.get_computed_blocks = fast.get_computed_blocks  # type: ignore[method-assign]
+        if getattr(fast, "takes_frees", False):
+            self.free = fast.free  # type: ignore[method-assign]
+
+    #: The attributes the compiled entries rebind (rebuilt on copy and pickle, not copied).
+    _FAST_ENTRIES = ("allocate_slots", "cache_blocks", "get_computed_blocks", "free")
+
     def __getstate__(self) -> dict[str, Any]:
-        """Copy and pickle state: the compiled ``allocate_slots`` is built again, not copied."""
+        """Copy and pickle state: the compiled entries are built again, not copied."""
         state = dict(self.__dict__)
         if self._fast_allocate:
-            del state["allocate_slots"], state["cache_blocks"]
+            fast = state["allocate_slots"]
+            for name in self._FAST_ENTRIES:
+                entry = state.get(name)
+                if entry is fast or getattr(entry, "__self__", None) is fast:
+                    del state[name]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._fast_allocate:
-            fast = fast_paths.install(self, facade_allocation.allocate_slots,
-                                      facade_allocation.cache_blocks)
-            self._fast_allocate = fast is not None
-            if fast is not None:
-                self.allocate_slots = fast  # type: ignore[method-assign]
-                self.cache_blocks = fast.cache_blocks  # type: ignore[method-assign]
+            self._install_fast()
 
     def component(self, kind: type[_C]) -> _C:
         """The attached component of class ``kind``: the typed way to a feature, e.g.

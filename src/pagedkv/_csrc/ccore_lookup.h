@@ -1,0 +1,458 @@
+/* A request's lookup, its first take and registration, and its free in C, for
+ * DecodeAllocate's layout (one full-attention group, prefix caching on, one hash block
+ * per block): DecodeAllocate's methods get_computed_blocks and free, and the steps the
+ * admission (ccore_admit.h) runs without a Python call when the pool is plain.
+ *
+ * get_computed_blocks(request): facade_lookups.get_computed_blocks for a pagedkv Request
+ *   whose tokens are those the facade left (_owned_tokens), within max_model_len, with an
+ *   exact-str id, a list of block hashes and a plain num_preemptions: the longest run of
+ *   the group's index hits over the first (num_tokens - 1) // block_size hashes, the
+ *   lookup counted in mgr.lookups (preempted requests apart) and mgr.hit_rate_window,
+ *   and the hit built as the Python method builds it (block ids, count, issuer, id, index
+ *   generation, fingerprint). Installed only when full attention's own rule finds hits
+ *   and no component hooks the lookup (core/fast_paths.py).
+ * free(request_or_id): facade_frees.free when no component hooks the free: an unknown id
+ *   does nothing; the live request (the very object, or its id) is forgotten, its table
+ *   and registered count dropped and its blocks freed last first (pool_free), on a plain
+ *   pool (no eviction policy, no listener, the compiled free queue).
+ *
+ * Every call any check fails goes, before anything changed, to the Python method (the
+ * specification and the only place that raises). */
+
+static PyObject *str_num_preemptions, *str_index, *str_dups, *str_secondary, *str_recorder,
+    *str_lookups, *str_hit_rate_window, *str_observe, *str_requests, *str_queries, *str_hits,
+    *str_preempted_requests, *str_preempted_queries, *str_preempted_hits,
+    *str_evict_rehashed, *str_evict, *str_num_evicted_blocks, *str_block_hash,
+    *str_block_group, *str_prefix;
+
+/* pool_free and index_register (ccore_pool.h, ccore_index.h) with their arguments packed. */
+static PyObject *lk_call_kernel(PyCFunction kernel, PyObject *const *items, Py_ssize_t n) {
+    PyObject *args = PyTuple_New(n);
+    if (args == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(args, i, Py_NewRef(items[i]));
+    PyObject *out = kernel(NULL, args);
+    Py_DECREF(args);
+    return out;
+}
+
+/* obj.name += delta (an int attribute). 0 or -1 with an exception. */
+static int lk_add(PyObject *obj, PyObject *name, Py_ssize_t delta) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    PyObject *d = PyLong_FromSsize_t(delta);
+    PyObject *sum = d != NULL ? PyNumber_Add(v, d) : NULL;
+    Py_DECREF(v);
+    Py_XDECREF(d);
+    if (sum == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* count_lookup: the statistics of one lookup. 0 or -1. */
+static int lk_count(PyObject *mgr, Py_ssize_t preempted, Py_ssize_t queries, Py_ssize_t hits) {
+    PyObject *lookups = PyObject_GetAttr(mgr, str_lookups);
+    if (lookups == NULL) return -1;
+    int rc;
+    if (preempted) {
+        rc = lk_add(lookups, str_preempted_requests, 1) < 0
+             || lk_add(lookups, str_preempted_queries, queries) < 0
+             || lk_add(lookups, str_preempted_hits, hits) < 0 ? -1 : 0;
+        Py_DECREF(lookups);
+        return rc;
+    }
+    rc = lk_add(lookups, str_requests, 1) < 0 || lk_add(lookups, str_queries, queries) < 0
+         || lk_add(lookups, str_hits, hits) < 0 ? -1 : 0;
+    Py_DECREF(lookups);
+    if (rc < 0) return -1;
+    PyObject *window = PyObject_GetAttr(mgr, str_hit_rate_window);
+    if (window == NULL) return -1;
+    PyObject *q = PyLong_FromSsize_t(queries), *h = PyLong_FromSsize_t(hits);
+    PyObject *r = q && h ? PyObject_CallMethodObjArgs(window, str_observe, q, h, NULL) : NULL;
+    Py_XDECREF(q);
+    Py_XDECREF(h);
+    Py_DECREF(window);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* pool.<name>[group] when pool.<name> is an exact list long enough and the item an exact
+ * dict: a new reference, or NULL (error cleared: fall back). */
+static PyObject *lk_group_dict(PyObject *pool, PyObject *name, Py_ssize_t group) {
+    PyObject *all = PyObject_GetAttr(pool, name);
+    if (all == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *d = NULL;
+    if (PyList_CheckExact(all) && group < PyList_GET_SIZE(all)
+        && PyDict_CheckExact(PyList_GET_ITEM(all, group))) {
+        d = Py_NewRef(PyList_GET_ITEM(all, group));
+    }
+    Py_DECREF(all);
+    return d;
+}
+
+/* The hit record (the hit type's fields, group_tokens None), built as a tuple of that
+ * type (checked at construction to be a plain tuple subclass of HIT_NUM_FIELDS). */
+static PyObject *lk_hit(DecodeAllocate *self, PyObject *blocks, Py_ssize_t num_hit,
+                        PyObject *issuer, PyObject *rid, PyObject *generation) {
+    PyObject *count = PyLong_FromSsize_t(num_hit);
+    PyObject *ids = PyList_AsTuple(blocks);
+    PyObject *print = count && ids ? PyTuple_Pack(2, count, ids) : NULL;
+    PyObject *tables = PyTuple_Pack(1, blocks);
+    PyTypeObject *type = (PyTypeObject *)self->hit_type;
+    PyObject *hit = print && tables ? type->tp_alloc(type, HIT_NUM_FIELDS) : NULL;
+    Py_XDECREF(ids);
+    if (hit == NULL) {
+        Py_XDECREF(count);
+        Py_XDECREF(print);
+        Py_XDECREF(tables);
+        return NULL;
+    }
+    PyObject *items[HIT_NUM_FIELDS] = {tables, count, Py_NewRef(issuer), Py_NewRef(rid),
+                                       Py_NewRef(generation), print, Py_NewRef(Py_None)};
+    for (int i = 0; i < HIT_NUM_FIELDS; i++) PyTuple_SET_ITEM(hit, i, items[i]);
+    return hit;
+}
+
+/* The probe: index[hashes[i]] for i < n up to the first miss. A new list or NULL. */
+static PyObject *lk_probe(PyObject *index, PyObject *hashes, Py_ssize_t n) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyDict_GetItemWithError(index, PyList_GET_ITEM(hashes, i));
+        if (b == NULL) {
+            if (!PyErr_Occurred()) break;
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (PyList_Append(out, b) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* The lookup: 0 with *out, 1 when not covered (nothing changed), -1 with an exception. */
+static int lk_lookup(DecodeAllocate *self, PyObject *mgr, PyObject *request, PyObject **out) {
+    if (!self->fast_lookup || Py_TYPE(request) != (PyTypeObject *)self->request_type) return 1;
+    Py_ssize_t num_tokens = da_num_tokens(self, request);
+    Py_ssize_t preempted = da_count(request, str_num_preemptions);
+    if (num_tokens < 0 || num_tokens > self->max_model_len || preempted < 0) return 1;
+    PyObject *rid = admit_attr(request, str_request_id);
+    PyObject *hashes = admit_attr(request, str_block_hashes);
+    PyObject *issuer = admit_attr(mgr, str_issuer_token);
+    PyObject *generation = admit_attr(self->pool, str_index_generation);
+    PyObject *index = lk_group_dict(self->pool, str_index, self->group);
+    PyObject *blocks = NULL;
+    int rc = 1;
+    if (rid && hashes && issuer && generation && index && PyUnicode_CheckExact(rid)
+        && PyList_CheckExact(hashes)) {
+        Py_ssize_t n = num_tokens > 0 ? (num_tokens - 1) / self->block_size : 0;
+        if (n > PyList_GET_SIZE(hashes)) n = PyList_GET_SIZE(hashes);
+        blocks = lk_probe(index, hashes, n);
+        if (blocks == NULL) PyErr_Clear(); /* the Python method raises it again */
+    }
+    if (blocks != NULL) {
+        Py_ssize_t num_hit = PyList_GET_SIZE(blocks) * self->block_size;
+        rc = lk_count(mgr, preempted, num_tokens, num_hit) < 0 ? -1 : 0;
+        if (rc == 0) {
+            *out = lk_hit(self, blocks, num_hit, issuer, rid, generation);
+            rc = *out == NULL ? -1 : 0;
+        }
+    }
+    Py_XDECREF(blocks);
+    Py_XDECREF(index);
+    Py_XDECREF(generation);
+    Py_XDECREF(issuer);
+    Py_XDECREF(hashes);
+    Py_XDECREF(rid);
+    return rc;
+}
+
+static PyObject *da_lookup(DecodeAllocate *self, PyObject *request) {
+    PyObject *mgr = da_manager(self);
+    if (mgr == NULL) return NULL;
+    PyObject *out = NULL;
+    int rc = lk_lookup(self, mgr, request, &out);
+    if (rc == 1 && self->lookup_function == NULL) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: built without lookup_function");
+    } else if (rc == 1) {
+        out = PyObject_CallFunctionObjArgs(self->lookup_function, mgr, request, NULL);
+    }
+    Py_DECREF(mgr);
+    return out;
+}
+
+/* The pool's free queue, ref counts and hashes when the pool is plain (no policy, no
+ * listener, the compiled queue, lists): 1 with new references in k[0..3) (queue,
+ * ref_cnt, block_hash), else 0 (fall back). */
+static int lk_plain_pool(DecodeAllocate *self, PyObject **k) {
+    PyObject *policy = admit_attr(self->pool, str_policy);
+    PyObject *listeners = admit_attr(self->pool, str_listeners);
+    int plain = policy == Py_None && listeners != NULL && PyTuple_CheckExact(listeners)
+                && PyTuple_GET_SIZE(listeners) == 0;
+    Py_XDECREF(policy);
+    Py_XDECREF(listeners);
+    if (!plain) return 0;
+    k[0] = admit_attr(self->pool, str_free_queue);
+    k[1] = admit_attr(self->pool, str_ref_cnt);
+    k[2] = admit_attr(self->pool, str_block_hash);
+    if (k[0] && k[1] && k[2] && Py_TYPE(k[0]) == &FreeQueueType && PyList_CheckExact(k[1])
+        && PyList_CheckExact(k[2])) return 1;
+    for (int i = 0; i < 3; i++) Py_CLEAR(k[i]);
+    return 0;
+}
+
+/* The free: 0 done, 1 not covered (nothing changed), -1 with an exception. */
+static int lk_free(DecodeAllocate *self, PyObject *request) {
+    if (!self->fast_free) return 1;
+    PyObject *rid;
+    if (PyUnicode_CheckExact(request)) rid = Py_NewRef(request);
+    else if (Py_TYPE(request) == (PyTypeObject *)self->request_type) {
+        rid = PyObject_GetAttr(request, str_request_id);
+        if (rid == NULL) PyErr_Clear();
+        if (rid == NULL || !PyUnicode_CheckExact(rid)) {
+            Py_XDECREF(rid);
+            return 1;
+        }
+    } else return 1;
+    PyObject *live = da_get(self->live, rid), *k[3] = {NULL, NULL, NULL};
+    int rc = 1;
+    if (live == NULL) rc = PyErr_Occurred() ? 1 : 0; /* unknown: nothing to do */
+    else if ((live == request || rid == request) && lk_plain_pool(self, k)) {
+        PyObject *table = PyDict_GetItemWithError(self->tables, rid);
+        Py_XINCREF(table);
+        rc = PyDict_DelItem(self->live, rid) < 0 ? -1 : 0;
+        if (rc == 0 && table != NULL && PyDict_DelItem(self->tables, rid) < 0) rc = -1;
+        if (rc == 0 && PyDict_Contains(self->cached, rid) == 1
+            && PyDict_DelItem(self->cached, rid) < 0) rc = -1;
+        if (rc == 0 && table != NULL && PyList_CheckExact(table) && PyList_GET_SIZE(table)) {
+            PyObject *r = PyList_Reverse(table) < 0 ? NULL : lk_call_kernel(
+                pool_free, (PyObject *[]){k[0], k[1], k[2], table}, 4);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(table);
+        for (int i = 0; i < 3; i++) Py_XDECREF(k[i]);
+    }
+    Py_DECREF(rid);
+    return rc;
+}
+
+static PyObject *da_free(DecodeAllocate *self, PyObject *request) {
+    if (self->free_function == NULL) {
+        PyErr_SetString(PyExc_TypeError, "DecodeAllocate: built without free_function");
+        return NULL;
+    }
+    int rc = lk_free(self, request);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    PyObject *mgr = da_manager(self);
+    if (mgr == NULL) return NULL;
+    PyObject *out = PyObject_CallFunctionObjArgs(self->free_function, mgr, request, NULL);
+    Py_DECREF(mgr);
+    return out;
+}
+
+/* The pool's parts a first call's take and registration read, all checked: new
+ * references, released by lk_parts_clear. The index's parts are its prefix index's
+ * (pool.prefix, a PrefixIndex: its dicts, its eviction and its counts). */
+typedef struct {
+    PyObject *queue, *ref, *bh, *bg, *index, *dups, *secondary, *prefix;
+} LkParts;
+
+static void lk_parts_clear(LkParts *p) {
+    Py_CLEAR(p->queue);
+    Py_CLEAR(p->ref);
+    Py_CLEAR(p->bh);
+    Py_CLEAR(p->bg);
+    Py_CLEAR(p->index);
+    Py_CLEAR(p->dups);
+    Py_CLEAR(p->secondary);
+    Py_CLEAR(p->prefix);
+}
+
+/* 1 with *p filled when the pool is plain, its recorder hears nothing and its per-block
+ * lists and index have the shapes the loops read; else 0 (nothing held). */
+static int lk_parts(DecodeAllocate *self, LkParts *p) {
+    memset(p, 0, sizeof(*p));
+    if (!self->fast_register) return 0;
+    PyObject *recorder = admit_attr(self->pool, str_recorder);
+    int quiet = recorder != NULL && Py_TYPE(recorder) == (PyTypeObject *)self->null_recorder;
+    Py_XDECREF(recorder);
+    PyObject *k[3] = {NULL, NULL, NULL};
+    if (!quiet || !lk_plain_pool(self, k)) return 0;
+    p->queue = k[0];
+    p->ref = k[1];
+    p->bh = k[2];
+    p->prefix = admit_attr(self->pool, str_prefix);
+    if (p->prefix != NULL) {
+        p->bg = admit_attr(p->prefix, str_block_group);
+        p->index = admit_attr(p->prefix, str_index);
+        p->dups = admit_attr(p->prefix, str_dups);
+        p->secondary = admit_attr(p->prefix, str_secondary);
+    }
+    Py_ssize_t size = PyList_GET_SIZE(p->ref);
+    if (p->bg && p->index && p->dups && p->secondary && PyList_CheckExact(p->bg)
+        && PyList_CheckExact(p->index) && PyList_CheckExact(p->dups)
+        && PyDict_CheckExact(p->secondary) && PyList_GET_SIZE(p->bh) == size
+        && PyList_GET_SIZE(p->bg) == size
+        && PyList_GET_SIZE(p->index) == PyList_GET_SIZE(p->dups)
+        && self->group < PyList_GET_SIZE(p->index)
+        && ((FreeQueue *)p->queue)->head <= size) return 1;
+    lk_parts_clear(p);
+    return 0;
+}
+
+/* Block b's eviction as pool_take does it (ccore_index.h), no recorder told: inline
+ * (1) when its key has no duplicate and no partial-prefix entry, else through the prefix
+ * index's evict_block (0: it counts the eviction itself). -1 with an exception. */
+static int lk_evict(DecodeAllocate *self, LkParts *p, Py_ssize_t b, PyObject *b_obj) {
+    PyObject *h = PyList_GET_ITEM(p->bh, b);
+    Py_ssize_t gi = ix_block(PyList_GET_ITEM(p->bg, b), PyList_GET_SIZE(p->index));
+    if (gi < 0) return -1;
+    PyObject *dg = PyList_GET_ITEM(p->dups, gi), *ig = PyList_GET_ITEM(p->index, gi);
+    if (!PyDict_Check(dg) || !PyDict_Check(ig)) {
+        PyErr_SetString(PyExc_TypeError, "the pool's index holds a non-dict");
+        return -1;
+    }
+    int has = PyDict_GET_SIZE(dg) ? PyDict_Contains(dg, h) : 0;
+    if (has == 0 && PyDict_GET_SIZE(p->secondary)) has = PyDict_Contains(p->secondary, b_obj);
+    if (has < 0) return -1;
+    if (has) {
+        PyObject *r = PyObject_CallMethodOneArg(p->prefix, str_evict, b_obj);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    if (PyDict_DelItem(ig, h) < 0) return -1;
+    return ix_set(p->bh, b, Py_None) < 0 ? -1 : 1;
+}
+
+/* Block ids b in [0, size) of ids[i] (ids fresh from the queue), -1 past the end. */
+static Py_ssize_t lk_id_at(PyObject *ids, Py_ssize_t i, Py_ssize_t n, Py_ssize_t size) {
+    if (i >= n) return -1;
+    Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(ids, i));
+    if (b < 0 || b >= size) {
+        PyErr_Clear();
+        return -1;
+    }
+    return b;
+}
+
+/* The taken blocks are spread over the pool's lists and their hashes over the heap:
+ * fetch the list slots of the block 8 ahead and the hash object of the block 4 ahead
+ * while this one is evicted (a hint only: no state read or changed). */
+static void lk_prefetch(LkParts *p, PyObject *ids, Py_ssize_t i, Py_ssize_t n,
+                        Py_ssize_t size) {
+#if defined(__GNUC__) || defined(__clang__)
+    Py_ssize_t far = lk_id_at(ids, i + 8, n, size), near = lk_id_at(ids, i + 4, n, size);
+    if (far >= 0) {
+        __builtin_prefetch(&PyList_GET_ITEM(p->bh, far));
+        __builtin_prefetch(&PyList_GET_ITEM(p->bg, far));
+        __builtin_prefetch(&PyList_GET_ITEM(p->ref, far), 1);
+    }
+    if (near >= 0) __builtin_prefetch(PyList_GET_ITEM(p->bh, near));
+#else
+    (void)p, (void)ids, (void)i, (void)n, (void)size;
+#endif
+}
+
+/* BlockPool.get_new_blocks(n) on the parts: the n front ids of the queue, each at ref
+ * count 1, the cached ones evicted; num_evicted_blocks counts the inline ones. A new
+ * list, or NULL with an exception. Precondition: n <= the queue's free count. */
+static PyObject *lk_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
+    PyObject *n_obj = PyLong_FromSsize_t(n);
+    PyObject *ids = n_obj != NULL ? fq_popleft_n((FreeQueue *)p->queue, n_obj) : NULL;
+    Py_XDECREF(n_obj);
+    if (ids == NULL) return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    Py_ssize_t inline_evicted = 0, size = PyList_GET_SIZE(p->ref);
+    for (Py_ssize_t i = 0; one != NULL && i < n; i++) {
+        lk_prefetch(p, ids, i, n, size);
+        PyObject *b_obj = PyList_GET_ITEM(ids, i);
+        Py_ssize_t b = ix_block(b_obj, size);
+        int rc = b < 0 ? -1 : PyList_GET_ITEM(p->bh, b) == Py_None ? 0
+                                                                  : lk_evict(self, p, b, b_obj);
+        if (rc < 0 || ix_set(p->ref, b, one) < 0) Py_CLEAR(one);
+        else inline_evicted += rc;
+    }
+    if (one == NULL || lk_add(p->prefix, str_num_evicted_blocks, inline_evicted) < 0) {
+        Py_XDECREF(one);
+        Py_DECREF(ids);
+        return NULL;
+    }
+    Py_DECREF(one);
+    return ids;
+}
+
+/* The coordinator's cache_blocks(request, end) for a request just given `table` with
+ * `start` blocks registered (the hit): the index's loop over [start, end // block_size)
+ * and the registered count. 0, or -1 with an exception. */
+static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyObject *rid,
+                       PyObject *table, Py_ssize_t start, Py_ssize_t end) {
+    Py_ssize_t stop = end / self->block_size;
+    if (stop <= start) return 0;
+    PyObject *hashes = PyObject_GetAttr(request, str_block_hashes);
+    PyObject *evict = PyObject_GetAttr(p->prefix, str_evict_rehashed);
+    PyObject *group = PyLong_FromSsize_t(self->group), *lo = PyLong_FromSsize_t(start);
+    PyObject *hi = PyLong_FromSsize_t(stop), *skipped = NULL;
+    if (hashes && evict && group && lo && hi) {
+        PyObject *args[10] = {table, hashes, lo, hi, PyList_GET_ITEM(p->index, self->group),
+                              PyList_GET_ITEM(p->dups, self->group), p->bh, p->bg, group,
+                              evict};
+        skipped = lk_call_kernel(index_register, args, 10);
+    }
+    int rc = skipped == NULL || PyDict_SetItem(self->cached, rid, hi) < 0 ? -1 : 0;
+    Py_XDECREF(skipped);
+    Py_XDECREF(hashes);
+    Py_XDECREF(evict);
+    Py_XDECREF(group);
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    return rc;
+}
+
+/* A first call's take (ccore_admit.h): the new ids, or NULL with *covered 0 when the pool
+ * is not plain or quiet (nothing changed: the caller runs get_new_blocks), or NULL with
+ * an exception. */
+static PyObject *lk_admit_take(DecodeAllocate *self, Py_ssize_t n, int *covered) {
+    LkParts p;
+    *covered = lk_parts(self, &p) && n <= ((FreeQueue *)p.queue)->num_free;
+    PyObject *ids = *covered ? lk_take(self, &p, n) : NULL;
+    lk_parts_clear(&p);
+    return ids;
+}
+
+/* A first call's registration (ccore_admit.h): 0 done, 1 not covered (nothing changed:
+ * the caller runs the coordinator's cache_blocks), -1 with an exception. */
+static int lk_admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
+                             PyObject *table, Py_ssize_t start, Py_ssize_t end) {
+    LkParts p;
+    if (!lk_parts(self, &p)) return 1;
+    int rc = lk_register(self, &p, request, rid, table, start, end);
+    lk_parts_clear(&p);
+    return rc;
+}
+
+static int ccore_lookup_add(PyObject *m) {
+    (void)m;
+    const char *names[] = {"num_preemptions", "index", "duplicates", "secondary", "recorder",
+                           "lookups", "hit_rate_window", "observe", "requests", "queries",
+                           "hits", "preempted_requests", "preempted_queries",
+                           "preempted_hits", "_evict_rehashed", "evict_block",
+                           "num_evicted_blocks", "block_hash", "block_group", "prefix"};
+    PyObject **slots[] = {&str_num_preemptions, &str_index, &str_dups, &str_secondary,
+                          &str_recorder, &str_lookups, &str_hit_rate_window, &str_observe,
+                          &str_requests, &str_queries, &str_hits, &str_preempted_requests,
+                          &str_preempted_queries, &str_preempted_hits, &str_evict_rehashed,
+                          &str_evict, &str_num_evicted_blocks, &str_block_hash,
+                          &str_block_group, &str_prefix};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *slots[i] = PyUnicode_InternFromString(names[i]);
+        if (*slots[i] == NULL) return -1;
+    }
+    return 0;
+}
