@@ -19,7 +19,10 @@ is short. It also takes a request's first call — ``allocate_slots(request, n)`
 it, unchanged since (``pagedkv/_csrc/ccore_admit.h``) — when the group takes blocks by
 :class:`~pagedkv.core.managers.base.SingleTypeManager`'s own rules and the pool has no
 eviction policy or listener: the capacity check with the watermark, the hit's claim, the
-new table, new blocks and registration. Every other
+new table, new blocks and registration (without a Python call when the pool's recorder
+hears nothing: ``pagedkv/_csrc/ccore_lookup.h``). On the same managers it stands in for
+``get_computed_blocks`` and ``free`` too (``takes_lookups``, ``takes_frees``), unless a
+component hooks them. Every other
 call, before anything changes, goes to the Python method, which validates it and raises
 the documented errors. So both cores give the same results, the same state and the same
 errors; the pure core (``PAGEDKV_PURE=1``) never installs it. The same object's
@@ -32,7 +35,9 @@ own allocation and registration (several groups, sliding window, chunked local, 
 mixed block sizes) gets ``GroupsAllocate`` (``pagedkv/_csrc/ccore_groups.h``) instead: the
 same contract for a running request's step with any of the façade's keywords a running
 request's step carries, with the windows' release, every group's capacity check and
-growth, zeroing and registration in C (docs/architecture.md "Compiled kernels"). Which
+growth, zeroing and registration in C, and a new request's plain first call (its hit,
+the full-sequence gate, every group's admission: ``pagedkv/_csrc/ccore_hybrid_first.h``)
+(docs/architecture.md "Compiled kernels"). Which
 of the three ``allocate_slots`` a manager has is decided here, once, at construction.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
