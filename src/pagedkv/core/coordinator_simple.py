@@ -101,17 +101,10 @@ class UnitaryCoordinator(Coordinator):
                 if self.zeroing[0]:
                     self.new_block_ids[0].extend(b for b in new if b)
                 return (new,)
-        plan = self._admit_plan
-        if plan is not None and (num_local_computed_tokens is None
-                                 or total_computed_tokens <= num_local_computed_tokens
-                                 ) and request_id not in m.req_to_blocks:
-            # A new request without external tokens: the admission kernel (as the base).
-            pool = self.pool
-            return self._admit(  # type: ignore[no-any-return]
-                plan, request_id, hit, total_computed_tokens, num_tokens,
-                num_tokens if num_tokens_main_model is None else num_tokens_main_model,
-                headroom_blocks, pool.free_queue.num_free, pool.ref_cnt, pool.touch,
-                pool.get_new_blocks, self.zeroing, self.new_block_ids)
+        # NOTE: a new request takes the general branch below, not the admission kernel
+        # (admit_groups) the base uses: for one group the kernel's per-group plan costs
+        # the pure core 10-20 % of a first allocation, and the compiled cores take first
+        # calls before they get here (ccore_admit.h, ccore_hybrid_first.h).
         if m.ignores_lookahead and num_tokens_main_model is not None:
             slots = num_tokens_main_model
         else:
