@@ -437,7 +437,7 @@ def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks
             f"request {rid!r}: a group's own hit ({max(hit.group_tokens)} tokens) is "
             f"longer than the {hit.num_computed_tokens} tokens adopted; adopt the hit "
             "every group agrees on (lookup_prefix)")
-    if hit.generation == mgr.pool.index_generation and hit.fingerprint == (
+    if hit.generation == mgr.pool.prefix.index_generation and hit.fingerprint == (
             hit.num_computed_tokens, *map(tuple, hit.block_ids)):
         return  # unchanged since the lookup, and no block lost or changed its hash since
     why = (mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)

@@ -45,7 +45,7 @@ def get_computed_blocks(self: Facade, request: RequestLike) -> ComputedBlocks:
     blocks, num_hit = found
     count_lookup(self, request, num_tokens, num_hit)
     return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
-                          self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+                          self.pool.prefix.index_generation, (num_hit, *map(tuple, blocks)))
 
 
 def lookup_with_components(self: Facade, request: RequestLike) -> ComputedBlocks:
@@ -76,7 +76,7 @@ def lookup_prefix(self: Facade, request: RequestLike, max_hit_tokens: int | None
     if record_stats:
         record_lookup(self, request, num_hit)
     hit = ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
-                         self.pool.index_generation, (num_hit, *map(tuple, blocks)))
+                         self.pool.prefix.index_generation, (num_hit, *map(tuple, blocks)))
     for after in self._hooks.after_lookup:
         after(request, hit)
     return hit
@@ -126,7 +126,7 @@ def lookup_prefix_per_group(self: Facade, request: RequestLike,
                                          max(limit, 0))
     n = lengths[reference_group]
     return ComputedBlocks(blocks, n, self.issuer_token, request.request_id,
-                          self.pool.index_generation, (n, *map(tuple, blocks)), lengths)
+                          self.pool.prefix.index_generation, (n, *map(tuple, blocks)), lengths)
 
 
 def record_lookup(self: Facade, request: RequestLike, num_hit_tokens: int) -> None:
