@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,11 @@ from hypothesis import settings
 from pagedkv import FullAttentionSpec, KVCacheManager
 
 # No per-example deadline anywhere: CI shares its cores, and a slow example under load is
-# not a failure (tests that set their own settings keep them).
-settings.register_profile("pagedkv", deadline=None)
+# not a failure (tests that set their own settings keep them). Under CI (``CI`` set, as
+# .ci/run and most CI services do) the examples are derandomized, so a run is repeatable
+# and a pass is not luck; elsewhere each run draws new examples and keeps exploring.
+settings.register_profile("pagedkv", deadline=None,
+                          derandomize=bool(os.environ.get("CI")), print_blob=True)
 settings.load_profile("pagedkv")
 
 
