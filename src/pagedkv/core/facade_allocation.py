@@ -128,16 +128,10 @@ def allocate_slots(self: Facade,
                     and num_in_flight_tokens is _ZERO and has_scheduled_reqs is True
                     and full_sequence_must_fit is False and lenient_counts is False
                     and num_computed + num_new_tokens <= num_request_tokens)
-            and (new_computed_blocks is not None or num_new_computed_tokens is not None
-                 or num_external_computed_tokens or num_encoder_tokens
-                 or type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0
-                 or type(reserved_blocks) is not int or reserved_blocks < 0
-                 or type(has_scheduled_reqs) is not bool
-                 or type(full_sequence_must_fit) is not bool
-                 or type(lenient_counts) is not bool
-                 or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
-                 or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
-                                              or not 0 < num_in_flight_tokens <= num_computed))))
+            and _odd_call(new_computed_blocks, num_new_computed_tokens, num_lookahead_tokens,
+                          num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
+                          (has_scheduled_reqs, full_sequence_must_fit, lenient_counts),
+                          num_in_flight_tokens, num_computed, num_new_tokens, num_request_tokens))
         ) and check_allocate(
             self, request, num_new_tokens, new_computed_blocks,
             (num_new_computed_tokens, num_lookahead_tokens,
@@ -157,8 +151,8 @@ def allocate_slots(self: Facade,
         local_computed += num_hit
     coordinator = self.coordinator
     total_computed = local_computed + num_external_computed_tokens
-    max_len = self.max_model_len
-    num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
+    num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens,
+                     self.max_model_len)
     watermark = self.watermark_blocks if first and has_scheduled_reqs else 0
     if full_sequence_must_fit and not whole_request_fits(
             self, rid, hit, total_computed, num_request_tokens, num_encoder_tokens, watermark):
@@ -181,6 +175,26 @@ def allocate_slots(self: Facade,
                 end = hashed_end(self, request, end)
             coordinator.cache_blocks(request, end)
     return new_blocks
+
+
+def _odd_call(hit: object, new_computed: object, lookahead: object, external: object,
+              encoder: object, reserved: object, flags: tuple[object, object, object],
+              in_flight: object, computed: int, num_new: int, num_tokens: int) -> bool:
+    """The rest of ``allocate_slots``' pre-test, for a call with a keyword off its
+    default: whether any term needs :func:`check_allocate`'s full rule (a hit, counts
+    of another type or out of range, flags that are not bools, tokens past the
+    request's unless ``lenient_counts``). ``flags``: ``has_scheduled_reqs``,
+    ``full_sequence_must_fit``, ``lenient_counts``. No state change."""
+    has_scheduled, must_fit, lenient = flags
+    return bool(
+        hit is not None or new_computed is not None
+        or type(external) is not int or type(encoder) is not int or external or encoder
+        or type(lookahead) is not int or lookahead < 0
+        or type(reserved) is not int or reserved < 0
+        or type(has_scheduled) is not bool or type(must_fit) is not bool
+        or type(lenient) is not bool or (computed + num_new > num_tokens and not lenient)
+        or (in_flight and (type(in_flight) is not int
+                           or not 0 < in_flight <= computed)))
 
 
 def whole_request_fits(self: Facade, rid: str, hit: tuple[list[int], ...] | None,
@@ -388,7 +402,11 @@ def _checked_counts(rid: str, num_new_tokens: object, hit: object,
     num_hit = hit.num_computed_tokens if hit is not None else 0
     if new_computed is None:
         new_computed = num_hit
-    if lookahead or external or encoder or new_computed != num_hit:
+    # A zero of another type (0.0, False) is checked too: taken as none, it failed later,
+    # inside the pool, with the request half allocated.
+    if (lookahead or external or encoder or new_computed != num_hit
+            or type(lookahead) is not int or type(external) is not int
+            or type(encoder) is not int):
         check_count("num_new_computed_tokens", new_computed)
         lookahead = check_count("num_lookahead_tokens", lookahead)
         external = check_count("num_external_computed_tokens", external)
