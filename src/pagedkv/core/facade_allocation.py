@@ -16,11 +16,22 @@ from pagedkv.core import validation
 from pagedkv.core.components import AllocateCall
 from pagedkv.core.coordinator import ComputedBlocks
 from pagedkv.core.request import Request, RequestLike
-from pagedkv.core.validation import ManagerView, check_count, check_request_id, request_of
+from pagedkv.core.validation import (
+    ManagerView,
+    check_count,
+    check_hashed,
+    check_hit,
+    check_request_id,
+    request_of,
+)
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
 
 if TYPE_CHECKING:
     from pagedkv.core.facade_state import Facade
+
+#: The default of the count keywords, tested by identity on the common call (CPython
+#: keeps one 0; any other zero, 0.0 or False, takes the checked path).
+_ZERO = 0
 
 
 def allocate_slots(self: Facade,
@@ -96,26 +107,31 @@ def allocate_slots(self: Facade,
     try:
         rid = request.request_id
         num_computed = request.num_computed_tokens
-        num_request_tokens = request.num_tokens
-        # The common call (a live request, no hit or external or encoder tokens, valid
-        # lookahead and headroom) passes these tests, else check_allocate's full check.
+        if type(request) is Request:  # its own count, the property's len() checked
+            num_request_tokens = request._owned_tokens
+            tokens_owned = len(request.all_token_ids) == num_request_tokens
+        else:
+            num_request_tokens = request.num_tokens
+            tokens_owned = num_request_tokens == getattr(request, "_owned_tokens",
+                                                         num_request_tokens)
+        # The common call (a live request, its tokens appended through it, valid counts,
+        # every keyword at its default: identity tests) short-circuits on the first
+        # three lines; any other call tests each term, then check_allocate's full rule.
         first = (
-            self.live_requests.get(rid) is not request
-            or new_computed_blocks is not None
-            or num_new_computed_tokens is not None
-            or num_external_computed_tokens or num_encoder_tokens
-            or type(num_lookahead_tokens) is not int or num_lookahead_tokens < 0
-            or type(reserved_blocks) is not int or reserved_blocks < 0
-            or type(has_scheduled_reqs) is not bool
-            or type(full_sequence_must_fit) is not bool
+            self.live_requests.get(rid) is not request or not tokens_owned
             or type(num_new_tokens) is not int or type(num_computed) is not int
             or num_new_tokens <= 0 or num_computed < 0
-            or (num_computed + num_new_tokens > num_request_tokens and not lenient_counts)
-            or num_request_tokens > self.max_model_len or type(lenient_counts) is not bool
-            or num_request_tokens != (request._owned_tokens if type(request) is Request
-                                      else getattr(request, "_owned_tokens", num_request_tokens))
-            or (num_in_flight_tokens and (type(num_in_flight_tokens) is not int
-                                         or not 0 < num_in_flight_tokens <= num_computed))
+            or num_request_tokens > self.max_model_len
+            or (not (new_computed_blocks is None and num_new_computed_tokens is None
+                    and num_lookahead_tokens is _ZERO and reserved_blocks is _ZERO
+                    and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
+                    and num_in_flight_tokens is _ZERO and has_scheduled_reqs is True
+                    and full_sequence_must_fit is False and lenient_counts is False
+                    and num_computed + num_new_tokens <= num_request_tokens)
+            and _odd_call(new_computed_blocks, num_new_computed_tokens, num_lookahead_tokens,
+                          num_external_computed_tokens, num_encoder_tokens, reserved_blocks,
+                          (has_scheduled_reqs, full_sequence_must_fit, lenient_counts),
+                          num_in_flight_tokens, num_computed, num_new_tokens, num_request_tokens))
         ) and check_allocate(
             self, request, num_new_tokens, new_computed_blocks,
             (num_new_computed_tokens, num_lookahead_tokens,
@@ -135,8 +151,8 @@ def allocate_slots(self: Facade,
         local_computed += num_hit
     coordinator = self.coordinator
     total_computed = local_computed + num_external_computed_tokens
-    max_len = self.max_model_len
-    num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, max_len)
+    num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens,
+                     self.max_model_len)
     watermark = self.watermark_blocks if first and has_scheduled_reqs else 0
     if full_sequence_must_fit and not whole_request_fits(
             self, rid, hit, total_computed, num_request_tokens, num_encoder_tokens, watermark):
@@ -159,6 +175,26 @@ def allocate_slots(self: Facade,
                 end = hashed_end(self, request, end)
             coordinator.cache_blocks(request, end)
     return new_blocks
+
+
+def _odd_call(hit: object, new_computed: object, lookahead: object, external: object,
+              encoder: object, reserved: object, flags: tuple[object, object, object],
+              in_flight: object, computed: int, num_new: int, num_tokens: int) -> bool:
+    """The rest of ``allocate_slots``' pre-test, for a call with a keyword off its
+    default: whether any term needs :func:`check_allocate`'s full rule (a hit, counts
+    of another type or out of range, flags that are not bools, tokens past the
+    request's unless ``lenient_counts``). ``flags``: ``has_scheduled_reqs``,
+    ``full_sequence_must_fit``, ``lenient_counts``. No state change."""
+    has_scheduled, must_fit, lenient = flags
+    return bool(
+        hit is not None or new_computed is not None
+        or type(external) is not int or type(encoder) is not int or external or encoder
+        or type(lookahead) is not int or lookahead < 0
+        or type(reserved) is not int or reserved < 0
+        or type(has_scheduled) is not bool or type(must_fit) is not bool
+        or type(lenient) is not bool or (computed + num_new > num_tokens and not lenient)
+        or (in_flight and (type(in_flight) is not int
+                           or not 0 < in_flight <= computed)))
 
 
 def whole_request_fits(self: Facade, rid: str, hit: tuple[list[int], ...] | None,
@@ -281,7 +317,7 @@ def _check_lenient(mgr: ManagerView, req: RequestLike, rid: str, hit: object,
             f"request {rid!r}: num_new_computed_tokens={n} but the hit holds only "
             f"{num_hit} tokens")
     if hit is not None and bool(num_hit or any(cast(ComputedBlocks, hit).block_ids)):
-        _check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
+        check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
     return live is None
 
 
@@ -333,7 +369,7 @@ def check_allocate(
             f"request {rid!r} has {num_tokens} tokens, more than max_model_len="
             f"{mgr.max_model_len}; finish it at max_model_len"
         )
-    _check_hashed(req, rid, num_tokens)
+    check_hashed(req, rid, num_tokens)
     if _engine_counts(headroom, computed, rid):  # lenient_counts
         return _check_lenient(mgr, req, rid, hit, (c.num_hit, c.new_computed, c.num_new),
                               live)
@@ -366,7 +402,11 @@ def _checked_counts(rid: str, num_new_tokens: object, hit: object,
     num_hit = hit.num_computed_tokens if hit is not None else 0
     if new_computed is None:
         new_computed = num_hit
-    if lookahead or external or encoder or new_computed != num_hit:
+    # A zero of another type (0.0, False) is checked too: taken as none, it failed later,
+    # inside the pool, with the request half allocated.
+    if (lookahead or external or encoder or new_computed != num_hit
+            or type(lookahead) is not int or type(external) is not int
+            or type(encoder) is not int):
         check_count("num_new_computed_tokens", new_computed)
         lookahead = check_count("num_lookahead_tokens", lookahead)
         external = check_count("num_external_computed_tokens", external)
@@ -398,7 +438,7 @@ def _check_strict(mgr: ManagerView, req: RequestLike, hit: object, live: object,
             "or lookahead tokens); there is nothing to allocate"
         )
     if hit is not None:
-        _check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
+        check_hit(mgr, req, rid, cast(ComputedBlocks, hit))
     if computed + num_hit + cast(int, external) + num_new > num_tokens:
         raise InvalidArgumentError(
             f"request {rid!r}: {computed} computed + {num_hit} hit + {external} external + "
@@ -406,45 +446,3 @@ def _check_strict(mgr: ManagerView, req: RequestLike, hit: object, live: object,
             "first (lookahead slots go in num_lookahead_tokens)"
         )
 
-
-def _check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
-    """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
-    facade: a pagedkv Request hashes every full block as its tokens are appended."""
-    owned = getattr(req, "_owned_tokens", None)
-    if owned is not None and owned != num_tokens:
-        raise InvalidArgumentError(
-            f"request {rid!r} has {num_tokens} tokens but {owned} came through "
-            "append_output_tokens: all_token_ids was changed directly, which skips hashing; "
-            "add tokens with request.append_output_tokens (nothing was allocated)")
-
-
-def _check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
-    if hit.issuer is not mgr.issuer_token or hit.request_id != rid:
-        whose = "another manager" if hit.issuer is not mgr.issuer_token else (
-            f"request {hit.request_id!r}")
-        raise InvalidHitError(
-            f"request {rid!r}: this hit was issued for {whose}; pass the hit that "
-            "get_computed_blocks returned for this request on this manager"
-        )
-    if type(hit.num_computed_tokens) is not int or not (
-            0 <= hit.num_computed_tokens < req.num_tokens):
-        raise InvalidHitError(
-            f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
-            f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
-        )
-    if hit.group_tokens is not None and max(hit.group_tokens) > hit.num_computed_tokens:
-        raise InvalidHitError(
-            f"request {rid!r}: a group's own hit ({max(hit.group_tokens)} tokens) is "
-            f"longer than the {hit.num_computed_tokens} tokens adopted; adopt the hit "
-            "every group agrees on (lookup_prefix)")
-    if hit.generation == mgr.pool.prefix.index_generation and hit.fingerprint == (
-            hit.num_computed_tokens, *map(tuple, hit.block_ids)):
-        return  # unchanged since the lookup, and no block lost or changed its hash since
-    why = (mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
-           if hit.group_tokens is None else mgr.coordinator.group_hit_problem(
-               req.block_hashes, hit.block_ids, hit.group_tokens))
-    if why is not None:
-        raise InvalidHitError(
-            f"request {rid!r}: the hit cannot be adopted: {why}; look it up again with "
-            "get_computed_blocks right before allocate_slots"
-        )

@@ -26,6 +26,15 @@ _ADMIT_METHODS = frozenset({"get_num_blocks_to_allocate", "claimed_hit_blocks",
 ADMIT_MAX_GROUPS = 64
 
 
+def _rebound(manager: Any, name: str) -> bool:
+    """Whether ``manager`` holds its own ``name``, not its class's method (read through
+    ``getattr``: ``vars`` would turn the instance's shared-key attributes into a plain
+    dict and slow every attribute read of the manager). No state change."""
+    got = getattr(manager, name, None)
+    return (getattr(got, "__self__", None) is not manager
+            or getattr(got, "__func__", None) is not getattr(type(manager), name, None))
+
+
 def admission_plan(managers: Sequence[Any]) -> list[tuple[Any, ...]] | None:
     """The :func:`~pagedkv.core.kernels_hybrid.admit_groups` plan for ``managers`` (one
     entry per group), or None when a group sizes by the encoder (cross attention) or
@@ -39,7 +48,7 @@ def admission_plan(managers: Sequence[Any]) -> list[tuple[Any, ...]] | None:
         return None
     plan: list[tuple[Any, ...]] = []
     for m in managers:
-        if any(name in vars(m) for name in _ADMIT_METHODS) or (
+        if any(_rebound(m, name) for name in _ADMIT_METHODS) or (
                 type(m).slots_needed is not SingleTypeManager.slots_needed):
             return None
         kind = kinds.get(type(m), ADMIT_METHODS)

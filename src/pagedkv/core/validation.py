@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
-from pagedkv.core.coordinator import Coordinator
+from pagedkv.core.coordinator import ComputedBlocks, Coordinator
 from pagedkv.core.hashing import BlockHasher, HashExtras
 from pagedkv.core.pool import BlockPool
-from pagedkv.errors import DuplicateRequestError, InvalidArgumentError
+from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
 
 if TYPE_CHECKING:
     from pagedkv.core.request import RequestLike
@@ -79,6 +79,8 @@ __all__ = [
     "check_count",
     "check_estimate",
     "check_free",
+    "check_hashed",
+    "check_hit",
     "check_lookup",
     "check_new_request",
     "check_request_id",
@@ -234,4 +236,50 @@ def check_cache_blocks(mgr: ManagerView, request: object, num_computed_tokens: o
         raise InvalidArgumentError(
             f"request {rid!r}: cannot register {n} computed tokens, it holds slots for "
             f"{slots}; allocate_slots first"
+        )
+
+
+def check_hashed(req: RequestLike, rid: str, num_tokens: int) -> None:
+    """Refuse a request whose tokens were appended to ``all_token_ids`` behind the
+    facade: a pagedkv Request hashes every full block as its tokens are appended."""
+    owned = getattr(req, "_owned_tokens", None)
+    if owned is not None and owned != num_tokens:
+        raise InvalidArgumentError(
+            f"request {rid!r} has {num_tokens} tokens but {owned} came through "
+            "append_output_tokens: all_token_ids was changed directly, which skips hashing; "
+            "add tokens with request.append_output_tokens (nothing was allocated)")
+
+
+def check_hit(mgr: ManagerView, req: RequestLike, rid: str, hit: ComputedBlocks) -> None:
+    """Refuse a hit ``allocate_slots`` may not adopt for ``req``: issued by another
+    manager or for another request, a count out of range, a group's own hit longer than
+    the adopted one, or blocks that lost their hash since the lookup. No state change."""
+    if hit.issuer is not mgr.issuer_token or hit.request_id != rid:
+        whose = "another manager" if hit.issuer is not mgr.issuer_token else (
+            f"request {hit.request_id!r}")
+        raise InvalidHitError(
+            f"request {rid!r}: this hit was issued for {whose}; pass the hit that "
+            "get_computed_blocks returned for this request on this manager"
+        )
+    if type(hit.num_computed_tokens) is not int or not (
+            0 <= hit.num_computed_tokens < req.num_tokens):
+        raise InvalidHitError(
+            f"request {rid!r}: a hit of {hit.num_computed_tokens!r} tokens for a "
+            f"{req.num_tokens}-token request; look it up again with get_computed_blocks"
+        )
+    if hit.group_tokens is not None and max(hit.group_tokens) > hit.num_computed_tokens:
+        raise InvalidHitError(
+            f"request {rid!r}: a group's own hit ({max(hit.group_tokens)} tokens) is "
+            f"longer than the {hit.num_computed_tokens} tokens adopted; adopt the hit "
+            "every group agrees on (lookup_prefix)")
+    if hit.generation == mgr.pool.prefix.index_generation and hit.fingerprint == (
+            hit.num_computed_tokens, *map(tuple, hit.block_ids)):
+        return  # unchanged since the lookup, and no block lost or changed its hash since
+    why = (mgr.coordinator.hit_problem(req.block_hashes, hit.block_ids, hit.num_computed_tokens)
+           if hit.group_tokens is None else mgr.coordinator.group_hit_problem(
+               req.block_hashes, hit.block_ids, hit.group_tokens))
+    if why is not None:
+        raise InvalidHitError(
+            f"request {rid!r}: the hit cannot be adopted: {why}; look it up again with "
+            "get_computed_blocks right before allocate_slots"
         )

@@ -28,6 +28,7 @@ is aligned, nothing; a 90-token prompt: boundary 88 -> block 2 gets the hash of 
 
 from __future__ import annotations
 
+from pagedkv.core import kernels_pure
 from pagedkv.core.managers.base import SingleTypeManager, register_manager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
@@ -46,11 +47,36 @@ class FullAttentionManager(SingleTypeManager):
     prefix_closed_hits = True
     hit_shape = "prefix"
 
+    def __init__(self, spec: KVCacheSpec, pool: BlockPool, group: int, *,
+                 drop_last_hit: bool = False) -> None:
+        super().__init__(spec, pool, group, drop_last_hit=drop_last_hit)
+        if (pool.longest_hit is not kernels_pure.longest_hit
+                and type(self).find_longest_cache_hit is _inline_hit):
+            # The pool's compiled probe, picked once here: the class method below is the
+            # pure kernel's loop inline (the pure core pays no call for it).
+            self.find_longest_cache_hit = self._hit_by_kernel  # type: ignore[method-assign]
+
     def find_longest_cache_hit(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """:func:`pagedkv.core.kernels_pure.longest_hit` over this group's hashes and
+        index, written inline; an instance over a compiled pool calls its probe instead
+        (:meth:`_hit_by_kernel`, the same result). No state change."""
         hashes = self.group_hashes(block_hashes)
-        index = self.pool.index[self.group]
+        get = self.pool.index[self.group].get
+        out: list[int] = []
+        for i in range(min(max_length // self.block_size, len(hashes))):
+            b = get(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        if self.drop_last_hit and out:
+            out.pop()
+        return out
+
+    def _hit_by_kernel(self, block_hashes: list[bytes], max_length: int) -> list[int]:
+        """:meth:`find_longest_cache_hit` through the pool's ``longest_hit`` kernel."""
+        hashes = self.group_hashes(block_hashes)
         n = min(max_length // self.block_size, len(hashes))
-        out = self.pool.longest_hit(index, hashes, n)  # the pool's kernel
+        out = self.pool.longest_hit(self.pool.index[self.group], hashes, n)
         if self.drop_last_hit and out:
             out.pop()
         return out
@@ -90,6 +116,11 @@ class FullAttentionManager(SingleTypeManager):
                 break
             n += 1
         return n
+
+
+#: The class's own lookup (the pure loop): instances of subclasses that replace it keep
+#: theirs.
+_inline_hit = FullAttentionManager.find_longest_cache_hit
 
 
 class PartialHitFullManager(FullAttentionManager, PartialHitManager):
