@@ -104,29 +104,28 @@ class HybridCoordinator(Coordinator):
         if self._eagle:  # the EAGLE drop: vLLM's own fixed point (eagle_hits.py)
             return find_hit_with_drop(managers, self._full, self._others, block_hashes,
                                       max_length, len(block_hashes) * self.pool.hash_block_size)
+        # No group drops its last hit here (that is the branch above): each group is
+        # asked within the common length, one call per group and pass, no closure.
         lcm = self.lcm_block_size
-        drop = self._drop
         length = max_length // lcm * lcm
         hits: list[list[int]] = [[] for _ in managers]
-
-        def ask(i: int, length: int) -> int:
-            """Group i's hit within ``length`` (one block more under drop_last_hit, since
-            the group drops it again); returns the new common length."""
-            m = managers[i]
-            bound = min(length + m.block_size, max_length) if drop[i] else length
-            hits[i] = m.find_longest_cache_hit(block_hashes, bound)
-            got = len(hits[i]) * m.block_size
-            return got // lcm * lcm if got < length else length
-
         for i in self._full:
-            length = ask(i, length)
+            m = managers[i]
+            hit = hits[i] = m.find_longest_cache_hit(block_hashes, length)
+            got = len(hit) * m.block_size
+            if got < length:
+                length = got // lcm * lcm
+        others = self._others
         changed = True
         while changed and length:
             changed = False
-            for i in self._others:
-                shorter = ask(i, length)
-                changed = changed or shorter != length
-                length = shorter
+            for i in others:
+                m = managers[i]
+                hit = hits[i] = m.find_longest_cache_hit(block_hashes, length)
+                got = len(hit) * m.block_size
+                if got < length:  # the length falls to the group's hit, aligned
+                    changed = True
+                    length = got // lcm * lcm
         if not length:
             return tuple([] for _ in managers), 0
         for i in self._full:

@@ -216,7 +216,9 @@ class EventBuffer(EventRecorder):
         """Per registered position, its extra keys as events carry them (class docstring)."""
         if bs == self.hash_block_size and len(request.block_extra_keys) >= end:
             recorded = request.block_extra_keys
-            return [event_extra_keys(recorded[i]) for i in positions]
+            # Most blocks carry no keys: skip the call for them.
+            return [None if (k := recorded[i]) is None else event_extra_keys(k)
+                    for i in positions]
         return [event_extra_keys(extras.block_keys(i * bs, (i + 1) * bs)) for i in positions]
 
     def stored_partial(

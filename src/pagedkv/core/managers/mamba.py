@@ -324,8 +324,10 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
             return
         bs = self.block_size
         c = num_computed_tokens
-        first = self._released.get(request_id, 0)
-        last = min(max(0, c - 1) // bs, len(table))
+        last = (c - 1) // bs if c > 1 else 0
+        if last > len(table):
+            last = len(table)
+        first = self._released.get(request_id, 0) if last else 0
         if first < last:
             freed = []
             for i in range(last - 1, first - 1, -1):
