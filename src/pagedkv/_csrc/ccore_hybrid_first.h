@@ -13,7 +13,7 @@
  * False, num_in_flight_tokens 0. A hit holding tokens or blocks must be as
  * get_computed_blocks issued it to this manager for this request (issuer, request id, one
  * list per group, no per-group lengths) with the index unchanged since (the pool's
- * index_generation and the fingerprint equal: _check_hit's fast acceptance), shorter
+ * index_generation and the fingerprint equal: validation.check_hit's fast acceptance), shorter
  * than the request; hit plus new tokens within the request's tokens. The coordinator must
  * have an admission plan (_admit_plan). Then, in the Python method's order: under
  * full_sequence_must_fit the gate (the coordinator's num_blocks_for_full_sequence plus the
@@ -81,7 +81,7 @@ static int fc_all_empty(PyObject *tables) {
     return 1;
 }
 
-/* _check_hit's fast acceptance for several groups: issued by this manager for this
+/* validation.check_hit's fast acceptance for several groups: issued by this manager for this
  * request, no per-group lengths, a count in [0, num_tokens), the pool's index generation
  * and the fingerprint (num_hit, tuple(blocks) per group) unchanged. 0: not proven. */
 static int fc_hit_fresh(GroupsAllocate *self, PyObject *mgr, PyObject *hit, PyObject *rid,
