@@ -257,13 +257,6 @@ static PyObject *da_free(DecodeAllocate *self, PyObject *request) {
     return out;
 }
 
-/* The pool's parts a first call's take and registration read, all checked: new
- * references, released by lk_parts_clear. The index's parts are its prefix index's
- * (pool.prefix, a PrefixIndex: its dicts, its eviction and its counts). */
-typedef struct {
-    PyObject *queue, *ref, *bh, *bg, *index, *dups, *secondary, *prefix;
-} LkParts;
-
 static void lk_parts_clear(LkParts *p) {
     Py_CLEAR(p->queue);
     Py_CLEAR(p->ref);
@@ -415,26 +408,15 @@ static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyOb
     return rc;
 }
 
-/* A first call's take (ccore_admit.h): the new ids, or NULL with *covered 0 when the pool
- * is not plain or quiet (nothing changed: the caller runs get_new_blocks), or NULL with
- * an exception. */
-static PyObject *lk_admit_take(DecodeAllocate *self, Py_ssize_t n, int *covered) {
-    LkParts p;
-    *covered = lk_parts(self, &p) && n <= ((FreeQueue *)p.queue)->num_free;
-    PyObject *ids = *covered ? lk_take(self, &p, n) : NULL;
-    lk_parts_clear(&p);
-    return ids;
-}
-
-/* A first call's registration (ccore_admit.h): 0 done, 1 not covered (nothing changed:
- * the caller runs the coordinator's cache_blocks), -1 with an exception. */
-static int lk_admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
-                             PyObject *table, Py_ssize_t start, Py_ssize_t end) {
-    LkParts p;
-    if (!lk_parts(self, &p)) return 1;
-    int rc = lk_register(self, &p, request, rid, table, start, end);
-    lk_parts_clear(&p);
-    return rc;
+/* A first call's parts (ccore_admit.h), read once after the hit's touch: 1 with *p filled
+ * when the pool is plain and quiet and holds at least n free blocks, so the take and the
+ * registration both run in C on the same parts; else 0 with nothing held (the caller runs
+ * get_new_blocks and cache_blocks, nothing changed yet). */
+static int lk_admit_parts(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
+    if (!lk_parts(self, p)) return 0;
+    if (n <= ((FreeQueue *)p->queue)->num_free) return 1;
+    lk_parts_clear(p);
+    return 0;
 }
 
 static int ccore_lookup_add(PyObject *m) {
