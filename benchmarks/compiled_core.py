@@ -15,11 +15,17 @@ on every side (the same bytes hashed, the same digests). Prints:
 3. per-op cost at 10,000 vs 1,000,000 blocks for both cores (``scaling.py``), unless
    ``--no-scaling``.
 
+``--cpu N`` pins this process, and so every driver it starts, to CPU ``N``
+(``os.sched_setaffinity``, Linux): each side then runs on the same core, and a shared
+machine's other work moves the ratio less (it still slows whichever side it meets; more
+``--rounds`` give a stabler median).
+
 ::
 
     python benchmarks/compiled_core.py --vllm-python VLLM_PY --rounds 3
     python benchmarks/compiled_core.py --rounds 3                  # without vLLM
     python benchmarks/compiled_core.py --vllm-python VLLM_PY --presets new-request-heavy
+    python benchmarks/compiled_core.py --vllm-python VLLM_PY --rounds 5 --cpu 1
 """
 
 from __future__ import annotations
@@ -129,6 +135,16 @@ def scaling_table() -> None:
             print(f"{key:<18} {label:<9} {small:>11.2f} {large:>11.2f} {large / small:>7.2f}")
 
 
+def pin(ap: argparse.ArgumentParser, cpu: int) -> None:
+    """Pin this process (and the drivers it starts, which inherit it) to ``cpu``."""
+    allowed = getattr(os, "sched_getaffinity", None)
+    if allowed is None:
+        ap.error("--cpu needs os.sched_setaffinity (Linux)")
+    if cpu not in allowed(0):
+        ap.error(f"--cpu {cpu}: not one of this process's CPUs {sorted(allowed(0))}")
+    os.sched_setaffinity(0, {cpu})
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma-separated workloads: {', '.join(PRESETS)}")
     ap.add_argument("--rounds", type=int, default=3, help="rotating rounds (>= 3)")
     ap.add_argument("--no-scaling", action="store_true", help="skip the 10k/1M table")
+    ap.add_argument("--cpu", type=int, default=None,
+                    help="run every side pinned to this CPU (Linux sched_setaffinity)")
     ap.add_argument("workload", nargs=argparse.REMAINDER, help="-- flags for every driver")
     a = ap.parse_args(argv)
     if a.rounds < 3:
@@ -146,11 +164,15 @@ def main(argv: list[str] | None = None) -> None:
     for preset in presets:
         if preset not in PRESETS:
             ap.error(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if a.cpu is not None:
+        pin(ap, a.cpu)
     check_cores()
     extra = [f for f in a.workload if f != "--"]
     sides = [s for s in SIDES if s != "vllm" or a.vllm_python]
     has_vllm = a.vllm_python is not None
-    print(f"median of {a.rounds} rotating rounds, sha256_cbor on every side {' '.join(extra)}")
+    where = f", every side on CPU {a.cpu}" if a.cpu is not None else ""
+    print(f"median of {a.rounds} rotating rounds, sha256_cbor on every side{where} "
+          f"{' '.join(extra)}")
     head = " ".join(f"{s + ' ops/s':>11}" for s in sides)
     ratio_head = "  pure/vLLM (range)  compiled/vLLM (range)" if has_vllm else ""
     print(f"{'workload':<15} {'ops':<6} {head}{ratio_head}")

@@ -14,26 +14,13 @@ import pickle
 from typing import Any
 
 import pytest
+from compiled_support import manager, needs_compiled
 
-from pagedkv import FullAttentionSpec, KVCacheManager, Request
-from pagedkv.core import facade_allocation, fast_paths, native
+from pagedkv import KVCacheManager, Request
+from pagedkv.core import facade_allocation, fast_paths
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError, InvalidHitError
 
-pytestmark = pytest.mark.skipif(
-    native.active() is None,
-    reason=f"the compiled core is not in use ({native.IMPORT_ERROR})")
-
-SPEC = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
-
-
-def manager(pure: bool = False, **fields: Any) -> KVCacheManager:
-    """A small full-attention manager (compiled, or the pure core's)."""
-    fields.setdefault("num_blocks", 24)
-    fields.setdefault("max_model_len", 64)
-    if pure:
-        with native.forced_pure():
-            return KVCacheManager.from_spec(SPEC, **fields)
-    return KVCacheManager.from_spec(SPEC, **fields)
+pytestmark = needs_compiled
 
 
 class Spy:

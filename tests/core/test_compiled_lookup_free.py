@@ -15,26 +15,13 @@ import pickle
 from typing import Any
 
 import pytest
+from compiled_support import manager, needs_compiled
 
-from pagedkv import FullAttentionSpec, KVCacheManager, Request
-from pagedkv.core import facade_allocation, facade_frees, facade_lookups, fast_paths, native
+from pagedkv import KVCacheManager, Request
+from pagedkv.core import facade_allocation, facade_frees, facade_lookups, fast_paths
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError
 
-pytestmark = pytest.mark.skipif(
-    native.active() is None,
-    reason=f"the compiled core is not in use ({native.IMPORT_ERROR})")
-
-SPEC = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
-
-
-def manager(pure: bool = False, **fields: Any) -> KVCacheManager:
-    """A small full-attention manager (compiled, or the pure core's)."""
-    fields.setdefault("num_blocks", 24)
-    fields.setdefault("max_model_len", 64)
-    if pure:
-        with native.forced_pure():
-            return KVCacheManager.from_spec(SPEC, **fields)
-    return KVCacheManager.from_spec(SPEC, **fields)
+pytestmark = needs_compiled
 
 
 class Spy:
@@ -276,3 +263,44 @@ def test_a_quiet_pool_takes_and_registers_without_python_calls(events: bool) -> 
         assert calls["take"] > 0 and calls["register"] > 0
     else:
         assert calls == {"take": 0, "register": 0}
+
+
+def test_a_take_evicting_duplicate_keys_goes_through_the_index_and_agrees() -> None:
+    """Two requests that looked the same prompt up before either was admitted register
+    the same keys twice (duplicates); once freed, the compiled take that reuses those
+    blocks evicts them through the prefix index's Python method and leaves what the pure
+    core leaves."""
+    compiled, pure = manager(num_blocks=12), manager(pure=True, num_blocks=12)
+    through_index = {"calls": 0}
+    evict = compiled.pool.prefix.evict_block
+
+    def counted(b: int, **kwargs: Any) -> None:
+        through_index["calls"] += 1
+        evict(b, **kwargs)
+
+    compiled.pool.prefix.evict_block = counted  # type: ignore[method-assign]
+    python_take = compiled.pool.get_new_blocks
+
+    def no_python_take(n: int) -> list[int]:
+        through_index["python takes"] = through_index.get("python takes", 0) + 1
+        return python_take(n)
+
+    compiled.pool.get_new_blocks = no_python_take  # type: ignore[method-assign]
+    for mgr in (compiled, pure):
+        twins = [Request(f"twin{k}", list(range(16)), hasher=mgr.hasher) for k in range(2)]
+        hits = [mgr.get_computed_blocks(req) for req in twins]  # both miss
+        for req, hit in zip(twins, hits, strict=True):
+            assert mgr.allocate_slots(req, 16, new_computed_blocks=hit) is not None
+        for req in twins:
+            mgr.free(req)
+    assert snapshot(compiled) == snapshot(pure)
+    for i in range(4):  # new prompts take every free block, the twins' ones included
+        a, b = (step(m, f"new{i}", list(range(500 + 12 * i, 512 + 12 * i)), False)
+                for m in (compiled, pure))
+        assert a[2] == b[2]
+        assert snapshot(compiled) == snapshot(pure)
+        for m, req in ((compiled, a[0]), (pure, b[0])):
+            m.free(req)
+        compiled.check_invariants()
+    assert through_index["calls"] > 0 and "python takes" not in through_index
+    assert compiled.pool.num_evicted_blocks == pure.pool.num_evicted_blocks > 0

@@ -157,18 +157,27 @@ static int admit_pool_plain(DecodeAllocate *self, PyObject *mgr, Py_ssize_t *wat
     return *watermark >= 0;
 }
 
-/* The first call's take and registration without Python calls (ccore_lookup.h). */
-static PyObject *lk_admit_take(DecodeAllocate *self, Py_ssize_t n, int *covered);
-static int lk_admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
-                             PyObject *table, Py_ssize_t start, Py_ssize_t end);
+/* The pool's parts a first call's take and registration read, all checked once per call
+ * (ccore_lookup.h fills them): new references, released by lk_parts_clear. The index's
+ * parts are its prefix index's (pool.prefix, a PrefixIndex: its dicts, its eviction and
+ * its counts). */
+typedef struct {
+    PyObject *queue, *ref, *bh, *bg, *index, *dups, *secondary, *prefix;
+} LkParts;
 
-/* The pool's get_new_blocks(n), in C when the pool is plain and quiet. */
-static PyObject *admit_take(DecodeAllocate *self, Py_ssize_t n) {
-    int covered;
-    PyObject *ids = lk_admit_take(self, n, &covered);
-    if (covered) return ids;
+/* The first call's take and registration without Python calls (ccore_lookup.h). */
+static int lk_admit_parts(DecodeAllocate *self, LkParts *p, Py_ssize_t n);
+static void lk_parts_clear(LkParts *p);
+static PyObject *lk_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n);
+static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyObject *rid,
+                       PyObject *table, Py_ssize_t start, Py_ssize_t end);
+
+/* The pool's get_new_blocks(n): in C on the parts when p is filled, else its method. */
+static PyObject *admit_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
+    if (p != NULL) return lk_take(self, p, n);
     PyObject *n_obj = PyLong_FromSsize_t(n);
-    ids = n_obj ? PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj) : NULL;
+    PyObject *ids = n_obj ? PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj)
+                          : NULL;
     Py_XDECREF(n_obj);
     if (ids != NULL && !PyList_CheckExact(ids)) {
         PyErr_SetString(PyExc_TypeError, "get_new_blocks: a list");
@@ -177,12 +186,11 @@ static PyObject *admit_take(DecodeAllocate *self, Py_ssize_t n) {
     return ids;
 }
 
-/* The coordinator's cache_blocks(request, num_slots), in C when the pool is plain and
- * quiet; `held` blocks (the hit) are registered already. 0 or -1. */
-static int admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
+/* The coordinator's cache_blocks(request, num_slots): in C on the parts when p is filled,
+ * else its method; `held` blocks (the hit) are registered already. 0 or -1. */
+static int admit_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyObject *rid,
                           PyObject *table, Py_ssize_t held, Py_ssize_t num_slots) {
-    int rc = lk_admit_register(self, request, rid, table, held, num_slots);
-    if (rc != 1) return rc;
+    if (p != NULL) return lk_register(self, p, request, rid, table, held, num_slots);
     PyObject *end = PyLong_FromSsize_t(num_slots);
     PyObject *call_args[2] = {request, end};
     PyObject *r = end ? PyObject_Vectorcall(self->cache_blocks, call_args, 2, NULL) : NULL;
@@ -192,7 +200,9 @@ static int admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid
 }
 
 /* The steps, after every check: touch the hit, start the table, take the new blocks,
- * enter the request as live, register its full blocks. 0 with *out, or -1. */
+ * enter the request as live, register its full blocks. The pool's parts are read once,
+ * after the touch (the last Python call before the take), and serve the take and the
+ * registration. 0 with *out, or -1. */
 static int admit_apply(DecodeAllocate *self, PyObject *request, PyObject *rid,
                        PyObject *blocks, Py_ssize_t num_slots, Py_ssize_t need_new,
                        PyObject **out) {
@@ -204,23 +214,26 @@ static int admit_apply(DecodeAllocate *self, PyObject *request, PyObject *rid,
     PyObject *table = blocks != NULL ? PyList_GetSlice(blocks, 0, PyList_GET_SIZE(blocks))
                                      : PyList_New(0);
     if (table == NULL) return -1;
+    LkParts parts;
+    LkParts *p = lk_admit_parts(self, &parts, need_new) ? &parts : NULL;
     Py_ssize_t held = PyList_GET_SIZE(table);
     PyObject *count = PyLong_FromSsize_t(held);
     int rc = count == NULL || PyDict_SetItem(self->tables, rid, table) < 0
              || PyDict_SetItem(self->cached, rid, count) < 0 ? -1 : 0;
     Py_XDECREF(count);
     PyObject *new_ids = NULL;
-    if (rc == 0) new_ids = need_new > 0 ? admit_take(self, need_new) : PyList_New(0);
+    if (rc == 0) new_ids = need_new > 0 ? admit_take(self, p, need_new) : PyList_New(0);
     if (new_ids != NULL && need_new > 0 && PyList_SetSlice(table, held, held, new_ids) < 0) {
         Py_CLEAR(new_ids);
     }
-    if (new_ids == NULL || PyDict_SetItem(self->live, rid, request) < 0
-        || admit_register(self, request, rid, table, held, num_slots) < 0) {
-        Py_DECREF(table);
+    rc = new_ids == NULL || PyDict_SetItem(self->live, rid, request) < 0
+         || admit_register(self, p, request, rid, table, held, num_slots) < 0 ? -1 : 0;
+    if (p != NULL) lk_parts_clear(p);
+    Py_DECREF(table);
+    if (rc < 0) {
         Py_XDECREF(new_ids);
         return -1;
     }
-    Py_DECREF(table);
     *out = PyTuple_Pack(1, new_ids);
     Py_DECREF(new_ids);
     return *out == NULL ? -1 : 0;

@@ -257,13 +257,6 @@ static PyObject *da_free(DecodeAllocate *self, PyObject *request) {
     return out;
 }
 
-/* The pool's parts a first call's take and registration read, all checked: new
- * references, released by lk_parts_clear. The index's parts are its prefix index's
- * (pool.prefix, a PrefixIndex: its dicts, its eviction and its counts). */
-typedef struct {
-    PyObject *queue, *ref, *bh, *bg, *index, *dups, *secondary, *prefix;
-} LkParts;
-
 static void lk_parts_clear(LkParts *p) {
     Py_CLEAR(p->queue);
     Py_CLEAR(p->ref);
@@ -331,60 +324,101 @@ static int lk_evict(DecodeAllocate *self, LkParts *p, Py_ssize_t b, PyObject *b_
     return ix_set(p->bh, b, Py_None) < 0 ? -1 : 1;
 }
 
-/* Block ids b in [0, size) of ids[i] (ids fresh from the queue), -1 past the end. */
-static Py_ssize_t lk_id_at(PyObject *ids, Py_ssize_t i, Py_ssize_t n, Py_ssize_t size) {
-    if (i >= n) return -1;
-    Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(ids, i));
-    if (b < 0 || b >= size) {
-        PyErr_Clear();
-        return -1;
+/* The queue's n front ids, unlinked: a new list of them, their values also in ids_c, or
+ * NULL with an exception and the queue unchanged. Every id is checked below size (the
+ * loops below index the pool's lists with them unchecked). Precondition: n <= num_free. */
+static PyObject *lk_pop(FreeQueue *q, Py_ssize_t n, Py_ssize_t size, int32_t *ids_c) {
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    int32_t b = q->next[q->head];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (b < 0 || b >= size) {
+            Py_DECREF(out);
+            return PyErr_Format(PyExc_IndexError, "free queue id %d out of range", (int)b);
+        }
+        PyObject *id = PyLong_FromLong(b);
+        if (id == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, id);
+        ids_c[i] = b;
+        b = q->next[b];
     }
-    return b;
+    q->next[q->head] = b;
+    q->prev[b] = (int32_t)q->head;
+    q->num_free -= n;
+    return out;
 }
 
 /* The taken blocks are spread over the pool's lists and their hashes over the heap:
  * fetch the list slots of the block 8 ahead and the hash object of the block 4 ahead
- * while this one is evicted (a hint only: no state read or changed). */
-static void lk_prefetch(LkParts *p, PyObject *ids, Py_ssize_t i, Py_ssize_t n,
-                        Py_ssize_t size) {
+ * while block i is evicted (a hint only: no state read or changed). */
+static void lk_prefetch(LkParts *p, const int32_t *ids_c, Py_ssize_t i, Py_ssize_t n) {
 #if defined(__GNUC__) || defined(__clang__)
-    Py_ssize_t far = lk_id_at(ids, i + 8, n, size), near = lk_id_at(ids, i + 4, n, size);
-    if (far >= 0) {
+    if (i + 8 < n) {
+        int32_t far = ids_c[i + 8];
         __builtin_prefetch(&PyList_GET_ITEM(p->bh, far));
         __builtin_prefetch(&PyList_GET_ITEM(p->bg, far));
         __builtin_prefetch(&PyList_GET_ITEM(p->ref, far), 1);
     }
-    if (near >= 0) __builtin_prefetch(PyList_GET_ITEM(p->bh, near));
+    if (i + 4 < n) __builtin_prefetch(PyList_GET_ITEM(p->bh, ids_c[i + 4]));
 #else
-    (void)p, (void)ids, (void)i, (void)n, (void)size;
+    (void)p, (void)ids_c, (void)i, (void)n;
 #endif
 }
 
-/* BlockPool.get_new_blocks(n) on the parts: the n front ids of the queue, each at ref
- * count 1, the cached ones evicted; num_evicted_blocks counts the inline ones. A new
- * list, or NULL with an exception. Precondition: n <= the queue's free count. */
-static PyObject *lk_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
-    PyObject *n_obj = PyLong_FromSsize_t(n);
-    PyObject *ids = n_obj != NULL ? fq_popleft_n((FreeQueue *)p->queue, n_obj) : NULL;
-    Py_XDECREF(n_obj);
-    if (ids == NULL) return NULL;
+/* 1 when the pool's per-block lists still hold `size` slots (after an eviction that ran
+ * the prefix index's Python method), else 0 with an exception. */
+static int lk_sizes_kept(LkParts *p, Py_ssize_t size) {
+    if (PyList_GET_SIZE(p->ref) == size && PyList_GET_SIZE(p->bh) == size
+        && PyList_GET_SIZE(p->bg) == size) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "the pool's block lists changed size during a take");
+    return 0;
+}
+
+/* The take loop over ids (their values in ids_c): each block's ref count set to `one`,
+ * the cached ones evicted; the inline evictions counted into *evicted. 0 or -1. */
+static int lk_take_loop(DecodeAllocate *self, LkParts *p, PyObject *ids,
+                        const int32_t *ids_c, Py_ssize_t n, Py_ssize_t *evicted) {
     PyObject *one = PyLong_FromLong(1);
-    Py_ssize_t inline_evicted = 0, size = PyList_GET_SIZE(p->ref);
-    for (Py_ssize_t i = 0; one != NULL && i < n; i++) {
-        lk_prefetch(p, ids, i, n, size);
-        PyObject *b_obj = PyList_GET_ITEM(ids, i);
-        Py_ssize_t b = ix_block(b_obj, size);
-        int rc = b < 0 ? -1 : PyList_GET_ITEM(p->bh, b) == Py_None ? 0
-                                                                  : lk_evict(self, p, b, b_obj);
-        if (rc < 0 || ix_set(p->ref, b, one) < 0) Py_CLEAR(one);
-        else inline_evicted += rc;
-    }
-    if (one == NULL || lk_add(p->prefix, str_num_evicted_blocks, inline_evicted) < 0) {
-        Py_XDECREF(one);
-        Py_DECREF(ids);
-        return NULL;
+    if (one == NULL) return -1;
+    Py_ssize_t size = PyList_GET_SIZE(p->ref);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        lk_prefetch(p, ids_c, i, n);
+        Py_ssize_t b = ids_c[i];
+        if (PyList_GET_ITEM(p->bh, b) != Py_None) {
+            int rc = lk_evict(self, p, b, PyList_GET_ITEM(ids, i));
+            if (rc == 0 && !lk_sizes_kept(p, size)) rc = -1; /* Python ran: recheck */
+            if (rc < 0) {
+                Py_DECREF(one);
+                return -1;
+            }
+            *evicted += rc;
+        }
+        PyObject *old = PyList_GET_ITEM(p->ref, b);
+        PyList_SET_ITEM(p->ref, b, Py_NewRef(one));
+        Py_DECREF(old);
     }
     Py_DECREF(one);
+    return 0;
+}
+
+/* BlockPool.get_new_blocks(n) on the parts: the n front ids of the queue, each at ref
+ * count 1, the cached ones evicted; num_evicted_blocks counts the inline ones. The ids
+ * are read from the queue's links in C once (no int object parsed back per block). A new
+ * list, or NULL with an exception. Precondition: n <= the queue's free count. */
+static PyObject *lk_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
+    int32_t small[256];
+    int32_t *ids_c = n <= 256 ? small : PyMem_New(int32_t, (size_t)n);
+    if (ids_c == NULL) return PyErr_NoMemory();
+    Py_ssize_t evicted = 0;
+    PyObject *ids = lk_pop((FreeQueue *)p->queue, n, PyList_GET_SIZE(p->ref), ids_c);
+    if (ids != NULL && (lk_take_loop(self, p, ids, ids_c, n, &evicted) < 0
+                        || lk_add(p->prefix, str_num_evicted_blocks, evicted) < 0)) {
+        Py_CLEAR(ids);
+    }
+    if (ids_c != small) PyMem_Free(ids_c);
     return ids;
 }
 
@@ -415,26 +449,15 @@ static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyOb
     return rc;
 }
 
-/* A first call's take (ccore_admit.h): the new ids, or NULL with *covered 0 when the pool
- * is not plain or quiet (nothing changed: the caller runs get_new_blocks), or NULL with
- * an exception. */
-static PyObject *lk_admit_take(DecodeAllocate *self, Py_ssize_t n, int *covered) {
-    LkParts p;
-    *covered = lk_parts(self, &p) && n <= ((FreeQueue *)p.queue)->num_free;
-    PyObject *ids = *covered ? lk_take(self, &p, n) : NULL;
-    lk_parts_clear(&p);
-    return ids;
-}
-
-/* A first call's registration (ccore_admit.h): 0 done, 1 not covered (nothing changed:
- * the caller runs the coordinator's cache_blocks), -1 with an exception. */
-static int lk_admit_register(DecodeAllocate *self, PyObject *request, PyObject *rid,
-                             PyObject *table, Py_ssize_t start, Py_ssize_t end) {
-    LkParts p;
-    if (!lk_parts(self, &p)) return 1;
-    int rc = lk_register(self, &p, request, rid, table, start, end);
-    lk_parts_clear(&p);
-    return rc;
+/* A first call's parts (ccore_admit.h), read once after the hit's touch: 1 with *p filled
+ * when the pool is plain and quiet and holds at least n free blocks, so the take and the
+ * registration both run in C on the same parts; else 0 with nothing held (the caller runs
+ * get_new_blocks and cache_blocks, nothing changed yet). */
+static int lk_admit_parts(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
+    if (!lk_parts(self, p)) return 0;
+    if (n <= ((FreeQueue *)p->queue)->num_free) return 1;
+    lk_parts_clear(p);
+    return 0;
 }
 
 static int ccore_lookup_add(PyObject *m) {
