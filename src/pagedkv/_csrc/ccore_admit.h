@@ -39,7 +39,7 @@ static PyObject *admit_attr(PyObject *obj, PyObject *name) {
     return v;
 }
 
-/* _check_hit's fast acceptance: issued by this manager for this request, one group, a
+/* validation.check_hit's fast acceptance: issued by this manager for this request, one group, a
  * count in [0, num_tokens), and unchanged since the lookup (the pool's index generation
  * and the fingerprint (num_hit, tuple(blocks))). 0: not proven (fall back). */
 static int admit_hit_fresh(DecodeAllocate *self, PyObject *mgr, PyObject *hit,
