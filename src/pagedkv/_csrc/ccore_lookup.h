@@ -324,33 +324,6 @@ static int lk_evict(DecodeAllocate *self, LkParts *p, Py_ssize_t b, PyObject *b_
     return ix_set(p->bh, b, Py_None) < 0 ? -1 : 1;
 }
 
-/* The queue's n front ids, unlinked: a new list of them, their values also in ids_c, or
- * NULL with an exception and the queue unchanged. Every id is checked below size (the
- * loops below index the pool's lists with them unchecked). Precondition: n <= num_free. */
-static PyObject *lk_pop(FreeQueue *q, Py_ssize_t n, Py_ssize_t size, int32_t *ids_c) {
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    int32_t b = q->next[q->head];
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (b < 0 || b >= size) {
-            Py_DECREF(out);
-            return PyErr_Format(PyExc_IndexError, "free queue id %d out of range", (int)b);
-        }
-        PyObject *id = PyLong_FromLong(b);
-        if (id == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, i, id);
-        ids_c[i] = b;
-        b = q->next[b];
-    }
-    q->next[q->head] = b;
-    q->prev[b] = (int32_t)q->head;
-    q->num_free -= n;
-    return out;
-}
-
 /* The taken blocks are spread over the pool's lists and their hashes over the heap:
  * fetch the list slots of the block 8 ahead and the hash object of the block 4 ahead
  * while block i is evicted (a hint only: no state read or changed). */
@@ -413,7 +386,7 @@ static PyObject *lk_take(DecodeAllocate *self, LkParts *p, Py_ssize_t n) {
     int32_t *ids_c = n <= 256 ? small : PyMem_New(int32_t, (size_t)n);
     if (ids_c == NULL) return PyErr_NoMemory();
     Py_ssize_t evicted = 0;
-    PyObject *ids = lk_pop((FreeQueue *)p->queue, n, PyList_GET_SIZE(p->ref), ids_c);
+    PyObject *ids = fq_pop_front((FreeQueue *)p->queue, n, PyList_GET_SIZE(p->ref), ids_c);
     if (ids != NULL && (lk_take_loop(self, p, ids, ids_c, n, &evicted) < 0
                         || lk_add(p->prefix, str_num_evicted_blocks, evicted) < 0)) {
         Py_CLEAR(ids);

@@ -91,28 +91,42 @@ static PyObject *fq_popleft(FreeQueue *q, PyObject *unused) {
     return PyLong_FromSsize_t(b);
 }
 
-static PyObject *fq_popleft_n(FreeQueue *q, PyObject *arg) {
-    Py_ssize_t n = PyLong_AsSsize_t(arg);
-    if (n == -1 && PyErr_Occurred()) return NULL;
-    if (n < 0 || n > q->num_free) {
-        return PyErr_Format(PyExc_IndexError, "popleft_n(%zd) with %zd free", n, q->num_free);
-    }
+/* The queue's n front ids, unlinked: a new list of them (their values also in ids_c when
+ * it is not NULL), or NULL with an exception and the queue unchanged. Every id is checked
+ * below `limit` (a caller indexing other arrays with them passes their size). The one
+ * front pop: popleft_n and the compiled first take (ccore_lookup.h) both use it.
+ * Precondition: 0 <= n <= num_free. */
+static PyObject *fq_pop_front(FreeQueue *q, Py_ssize_t n, Py_ssize_t limit, int32_t *ids_c) {
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     int32_t b = q->next[q->head];
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (b < 0 || b >= limit) {
+            Py_DECREF(out);
+            return PyErr_Format(PyExc_IndexError, "free queue id %d out of range", (int)b);
+        }
         PyObject *id = PyLong_FromLong(b);
         if (id == NULL) {
             Py_DECREF(out);
             return NULL;
         }
         PyList_SET_ITEM(out, i, id);
+        if (ids_c != NULL) ids_c[i] = b;
         b = q->next[b];
     }
     q->next[q->head] = b;
     q->prev[b] = (int32_t)q->head;
     q->num_free -= n;
     return out;
+}
+
+static PyObject *fq_popleft_n(FreeQueue *q, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > q->num_free) {
+        return PyErr_Format(PyExc_IndexError, "popleft_n(%zd) with %zd free", n, q->num_free);
+    }
+    return fq_pop_front(q, n, q->head, NULL);
 }
 
 static PyObject *fq_remove(FreeQueue *q, PyObject *arg) {

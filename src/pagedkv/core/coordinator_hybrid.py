@@ -72,8 +72,7 @@ class HybridCoordinator(Coordinator):
         self._full = [i for i, m in joining if m.prefix_closed_hits]
         self._others = [i for i, m in joining if not m.prefix_closed_hits]
         self._never_hits = not joining or any(not m.cacheable for _, m in joining)
-        self._drop = [m.drop_last_hit for m in self.managers]
-        self._eagle = any(self._drop)
+        self._eagle = any(m.drop_last_hit for m in self.managers)
         if self._eagle:  # vLLM registers up to min(n, aligned + block) in a dropping group
             setattr(self, "cache_blocks", self._cache_under_drop)  # noqa: B010
         for m in self.managers:
