@@ -206,6 +206,34 @@ static int lk_plain_pool(DecodeAllocate *self, PyObject **k) {
     return 0;
 }
 
+/* pool_free(queue, ref_cnt, block_hash, reversed(table)) on the plain pool's parts k
+ * (lk_plain_pool) without building its arguments: the table's ids read last first into a
+ * C array, each checked, then pool_free's steps. 0, or -1 with an exception (an id out of
+ * range or a bad ref count changes nothing). */
+static int lk_free_table(PyObject **k, PyObject *table) {
+    FreeQueue *q = (FreeQueue *)k[0];
+    Py_ssize_t n = PyList_GET_SIZE(table);
+    if (PyList_GET_SIZE(k[1]) < q->head || PyList_GET_SIZE(k[2]) < q->head) {
+        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
+        return -1;
+    }
+    int32_t small[256];
+    int32_t *ids = n <= 256 ? small : PyMem_New(int32_t, (size_t)n);
+    if (ids == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        Py_ssize_t b = fq_id(q, PyList_GET_ITEM(table, n - 1 - i));
+        if (b < 0) rc = -1;
+        else ids[i] = (int32_t)b;
+    }
+    if (rc == 0) rc = pool_free_ids(q, k[1], k[2], ids, n);
+    if (ids != small) PyMem_Free(ids);
+    return rc;
+}
+
 /* The free: 0 done, 1 not covered (nothing changed), -1 with an exception. */
 static int lk_free(DecodeAllocate *self, PyObject *request) {
     if (!self->fast_free) return 1;
@@ -230,10 +258,7 @@ static int lk_free(DecodeAllocate *self, PyObject *request) {
         if (rc == 0 && PyDict_Contains(self->cached, rid) == 1
             && PyDict_DelItem(self->cached, rid) < 0) rc = -1;
         if (rc == 0 && table != NULL && PyList_CheckExact(table) && PyList_GET_SIZE(table)) {
-            PyObject *r = PyList_Reverse(table) < 0 ? NULL : lk_call_kernel(
-                pool_free, (PyObject *[]){k[0], k[1], k[2], table}, 4);
-            rc = r == NULL ? -1 : 0;
-            Py_XDECREF(r);
+            rc = lk_free_table(k, table);
         }
         Py_XDECREF(table);
         for (int i = 0; i < 3; i++) Py_XDECREF(k[i]);
@@ -407,10 +432,15 @@ static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyOb
     PyObject *group = PyLong_FromSsize_t(self->group), *lo = PyLong_FromSsize_t(start);
     PyObject *hi = PyLong_FromSsize_t(stop), *skipped = NULL;
     if (hashes && evict && group && lo && hi) {
-        PyObject *args[10] = {table, hashes, lo, hi, PyList_GET_ITEM(p->index, self->group),
-                              PyList_GET_ITEM(p->dups, self->group), p->bh, p->bg, group,
-                              evict};
-        skipped = lk_call_kernel(index_register, args, 10);
+        PyObject *ig = PyList_GET_ITEM(p->index, self->group);
+        PyObject *dg = PyList_GET_ITEM(p->dups, self->group);
+        if (PyDict_Check(ig) && PyDict_Check(dg) && PyList_Check(hashes)) {
+            skipped = ix_register(table, hashes, start, stop, ig, dg, p->bh, p->bg, group,
+                                  evict); /* index_register without packing its arguments */
+        } else {
+            PyObject *args[10] = {table, hashes, lo, hi, ig, dg, p->bh, p->bg, group, evict};
+            skipped = lk_call_kernel(index_register, args, 10); /* raises its TypeError */
+        }
     }
     int rc = skipped == NULL || PyDict_SetItem(self->cached, rid, hi) < 0 ? -1 : 0;
     Py_XDECREF(skipped);

@@ -11,6 +11,7 @@ typedef struct {
     Py_ssize_t head; /* sentinel slots past the last block: head, tail */
     Py_ssize_t tail;
     Py_ssize_t num_free;
+    PyObject **id_objs; /* block b's int object once made (b < head), kept till dealloc */
 } FreeQueue;
 
 static PyTypeObject FreeQueueType;
@@ -25,6 +26,29 @@ static Py_ssize_t fq_id(FreeQueue *q, PyObject *obj) {
     return b;
 }
 
+/* Drop the kept int objects of the block ids (the queue is resized or released). */
+static void fq_forget_ids(FreeQueue *q) {
+    if (q->id_objs == NULL) return;
+    for (Py_ssize_t i = 0; i < q->head; i++) Py_XDECREF(q->id_objs[i]);
+    PyMem_Free(q->id_objs);
+    q->id_objs = NULL;
+}
+
+/* Block b's int object (a new reference; b in [0, head)), made once and kept: a take
+ * hands out the same objects as vLLM's blocks keep their block_id, instead of one new
+ * int per block per take. NULL with an exception. */
+static PyObject *fq_id_obj(FreeQueue *q, int32_t b) {
+    if (q->id_objs == NULL) {
+        q->id_objs = PyMem_Calloc((size_t)(q->head ? q->head : 1), sizeof(PyObject *));
+        if (q->id_objs == NULL) return PyErr_NoMemory();
+    }
+    if (q->id_objs[b] == NULL) {
+        q->id_objs[b] = PyLong_FromLong(b);
+        if (q->id_objs[b] == NULL) return NULL;
+    }
+    return Py_NewRef(q->id_objs[b]);
+}
+
 static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"num_blocks", "first_id", NULL};
     Py_ssize_t n, first = 1;
@@ -33,6 +57,7 @@ static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "FreeQueue: num_blocks out of range");
         return -1;
     }
+    fq_forget_ids(q);
     PyMem_Free(q->next);
     PyMem_Free(q->prev);
     q->next = PyMem_Malloc(sizeof(int32_t) * (size_t)(n + 2));
@@ -62,6 +87,7 @@ static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
 }
 
 static void fq_dealloc(FreeQueue *q) {
+    fq_forget_ids(q);
     PyMem_Free(q->next);
     PyMem_Free(q->prev);
     Py_TYPE(q)->tp_free((PyObject *)q);
@@ -101,11 +127,11 @@ static PyObject *fq_pop_front(FreeQueue *q, Py_ssize_t n, Py_ssize_t limit, int3
     if (out == NULL) return NULL;
     int32_t b = q->next[q->head];
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (b < 0 || b >= limit) {
+        if (b < 0 || b >= limit || b >= q->head) {
             Py_DECREF(out);
             return PyErr_Format(PyExc_IndexError, "free queue id %d out of range", (int)b);
         }
-        PyObject *id = PyLong_FromLong(b);
+        PyObject *id = fq_id_obj(q, b);
         if (id == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -390,6 +416,45 @@ PyDoc_STRVAR(pool_free_doc,
 "null block, skipped); those reaching 0 are queued, unhashed at the front, hashed at the\n"
 "back, each in `ordered` order. Every id is checked before anything changes.");
 
+/* pool_free's steps on checked ids (each in [0, head), ref and bh at least head long). */
+static int pool_free_ids(FreeQueue *q, PyObject *ref, PyObject *bh, const int32_t *ids,
+                         Py_ssize_t n) {
+    int32_t small[512];
+    int32_t *front = 2 * n <= 512 ? small : PyMem_Malloc(sizeof(int32_t) * (size_t)(2 * n));
+    if (front == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int32_t *back = front + n;
+    Py_ssize_t num_front = 0, num_back = 0;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* check first: a bad ref count changes nothing */
+        pool_prefetch(ref, bh, ids, i + 8, n);
+        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) {
+            rc = -1;
+            break;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        int32_t b = ids[i];
+        if (!b) continue;
+        long r = ref_of(ref, b) - 1;
+        if (set_ref(ref, b, r) < 0) rc = -1;
+        else if (r == 0) {
+            if (PyList_GET_ITEM(bh, b) == Py_None) front[num_front++] = b;
+            else back[num_back++] = b;
+        }
+    }
+    if (rc == 0 && num_front) {
+        fq_splice(q, front, num_front, (int32_t)q->head, q->next[q->head]);
+    }
+    if (rc == 0 && num_back) {
+        fq_splice(q, back, num_back, q->prev[q->tail], (int32_t)q->tail);
+    }
+    if (front != small) PyMem_Free(front);
+    return rc;
+}
+
 static PyObject *pool_free(PyObject *self, PyObject *args) {
     FreeQueue *q;
     PyObject *ref, *bh, *ordered;
@@ -403,36 +468,10 @@ static PyObject *pool_free(PyObject *self, PyObject *args) {
     int32_t *ids;
     Py_ssize_t n = fq_ids(q, ordered, &ids);
     if (n < 0) return NULL;
-    int32_t *front = PyMem_Malloc(sizeof(int32_t) * (size_t)(2 * n + 1));
-    if (front == NULL) {
-        PyMem_Free(ids);
-        return PyErr_NoMemory();
-    }
-    int32_t *back = front + n;
-    Py_ssize_t num_front = 0, num_back = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {  /* check first: a bad ref count changes nothing */
-        pool_prefetch(ref, bh, ids, i + 8, n);
-        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = ids[i];
-        if (!b) continue;
-        long r = ref_of(ref, b) - 1;
-        if (set_ref(ref, b, r) < 0) goto fail;
-        if (r == 0) {
-            if (PyList_GET_ITEM(bh, b) == Py_None) front[num_front++] = b;
-            else back[num_back++] = b;
-        }
-    }
-    if (num_front) fq_splice(q, front, num_front, (int32_t)q->head, q->next[q->head]);
-    if (num_back) fq_splice(q, back, num_back, q->prev[q->tail], (int32_t)q->tail);
+    int rc = pool_free_ids(q, ref, bh, ids, n);
     PyMem_Free(ids);
-    PyMem_Free(front);
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
-fail:
-    PyMem_Free(ids);
-    PyMem_Free(front);
-    return NULL;
 }
 
 PyDoc_STRVAR(pool_touch_doc,
