@@ -1,5 +1,5 @@
 """The compiled take's kept block-id ints, its free without packed arguments and the
-index loop's block-id reading (``_csrc/ccore_pool.h``, ``ccore_lookup.h``,
+index loop's block-id reading (``_csrc/ccore_pool.h``, ``ccore_refs.h``, ``ccore_lookup.h``,
 ``ccore_index.h``), each against the pure core.
 
 (1) A compiled take hands out one int object per block, made the first time the block

@@ -25,7 +25,7 @@ static PyObject *str_num_preemptions, *str_index, *str_dups, *str_secondary, *st
     *str_evict_rehashed, *str_evict, *str_num_evicted_blocks, *str_block_hash,
     *str_block_group, *str_prefix;
 
-/* pool_free and index_register (ccore_pool.h, ccore_index.h) with their arguments packed. */
+/* pool_free and index_register (ccore_refs.h, ccore_index.h) with their arguments packed. */
 static PyObject *lk_call_kernel(PyCFunction kernel, PyObject *const *items, Py_ssize_t n) {
     PyObject *args = PyTuple_New(n);
     if (args == NULL) return NULL;
@@ -206,34 +206,6 @@ static int lk_plain_pool(DecodeAllocate *self, PyObject **k) {
     return 0;
 }
 
-/* pool_free(queue, ref_cnt, block_hash, reversed(table)) on the plain pool's parts k
- * (lk_plain_pool) without building its arguments: the table's ids read last first into a
- * C array, each checked, then pool_free's steps. 0, or -1 with an exception (an id out of
- * range or a bad ref count changes nothing). */
-static int lk_free_table(PyObject **k, PyObject *table) {
-    FreeQueue *q = (FreeQueue *)k[0];
-    Py_ssize_t n = PyList_GET_SIZE(table);
-    if (PyList_GET_SIZE(k[1]) < q->head || PyList_GET_SIZE(k[2]) < q->head) {
-        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
-        return -1;
-    }
-    int32_t small[256];
-    int32_t *ids = n <= 256 ? small : PyMem_New(int32_t, (size_t)n);
-    if (ids == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    int rc = 0;
-    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
-        Py_ssize_t b = fq_id(q, PyList_GET_ITEM(table, n - 1 - i));
-        if (b < 0) rc = -1;
-        else ids[i] = (int32_t)b;
-    }
-    if (rc == 0) rc = pool_free_ids(q, k[1], k[2], ids, n);
-    if (ids != small) PyMem_Free(ids);
-    return rc;
-}
-
 /* The free: 0 done, 1 not covered (nothing changed), -1 with an exception. */
 static int lk_free(DecodeAllocate *self, PyObject *request) {
     if (!self->fast_free) return 1;
@@ -258,7 +230,7 @@ static int lk_free(DecodeAllocate *self, PyObject *request) {
         if (rc == 0 && PyDict_Contains(self->cached, rid) == 1
             && PyDict_DelItem(self->cached, rid) < 0) rc = -1;
         if (rc == 0 && table != NULL && PyList_CheckExact(table) && PyList_GET_SIZE(table)) {
-            rc = lk_free_table(k, table);
+            rc = pool_free_table(k, table);
         }
         Py_XDECREF(table);
         for (int i = 0; i < 3; i++) Py_XDECREF(k[i]);
