@@ -245,6 +245,7 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 }
 
 #include "ccore_pool.h"
+#include "ccore_refs.h"
 #include "ccore_fast.h"
 #include "ccore_admit.h"
 #include "ccore_groups.h"
@@ -289,7 +290,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     if (m == NULL) return NULL;
     if (ccore_pool_add(m) < 0 || ccore_fast_add(m) < 0 || ccore_groups_add(m) < 0
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
-        || ccore_lookup_add(m) < 0
+        || ccore_lookup_add(m) < 0 || ccore_refs_add(m) < 0
         || ccore_hybrid_admit_init() < 0 || ccore_hybrid_first_init() < 0) {
         Py_DECREF(m);
         return NULL;

@@ -22,7 +22,13 @@ static Py_ssize_t ix_block(PyObject *b, Py_ssize_t size) {
 /* list[i] = value (a new reference taken here, the old item released); 0 or -1. */
 static int ix_set(PyObject *list, Py_ssize_t i, PyObject *value) {
     Py_INCREF(value);
-    return PyList_SetItem(list, i, value); /* steals value, also when it fails */
+    if (i < 0 || i >= PyList_GET_SIZE(list)) {
+        return PyList_SetItem(list, i, value); /* raises IndexError, releases value */
+    }
+    PyObject *old = PyList_GET_ITEM(list, i);
+    PyList_SET_ITEM(list, i, value);
+    Py_DECREF(old);
+    return 0;
 }
 
 /* removed(list, group) when the list is not empty; a fresh list in *list. 0 or -1. */
@@ -158,16 +164,30 @@ PyDoc_STRVAR(index_register_doc,
 "hashes[i] and `group` and joins `index` (this group's dict) as primary, or `dups` as a\n"
 "duplicate. The skipped positions.");
 
-static PyObject *index_register(PyObject *self, PyObject *args) {
-    PyObject *blocks, *hashes, *index, *dups, *bh, *bg, *group, *evict;
-    Py_ssize_t start, stop;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!nnO!O!O!O!OO:index_register", &PyList_Type, &blocks,
-                          &PyList_Type, &hashes, &start, &stop, &PyDict_Type, &index,
-                          &PyDict_Type, &dups, &PyList_Type, &bh, &PyList_Type, &bg, &group,
-                          &evict)) {
-        return NULL;
+/* Block b_obj's truth and C id: 1 with *b set (an exact int is read once), 0 for a null
+ * block (falsy), -1 with an exception. */
+static int ix_live_block(PyObject *b_obj, Py_ssize_t size, Py_ssize_t *b) {
+    if (PyLong_CheckExact(b_obj)) {
+        Py_ssize_t v = PyLong_AsSsize_t(b_obj);
+        if (v == 0) return 0;
+        if (v > 0 && v < size) {
+            *b = v;
+            return 1;
+        }
+        if (v == -1 && PyErr_Occurred()) return -1;
+    } else {
+        int truth = PyObject_IsTrue(b_obj);
+        if (truth <= 0) return truth;
     }
+    *b = ix_block(b_obj, size);
+    return *b < 0 ? -1 : 1;
+}
+
+/* index_register's loop on checked arguments (bh and bg lists, index and dups dicts):
+ * the skipped positions, a new list, or NULL with an exception. */
+static PyObject *ix_register(PyObject *blocks, PyObject *hashes, Py_ssize_t start,
+                             Py_ssize_t stop, PyObject *index, PyObject *dups, PyObject *bh,
+                             PyObject *bg, PyObject *group, PyObject *evict) {
     Py_ssize_t size = PyList_GET_SIZE(bh);
     if (PyList_GET_SIZE(bg) != size) {
         PyErr_SetString(PyExc_ValueError, "index_register: per-block lists differ in length");
@@ -181,14 +201,13 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
             goto fail;
         }
         PyObject *b_obj = PyList_GET_ITEM(blocks, i);
-        int truth = PyObject_IsTrue(b_obj);
-        if (truth < 0) goto fail;
-        if (!truth) {
+        Py_ssize_t b = 0;
+        int live = ix_live_block(b_obj, size, &b);
+        if (live < 0) goto fail;
+        if (!live) {
             if (ix_append_index(skipped, i) < 0) goto fail;
             continue;
         }
-        Py_ssize_t b = ix_block(b_obj, size);
-        if (b < 0) goto fail;
         if (i >= PyList_GET_SIZE(hashes)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
             goto fail;
@@ -226,6 +245,19 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
 fail:
     Py_DECREF(skipped);
     return NULL;
+}
+
+static PyObject *index_register(PyObject *self, PyObject *args) {
+    PyObject *blocks, *hashes, *index, *dups, *bh, *bg, *group, *evict;
+    Py_ssize_t start, stop;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!nnO!O!O!O!OO:index_register", &PyList_Type, &blocks,
+                          &PyList_Type, &hashes, &start, &stop, &PyDict_Type, &index,
+                          &PyDict_Type, &dups, &PyList_Type, &bh, &PyList_Type, &bg, &group,
+                          &evict)) {
+        return NULL;
+    }
+    return ix_register(blocks, hashes, start, stop, index, dups, bh, bg, group, evict);
 }
 
 PyDoc_STRVAR(longest_hit_doc,

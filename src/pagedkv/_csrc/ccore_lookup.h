@@ -25,7 +25,7 @@ static PyObject *str_num_preemptions, *str_index, *str_dups, *str_secondary, *st
     *str_evict_rehashed, *str_evict, *str_num_evicted_blocks, *str_block_hash,
     *str_block_group, *str_prefix;
 
-/* pool_free and index_register (ccore_pool.h, ccore_index.h) with their arguments packed. */
+/* pool_free and index_register (ccore_refs.h, ccore_index.h) with their arguments packed. */
 static PyObject *lk_call_kernel(PyCFunction kernel, PyObject *const *items, Py_ssize_t n) {
     PyObject *args = PyTuple_New(n);
     if (args == NULL) return NULL;
@@ -230,10 +230,7 @@ static int lk_free(DecodeAllocate *self, PyObject *request) {
         if (rc == 0 && PyDict_Contains(self->cached, rid) == 1
             && PyDict_DelItem(self->cached, rid) < 0) rc = -1;
         if (rc == 0 && table != NULL && PyList_CheckExact(table) && PyList_GET_SIZE(table)) {
-            PyObject *r = PyList_Reverse(table) < 0 ? NULL : lk_call_kernel(
-                pool_free, (PyObject *[]){k[0], k[1], k[2], table}, 4);
-            rc = r == NULL ? -1 : 0;
-            Py_XDECREF(r);
+            rc = pool_free_table(k, table);
         }
         Py_XDECREF(table);
         for (int i = 0; i < 3; i++) Py_XDECREF(k[i]);
@@ -407,10 +404,15 @@ static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyOb
     PyObject *group = PyLong_FromSsize_t(self->group), *lo = PyLong_FromSsize_t(start);
     PyObject *hi = PyLong_FromSsize_t(stop), *skipped = NULL;
     if (hashes && evict && group && lo && hi) {
-        PyObject *args[10] = {table, hashes, lo, hi, PyList_GET_ITEM(p->index, self->group),
-                              PyList_GET_ITEM(p->dups, self->group), p->bh, p->bg, group,
-                              evict};
-        skipped = lk_call_kernel(index_register, args, 10);
+        PyObject *ig = PyList_GET_ITEM(p->index, self->group);
+        PyObject *dg = PyList_GET_ITEM(p->dups, self->group);
+        if (PyDict_Check(ig) && PyDict_Check(dg) && PyList_Check(hashes)) {
+            skipped = ix_register(table, hashes, start, stop, ig, dg, p->bh, p->bg, group,
+                                  evict); /* index_register without packing its arguments */
+        } else {
+            PyObject *args[10] = {table, hashes, lo, hi, ig, dg, p->bh, p->bg, group, evict};
+            skipped = lk_call_kernel(index_register, args, 10); /* raises its TypeError */
+        }
     }
     int rc = skipped == NULL || PyDict_SetItem(self->cached, rid, hi) < 0 ? -1 : 0;
     Py_XDECREF(skipped);

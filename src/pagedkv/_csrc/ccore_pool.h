@@ -1,7 +1,6 @@
 /* The pool's per-block loops: FreeQueue (pagedkv.core.free_queue.FreeBlockQueue's
- * doubly linked list in two C int arrays, same methods, same order) and the ref-count
- * loops of BlockPool.free_blocks and BlockPool.touch over the pool's Python lists.
- * Included once, by ccore.c. */
+ * doubly linked list in two C int arrays, same methods, same order); the ref-count loops
+ * over it are in ccore_refs.h. Included once, by ccore.c. */
 #include <stdint.h>
 
 typedef struct {
@@ -11,6 +10,7 @@ typedef struct {
     Py_ssize_t head; /* sentinel slots past the last block: head, tail */
     Py_ssize_t tail;
     Py_ssize_t num_free;
+    PyObject **id_objs; /* block b's int object once made (b < head), kept till dealloc */
 } FreeQueue;
 
 static PyTypeObject FreeQueueType;
@@ -25,6 +25,29 @@ static Py_ssize_t fq_id(FreeQueue *q, PyObject *obj) {
     return b;
 }
 
+/* Drop the kept int objects of the block ids (the queue is resized or released). */
+static void fq_forget_ids(FreeQueue *q) {
+    if (q->id_objs == NULL) return;
+    for (Py_ssize_t i = 0; i < q->head; i++) Py_XDECREF(q->id_objs[i]);
+    PyMem_Free(q->id_objs);
+    q->id_objs = NULL;
+}
+
+/* Block b's int object (a new reference; b in [0, head)), made once and kept: a take
+ * hands out the same objects as vLLM's blocks keep their block_id, instead of one new
+ * int per block per take. NULL with an exception. */
+static PyObject *fq_id_obj(FreeQueue *q, int32_t b) {
+    if (q->id_objs == NULL) {
+        q->id_objs = PyMem_Calloc((size_t)(q->head ? q->head : 1), sizeof(PyObject *));
+        if (q->id_objs == NULL) return PyErr_NoMemory();
+    }
+    if (q->id_objs[b] == NULL) {
+        q->id_objs[b] = PyLong_FromLong(b);
+        if (q->id_objs[b] == NULL) return NULL;
+    }
+    return Py_NewRef(q->id_objs[b]);
+}
+
 static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"num_blocks", "first_id", NULL};
     Py_ssize_t n, first = 1;
@@ -33,6 +56,7 @@ static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "FreeQueue: num_blocks out of range");
         return -1;
     }
+    fq_forget_ids(q);
     PyMem_Free(q->next);
     PyMem_Free(q->prev);
     q->next = PyMem_Malloc(sizeof(int32_t) * (size_t)(n + 2));
@@ -62,6 +86,7 @@ static int fq_init(FreeQueue *q, PyObject *args, PyObject *kwds) {
 }
 
 static void fq_dealloc(FreeQueue *q) {
+    fq_forget_ids(q);
     PyMem_Free(q->next);
     PyMem_Free(q->prev);
     Py_TYPE(q)->tp_free((PyObject *)q);
@@ -101,11 +126,11 @@ static PyObject *fq_pop_front(FreeQueue *q, Py_ssize_t n, Py_ssize_t limit, int3
     if (out == NULL) return NULL;
     int32_t b = q->next[q->head];
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (b < 0 || b >= limit) {
+        if (b < 0 || b >= limit || b >= q->head) {
             Py_DECREF(out);
             return PyErr_Format(PyExc_IndexError, "free queue id %d out of range", (int)b);
         }
-        PyObject *id = PyLong_FromLong(b);
+        PyObject *id = fq_id_obj(q, b);
         if (id == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -351,131 +376,6 @@ static PyMemberDef fq_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-/* ref[b] as a C integer; -1 (with TypeError) when it is not an int. */
-static long ref_of(PyObject *ref, Py_ssize_t b) {
-    PyObject *r = PyList_GET_ITEM(ref, b);
-    if (!PyLong_CheckExact(r)) {
-        PyErr_SetString(PyExc_TypeError, "ref_cnt holds a non-int");
-        return -1;
-    }
-    return PyLong_AsLong(r);
-}
-
-static int set_ref(PyObject *ref, Py_ssize_t b, long value) {
-    PyObject *v = PyLong_FromLong(value);
-    if (v == NULL) return -1;
-    PyObject *old = PyList_GET_ITEM(ref, b);
-    PyList_SET_ITEM(ref, b, v);
-    Py_DECREF(old);
-    return 0;
-}
-
-/* A freed request's blocks are spread over the pool's lists: fetch the slots of block
- * ids[i] (checked ids, i past the end ignored) ahead of their use (a hint only). */
-static void pool_prefetch(PyObject *ref, PyObject *bh, const int32_t *ids, Py_ssize_t i,
-                          Py_ssize_t n) {
-#if defined(__GNUC__) || defined(__clang__)
-    if (i < n) {
-        __builtin_prefetch(&PyList_GET_ITEM(ref, ids[i]), 1);
-        __builtin_prefetch(&PyList_GET_ITEM(bh, ids[i]));
-    }
-#else
-    (void)ref, (void)bh, (void)ids, (void)i, (void)n;
-#endif
-}
-
-PyDoc_STRVAR(pool_free_doc,
-"pool_free(queue, ref_cnt, block_hash, ordered) -> None\n\n"
-"BlockPool.free_blocks on a FreeQueue: ref count -1 for each id of `ordered` (0 = the\n"
-"null block, skipped); those reaching 0 are queued, unhashed at the front, hashed at the\n"
-"back, each in `ordered` order. Every id is checked before anything changes.");
-
-static PyObject *pool_free(PyObject *self, PyObject *args) {
-    FreeQueue *q;
-    PyObject *ref, *bh, *ordered;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!O:pool_free", &FreeQueueType, &q, &PyList_Type, &ref,
-                          &PyList_Type, &bh, &ordered)) return NULL;
-    if (PyList_GET_SIZE(ref) < q->head || PyList_GET_SIZE(bh) < q->head) {
-        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
-        return NULL;
-    }
-    int32_t *ids;
-    Py_ssize_t n = fq_ids(q, ordered, &ids);
-    if (n < 0) return NULL;
-    int32_t *front = PyMem_Malloc(sizeof(int32_t) * (size_t)(2 * n + 1));
-    if (front == NULL) {
-        PyMem_Free(ids);
-        return PyErr_NoMemory();
-    }
-    int32_t *back = front + n;
-    Py_ssize_t num_front = 0, num_back = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {  /* check first: a bad ref count changes nothing */
-        pool_prefetch(ref, bh, ids, i + 8, n);
-        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = ids[i];
-        if (!b) continue;
-        long r = ref_of(ref, b) - 1;
-        if (set_ref(ref, b, r) < 0) goto fail;
-        if (r == 0) {
-            if (PyList_GET_ITEM(bh, b) == Py_None) front[num_front++] = b;
-            else back[num_back++] = b;
-        }
-    }
-    if (num_front) fq_splice(q, front, num_front, (int32_t)q->head, q->next[q->head]);
-    if (num_back) fq_splice(q, back, num_back, q->prev[q->tail], (int32_t)q->tail);
-    PyMem_Free(ids);
-    PyMem_Free(front);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(ids);
-    PyMem_Free(front);
-    return NULL;
-}
-
-PyDoc_STRVAR(pool_touch_doc,
-"pool_touch(queue, ref_cnt, ids) -> None\n\n"
-"BlockPool.touch on a FreeQueue: ref count +1 for each id of `ids` (0 skipped); a block\n"
-"at 0 leaves the queue first. Every id is checked before anything changes.");
-
-static PyObject *pool_touch(PyObject *self, PyObject *args) {
-    FreeQueue *q;
-    PyObject *ref, *seq;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O:pool_touch", &FreeQueueType, &q, &PyList_Type, &ref,
-                          &seq)) return NULL;
-    if (PyList_GET_SIZE(ref) < q->head) {
-        PyErr_SetString(PyExc_ValueError, "pool_touch: ref_cnt shorter than the pool");
-        return NULL;
-    }
-    int32_t *ids;
-    Py_ssize_t n = fq_ids(q, seq, &ids);
-    if (n < 0) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (ids[i] && ref_of(ref, ids[i]) == -1 && PyErr_Occurred()) goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = ids[i];
-        if (!b) continue;
-        long r = ref_of(ref, b);
-        if (r == 0) fq_unlink(q, b);
-        if (set_ref(ref, b, r + 1) < 0) goto fail;
-    }
-    PyMem_Free(ids);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(ids);
-    return NULL;
-}
-
-static PyMethodDef pool_methods[] = {
-    {"pool_free", pool_free, METH_VARARGS, pool_free_doc},
-    {"pool_touch", pool_touch, METH_VARARGS, pool_touch_doc},
-    {NULL, NULL, 0, NULL},
-};
-
 static int ccore_pool_add(PyObject *m) {
     FreeQueueType.tp_name = "pagedkv.core._ccore.FreeQueue";
     FreeQueueType.tp_doc = "FreeBlockQueue's doubly linked list in C int arrays (same API).";
@@ -495,5 +395,5 @@ static int ccore_pool_add(PyObject *m) {
     FreeQueueIterType.tp_dealloc = (destructor)fqi_dealloc;
     if (PyType_Ready(&FreeQueueIterType) < 0
         || ccore_add_type(m, &FreeQueueType, "FreeQueue") < 0) return -1;
-    return PyModule_AddFunctions(m, pool_methods);
+    return 0;
 }
