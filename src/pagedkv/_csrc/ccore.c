@@ -257,6 +257,9 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_events.h"
 #include "ccore_hybrid_hits.h"
 #include "ccore_hybrid_first.h"
+/* A hybrid request's hashing extras and lookup (pure twins:
+ * pagedkv/core/kernels_hybrid_lookup.py). */
+#include "ccore_hybrid_lookup_tails.h"
 /* A full-attention request's lookup, first take and registration, and free. */
 #include "ccore_lookup.h"
 
@@ -273,6 +276,9 @@ static PyMethodDef methods[] = {
     {"window_hit", (PyCFunction)(void (*)(void))window_hit, METH_FASTCALL, window_hit_doc},
     {"chunk_hit", (PyCFunction)(void (*)(void))chunk_hit, METH_FASTCALL, chunk_hit_doc},
     {"state_hit", (PyCFunction)(void (*)(void))state_hit, METH_FASTCALL, state_hit_doc},
+    /* the hybrid request's hashing extras and lookup */
+    {"extra_tails", (PyCFunction)(void (*)(void))extra_tails, METH_FASTCALL,
+     extra_tails_doc},
     {NULL, NULL, 0, NULL},
 };
 

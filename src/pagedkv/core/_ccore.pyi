@@ -106,3 +106,6 @@ def state_hit(
     index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
     block_size: int, align: int, /,
 ) -> list[int]: ...
+def extra_tails(
+    extras: Any, start: int, stop: int, block_size: int, keys_out: list[Any] | None, /,
+) -> list[bytes] | None: ...

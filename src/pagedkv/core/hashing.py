@@ -36,7 +36,7 @@ from pagedkv.core.hash_extras import (
     lora_keys_cbor,
 )
 from pagedkv.core.kernels import PURE, kernels
-from pagedkv.core.kernels_hybrid import extend_keyed
+from pagedkv.core.kernels_hybrid_lookup import extend_with_tails
 from pagedkv.core.kernels_pure import CHUNK_TOKENS
 from pagedkv.errors import InvalidArgumentError, require
 
@@ -95,7 +95,7 @@ class BlockHasher:
     """
 
     __slots__ = ("_array_head", "_ctor", "_head", "_keyed", "_memo", "_memo_old", "_plain",
-                 "algo", "block_size", "memo_blocks", "seed")
+                 "_tails", "algo", "block_size", "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -130,6 +130,7 @@ class BlockHasher:
         k = kernels() if algo == "sha256_cbor" else PURE
         self._plain = k.hash_plain
         self._keyed = k.hash_keyed
+        self._tails = k.extra_tails
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None
@@ -166,8 +167,8 @@ class BlockHasher:
         if extras is None:
             if self._plain(self, hashes, token_ids, start, stop, bs):
                 return  # the common call: blocks without extra keys
-        elif self._keyed is not None and extend_keyed(
-                self._keyed, hashes, token_ids, start, stop, bs,
+        elif self._keyed is not None and extend_with_tails(
+                self._tails, self._keyed, hashes, token_ids, start, stop, bs,
                 hashes[-1] if hashes else self.seed, extras, keys_out):
             return  # the same, with extras
         if hashes and len(hashes[-1]) != len(self.seed):

@@ -30,10 +30,12 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``state_hit``      a Mamba align group's hit (the last cached state)
 ``admit_groups``   a new request's allocation in every group at once; ``None``: refused
 ``record_stored``  one stored event of a registered run (the event recorder's record)
+``extra_tails``    the encoded extra keys of a request's new blocks; ``None``: not
+                   covered (the compiled one: prompt embeddings)
 =================  ==============================================================
 
-The last six are the hybrid path's; their pure implementations are in
-:mod:`pagedkv.core.kernels_hybrid`.
+The last seven are the hybrid path's; their pure implementations are in
+:mod:`pagedkv.core.kernels_hybrid` and :mod:`pagedkv.core.kernels_hybrid_lookup`.
 
 >>> kernels() in (PURE, COMPILED)
 True
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from pagedkv.core import kernels_hybrid, kernels_pure, native
+from pagedkv.core import kernels_hybrid, kernels_hybrid_lookup, kernels_pure, native
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.kernels_pure import PlainHasher
 
@@ -126,6 +128,8 @@ class Kernels:
     admit_groups: Callable[..., Any]
     #: :func:`pagedkv.core.kernels_hybrid.record_stored`: appends to the event list.
     record_stored: Callable[..., Any]
+    #: :func:`pagedkv.core.kernels_hybrid_lookup.extra_tails`: appends to keys_out.
+    extra_tails: kernels_hybrid_lookup.ExtraTails
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -164,6 +168,8 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("state_hit", kernels_hybrid.state_hit, "state_hit"),
     ("admit_groups", kernels_hybrid.admit_groups, "admit_groups"),
     ("record_stored", kernels_hybrid.record_stored, "record_stored"),
+    # the hybrid request's hashing extras and lookup (kernels_hybrid_lookup)
+    ("extra_tails", kernels_hybrid_lookup.extra_tails, "extra_tails"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}
