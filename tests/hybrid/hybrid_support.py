@@ -193,9 +193,12 @@ def oracle_longest_hit(mgr: KVCacheManager, block_hashes: list[bytes], max_lengt
     ``max_length``, and for each group every needed block position (``_needed_blocks``) is
     registered in the prefix index under the hash ending at its boundary. With
     ``drop_last_hit`` (speculative decoding) the block right after the hit must be
-    registered too and lie within ``max_length`` in every group but a Mamba one: vLLM
-    (0.32 and 0.33) gives a Mamba group no EAGLE margin and its finder never drops, so
-    its hit ends at the candidate length. 0 (a miss) is always valid."""
+    registered too in every group but a Mamba one: vLLM (0.32 and 0.33) gives a Mamba
+    group no EAGLE margin and its finder never drops, so its hit ends at the candidate
+    length. That block may end past ``max_length``: a dropping group looks one block past
+    the candidate, capped at the request's hashed tokens, not at the lookup's bound
+    (``pagedkv.core.eagle_hits``; e.g. 48 hashed tokens at block 8, bound 47: a hit of 40
+    whose block 40-48 is cached). 0 (a miss) is always valid."""
     pool = mgr.pool
     hbs = pool.hash_block_size
     specs = [m.spec for m in mgr.managers]
@@ -213,11 +216,10 @@ def oracle_longest_hit(mgr: KVCacheManager, block_hashes: list[bytes], max_lengt
             if needed is None:
                 ok = False
                 break
-            if drop_last_hit and not isinstance(spec, MambaSpec):
-                after = length // spec.block_size
-                if (after + 1) * spec.block_size > max_length or not cached(g, after):
-                    ok = False
-                    break
+            if (drop_last_hit and not isinstance(spec, MambaSpec)
+                    and not cached(g, length // spec.block_size)):
+                ok = False
+                break
             if not all(cached(g, i) for i in needed):
                 ok = False
                 break

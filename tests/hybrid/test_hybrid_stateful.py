@@ -276,3 +276,25 @@ TestFullSlidingMambaDrop = _machine([full(4), sliding(4, 8), mamba(8)], 40, True
 TestFullSlidingMambaDrop.settings = _SETTINGS
 TestFullChunkedDrop = _machine([full(8), chunked(8, 16)], 24, True).TestCase
 TestFullChunkedDrop.settings = _SETTINGS
+
+
+def test_drop_hit_may_end_one_block_before_the_hashed_tokens() -> None:
+    """Under the EAGLE drop a group looks one block past the candidate, capped at the
+    request's hashed tokens rather than at the lookup's bound: a 48-token prompt cached in
+    both groups (full 8 + chunked 16 at block 8), looked up again within 47 tokens, hits 40
+    (its block 40-48 matched and dropped), not the 32 a bound of 47 would allow. The oracle
+    above counts the same way; this pins the case it once refused."""
+    mgr = make_mgr([full(8), chunked(8, 16)], num_blocks=24, max_model_len=MAX_MODEL_LEN,
+                   drop_last_hit=True)
+    prompt = list(range(2000, 2048))
+    first = mgr.new_request("a", prompt)
+    assert mgr.allocate_slots(first, 48) is not None
+    first.num_computed_tokens = 48
+    mgr.free(first)
+    again = mgr.new_request("b", prompt)
+    hit = mgr.get_computed_blocks(again)
+    assert hit.num_computed_tokens == 40
+    assert [len(t) for t in hit.block_ids] == [5, 5]
+    assert hit.block_ids[1][:4] == [0, 0, 0, 0]
+    assert oracle_longest_hit(mgr, again.block_hashes, 47, True) == 40
+    mgr.check_invariants()
