@@ -247,6 +247,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_pool.h"
 #include "ccore_fast.h"
 #include "ccore_admit.h"
+/* A Mamba group's running step (pure twins: pagedkv/core/kernels_hybrid_step.py). */
+#include "ccore_hybrid_step.h"
 #include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
@@ -272,6 +274,9 @@ static PyMethodDef methods[] = {
     {"window_hit", (PyCFunction)(void (*)(void))window_hit, METH_FASTCALL, window_hit_doc},
     {"chunk_hit", (PyCFunction)(void (*)(void))chunk_hit, METH_FASTCALL, chunk_hit_doc},
     {"state_hit", (PyCFunction)(void (*)(void))state_hit, METH_FASTCALL, state_hit_doc},
+    {"mamba_release", (PyCFunction)(void (*)(void))mamba_release, METH_FASTCALL,
+     mamba_release_doc},
+    {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
     {NULL, NULL, 0, NULL},
 };
 

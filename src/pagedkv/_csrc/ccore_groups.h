@@ -20,13 +20,19 @@
  * to the Python method before anything has changed, so the errors and state stay the
  * Python ones. */
 
-enum { GA_GROW_PLAIN = 0, GA_GROW_METHOD = 1 };
-enum { GA_DROP_NONE = 0, GA_DROP_WINDOW = 1, GA_DROP_CHUNK = 2, GA_DROP_METHOD = 3 };
+/* GA_GROW_STATE / GA_DROP_STATE: a Mamba align group's growth and release in C
+ * (ccore_hybrid_step.h), over the manager's containers given in the group's entry. */
+enum { GA_GROW_PLAIN = 0, GA_GROW_METHOD = 1, GA_GROW_STATE = 2 };
+enum { GA_DROP_NONE = 0, GA_DROP_WINDOW = 1, GA_DROP_CHUNK = 2, GA_DROP_METHOD = 3,
+       GA_DROP_STATE = 4 };
 
 typedef struct {
     int grow, drop, ignores_lookahead;
     Py_ssize_t block_size, drop_tokens; /* the window or the chunk, in tokens */
     PyObject *manager, *tables;         /* borrowed from self->groups */
+    /* State groups only (borrowed): request -> released positions, -> last state's
+     * position; the requests allocated; request -> a sub-block state to copy. */
+    PyObject *released, *last_state, *allocated, *partial;
 } GaGroup;
 
 typedef struct {
@@ -192,6 +198,13 @@ static int ga_release(GroupsAllocate *self, PyObject *rid, Py_ssize_t processed)
     for (Py_ssize_t i = 0; i < self->num_groups; i++) {
         GaGroup *g = &self->g[i];
         if (g->drop == GA_DROP_NONE) continue;
+        if (g->drop == GA_DROP_STATE) {
+            if (hs_release(ga_table(g->tables, rid), g->released, g->last_state, rid,
+                           processed, g->block_size, self->pool, str_free_blocks) < 0) {
+                return -1;
+            }
+            continue;
+        }
         if (g->drop != GA_DROP_METHOD) {
             if (ga_release_window(self, g, rid, processed) < 0) return -1;
             continue;
@@ -272,6 +285,14 @@ static int ga_count(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
             }
             n = (num_tokens + g->block_size - 1) / g->block_size - PyList_GET_SIZE(table);
             counts[i] = n;
+        } else if (g->grow == GA_GROW_STATE) { /* MambaAlignManager's count, no hit */
+            PyObject *table = ga_table(g->tables, rid);
+            if (table == NULL) {
+                PyErr_SetObject(PyExc_KeyError, rid);
+                return -1;
+            }
+            n = (main + g->block_size - 1) / g->block_size > PyList_GET_SIZE(table);
+            counts[i] = main;
         } else {
             Py_ssize_t slots = main;
             PyObject *a[4] = {g->manager, NULL, NULL, NULL};
@@ -307,6 +328,15 @@ static int ga_count(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
 static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid,
                                Py_ssize_t count) {
     GaGroup *g = &self->g[i];
+    if (g->grow == GA_GROW_STATE) {
+        PyObject *table = ga_table(g->tables, rid);
+        if (table == NULL) {
+            PyErr_SetObject(PyExc_KeyError, rid);
+            return NULL;
+        }
+        return hs_grow(table, g->last_state, g->allocated, rid, count, g->block_size,
+                       self->pool, str_get_new_blocks);
+    }
     if (g->grow != GA_GROW_PLAIN) {
         PyObject *slots = PyLong_FromSsize_t(count);
         if (slots == NULL) return NULL;
@@ -408,9 +438,13 @@ static int ga_holds(GroupsAllocate *self, PyObject *rid) {
     if (da_get(self->g[0].tables, rid) == NULL) return 0;
     for (Py_ssize_t i = 0; i < self->num_groups; i++) {
         GaGroup *g = &self->g[i];
-        int c_reads = g->grow == GA_GROW_PLAIN || g->drop == GA_DROP_WINDOW
-                      || g->drop == GA_DROP_CHUNK;
+        int c_reads = g->grow == GA_GROW_PLAIN || g->grow == GA_GROW_STATE
+                      || g->drop == GA_DROP_WINDOW || g->drop == GA_DROP_CHUNK
+                      || g->drop == GA_DROP_STATE;
         if (c_reads && ga_table(g->tables, rid) == NULL) return 0;
+        /* a sub-block state to copy: the manager's own allocation (the Python method) */
+        if (g->grow == GA_GROW_STATE && PyDict_GET_SIZE(g->partial) > 0
+            && da_get(g->partial, rid) != NULL) return 0;
     }
     return 1;
 }
@@ -516,8 +550,9 @@ fallback:
     return ga_python(self, self->cache_function, args, nargsf, kwnames);
 }
 
-/* groups: one (grow, drop, ignores_lookahead, block_size, drop_tokens, manager, tables)
- * tuple per group, in group order. 0, or -1 with an exception set. */
+/* groups: one (grow, drop, ignores_lookahead, block_size, drop_tokens, manager, tables
+ * [, state]) tuple per group, in group order; state (a state kind's) is (released dict,
+ * last_state dict, allocated set, partial dict). 0, or -1 with an exception set. */
 static int ga_parse_groups(GroupsAllocate *self, PyObject *groups) {
     Py_ssize_t n = PyTuple_GET_SIZE(groups);
     if (n == 0) {
@@ -529,14 +564,24 @@ static int ga_parse_groups(GroupsAllocate *self, PyObject *groups) {
     self->num_groups = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         GaGroup *g = &self->g[i];
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(groups, i), "iiinnOO!:GroupsAllocate group",
+        PyObject *state = Py_None;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(groups, i), "iiinnOO!|O:GroupsAllocate group",
                               &g->grow, &g->drop, &g->ignores_lookahead, &g->block_size,
-                              &g->drop_tokens, &g->manager, &PyDict_Type, &g->tables)) {
+                              &g->drop_tokens, &g->manager, &PyDict_Type, &g->tables,
+                              &state)) {
             return -1;
         }
         int windowed = g->drop == GA_DROP_WINDOW || g->drop == GA_DROP_CHUNK;
-        if (g->block_size <= 0 || g->grow < 0 || g->grow > GA_GROW_METHOD || g->drop < 0
-            || g->drop > GA_DROP_METHOD || (windowed && g->drop_tokens <= 0)
+        int stateful = g->grow == GA_GROW_STATE || g->drop == GA_DROP_STATE;
+        if (stateful
+            && (!PyArg_ParseTuple(state, "O!O!O!O!:GroupsAllocate state", &PyDict_Type,
+                                  &g->released, &PyDict_Type, &g->last_state, &PySet_Type,
+                                  &g->allocated, &PyDict_Type, &g->partial))) {
+            return -1;
+        }
+        if (g->block_size <= 0 || g->grow < 0 || g->grow > GA_GROW_STATE || g->drop < 0
+            || g->drop > GA_DROP_STATE || (windowed && g->drop_tokens <= 0)
+            || (g->grow == GA_GROW_STATE && !g->ignores_lookahead)
             || (g->drop == GA_DROP_CHUNK && g->drop_tokens % g->block_size)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a group's kinds or sizes are "
                                               "out of range");

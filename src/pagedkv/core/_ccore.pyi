@@ -60,7 +60,7 @@ class GroupsAllocate:
         self, *, function: Callable[..., Any], cache_function: Callable[..., Any],
         manager: Any, live_requests: dict[str, Any], pool: Any, zeroing: list[bool],
         new_block_ids: list[list[int]], request_type: type,
-        groups: tuple[tuple[int, int, int, int, int, Any, dict[str, list[int]]], ...],
+        groups: tuple[tuple[Any, ...], ...],
         cache_plan: tuple[tuple[int, Any, dict[str, list[int]], dict[str, int] | None], ...],
         max_model_len: int, hash_block_size: int, cache_alignment: int,
     ) -> None: ...
@@ -105,4 +105,13 @@ def chunk_hit(
 def state_hit(
     index: dict[bytes, int], block_hashes: list[bytes], stride: int, num_blocks: int,
     block_size: int, align: int, /,
+) -> list[int]: ...
+def mamba_release(
+    table: list[int] | None, released: dict[str, int], last_state: dict[str, int],
+    request_id: str, num_computed_tokens: int, block_size: int,
+    free_blocks: Callable[[list[int]], Any], /,
+) -> None: ...
+def mamba_grow(
+    table: list[int], last_state: dict[str, int], allocated: set[str], request_id: str,
+    num_tokens: int, block_size: int, get_new_blocks: Callable[[int], list[int]], /,
 ) -> list[int]: ...

@@ -30,10 +30,12 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``state_hit``      a Mamba align group's hit (the last cached state)
 ``admit_groups``   a new request's allocation in every group at once; ``None``: refused
 ``record_stored``  one stored event of a registered run (the event recorder's record)
+``mamba_release``  a Mamba align group's release of the states behind the live one
+``mamba_grow``     a Mamba align group's growth to its live position
 =================  ==============================================================
 
-The last six are the hybrid path's; their pure implementations are in
-:mod:`pagedkv.core.kernels_hybrid`.
+The last eight are the hybrid path's; their pure implementations are in
+:mod:`pagedkv.core.kernels_hybrid` and :mod:`pagedkv.core.kernels_hybrid_step`.
 
 >>> kernels() in (PURE, COMPILED)
 True
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from pagedkv.core import kernels_hybrid, kernels_pure, native
+from pagedkv.core import kernels_hybrid, kernels_hybrid_step, kernels_pure, native
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.kernels_pure import PlainHasher
 
@@ -126,6 +128,12 @@ class Kernels:
     admit_groups: Callable[..., Any]
     #: :func:`pagedkv.core.kernels_hybrid.record_stored`: appends to the event list.
     record_stored: Callable[..., Any]
+    #: :func:`pagedkv.core.kernels_hybrid_step.mamba_release`: mutates the table and
+    #: ``released``, through the pool's free.
+    mamba_release: Callable[..., None]
+    #: :func:`pagedkv.core.kernels_hybrid_step.mamba_grow`: mutates the table,
+    #: ``last_state`` and ``allocated``, through the pool's take.
+    mamba_grow: Callable[..., list[int]]
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -164,6 +172,8 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("state_hit", kernels_hybrid.state_hit, "state_hit"),
     ("admit_groups", kernels_hybrid.admit_groups, "admit_groups"),
     ("record_stored", kernels_hybrid.record_stored, "record_stored"),
+    ("mamba_release", kernels_hybrid_step.mamba_release, "mamba_release"),
+    ("mamba_grow", kernels_hybrid_step.mamba_grow, "mamba_grow"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}
