@@ -35,28 +35,41 @@ typedef struct {
     PyObject *released, *last_state, *allocated, *partial;
 } GaGroup;
 
+/* How a caching group registers: through its cache_blocks (GA_CACHE_METHOD), or in C
+ * (ga_register): SingleTypeManager.cache_blocks's rule (GA_CACHE_PLAIN), or
+ * MambaAlignManager's (GA_CACHE_STATE: capped at the hashed tokens, the new keys
+ * remembered for this step). */
+enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2 };
+
 typedef struct {
     Py_ssize_t block_size;
     PyObject *manager, *tables, *cached; /* cached: a dict, or None (always call) */
+    int kind;
+    Py_ssize_t stride;                   /* hash blocks per block */
+    PyObject *group, *index, *dups, *registered; /* borrowed; registered: a set (STATE) */
 } GaCache;
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *function, *cache_function, *manager_ref, *live, *pool, *zeroing, *new_ids,
-        *request_type, *groups, *cache_plan;
+        *request_type, *groups, *cache_plan, *registrar;
+    /* from registrar (borrowed): the index's register kernel, the per-block hash and
+     * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
+    PyObject *reg_fn, *reg_hash, *reg_group, *reg_evict, *reg_stored;
     GaGroup *g;
     GaCache *c;
     Py_ssize_t num_groups, num_cache, max_model_len, hash_block_size, align;
 } GroupsAllocate;
 
+static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads;
 static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *str_slots_needed,
     *str_mgr_cache_blocks, *str_free_blocks, *str_kw_hit, *str_kw_hit_tokens, *str_kw_lookahead,
     *str_kw_external, *str_kw_encoder, *str_kw_delay, *str_kw_reserved, *str_kw_scheduled,
     *str_kw_must_fit;
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
-    X(new_ids) X(request_type) X(groups) X(cache_plan)
+    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -72,6 +85,8 @@ static int ga_clear(GroupsAllocate *self) {
     self->g = NULL;
     self->c = NULL;
     self->num_groups = self->num_cache = 0;
+    self->reg_fn = self->reg_hash = self->reg_group = self->reg_evict = NULL;
+    self->reg_stored = NULL;
     return 0;
 }
 
@@ -399,6 +414,109 @@ done:
     return out;
 }
 
+/* 1 when Mamba group c registers by the align rule alone now: no sub-block hits, no
+ * 0.32 re-keying, no offload tracking; else 0 (its method runs; no error set). */
+static int ga_state_plain(GaCache *c) {
+    PyObject *v = PyObject_GetAttr(c->manager, str_partial_hits);
+    int on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (on == 0) {
+        v = PyObject_GetAttr(c->manager, str_keep_null_head);
+        on = v == NULL ? -1 : PyObject_IsTrue(v);
+        Py_XDECREF(v);
+    }
+    if (on == 0) {
+        v = PyObject_GetAttr(c->manager, str_offloads);
+        on = v == NULL ? -1 : v != Py_None;
+        Py_XDECREF(v);
+    }
+    if (on < 0) PyErr_Clear();
+    return on == 0;
+}
+
+/* The recorder's stored((request, blocks, hashes, start, stop, skipped, group)). */
+static int ga_tell_stored(GroupsAllocate *self, GaCache *c, PyObject *request, PyObject *table,
+                          PyObject *hashes, Py_ssize_t start, Py_ssize_t stop,
+                          PyObject *skipped) {
+    PyObject *run = Py_BuildValue("(OOOnnOO)", request, table, hashes, start, stop, skipped,
+                                  c->group);
+    if (run == NULL) return -1;
+    PyObject *r = PyObject_CallOneArg(self->reg_stored, run);
+    Py_DECREF(run);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* MambaAlignManager.cache_blocks's tail: the keys of positions [start, stop) join the
+ * step's registered set. */
+static int ga_remember_keys(GroupsAllocate *self, GaCache *c, PyObject *table,
+                            Py_ssize_t start, Py_ssize_t stop) {
+    for (Py_ssize_t k = start; k < stop && k < PyList_GET_SIZE(table); k++) {
+        PyObject *b = PyList_GET_ITEM(table, k);
+        int real = PyObject_IsTrue(b);
+        if (real < 0) return -1;
+        if (!real) continue;
+        Py_ssize_t id = PyLong_AsSsize_t(b);
+        if (id < 0 || id >= PyList_GET_SIZE(self->reg_hash)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "block id out of range");
+            return -1;
+        }
+        PyObject *h = PyList_GET_ITEM(self->reg_hash, id);
+        if (h != Py_None && PySet_Add(c->registered, h) < 0) return -1;
+    }
+    return 0;
+}
+
+/* Group c's cache_blocks(request, rid, end) in C (GaCache kinds): the blocks full within
+ * end tokens and not registered yet go through the index's register kernel, the recorder
+ * hears the run, the count moves. 0 done, 1 not taken (nothing changed: the method
+ * runs), -1 an error. */
+static int ga_register(GroupsAllocate *self, GaCache *c, PyObject *request, PyObject *rid,
+                       Py_ssize_t end) {
+    PyObject *table = ga_table(c->tables, rid), *v = da_get(c->cached, rid);
+    if (table == NULL || v == NULL || !PyLong_CheckExact(v)
+        || (c->kind == GA_CACHE_STATE && !ga_state_plain(c))) return 1;
+    Py_ssize_t start = PyLong_AsSsize_t(v);
+    PyObject *all = PyObject_GetAttr(request, str_block_hashes);
+    if (all == NULL || !PyList_CheckExact(all) || start < 0) {
+        Py_XDECREF(all);
+        PyErr_Clear();
+        return 1;
+    }
+    if (c->kind == GA_CACHE_STATE && end > PyList_GET_SIZE(all) * self->hash_block_size) {
+        end = PyList_GET_SIZE(all) * self->hash_block_size;
+    }
+    Py_ssize_t stop = end / c->block_size;
+    if (stop <= start) {
+        Py_DECREF(all);
+        return 0;
+    }
+    PyObject *hashes = all;
+    if (c->stride > 1) { /* all[k - 1 :: k] */
+        Py_ssize_t n = PyList_GET_SIZE(all) / c->stride;
+        hashes = PyList_New(n);
+        for (Py_ssize_t i = 0; hashes != NULL && i < n; i++) {
+            PyList_SET_ITEM(hashes, i, Py_NewRef(PyList_GET_ITEM(all, (i + 1) * c->stride - 1)));
+        }
+        Py_DECREF(all);
+        if (hashes == NULL) return -1;
+    }
+    Py_INCREF(table);
+    PyObject *skipped = PyObject_CallFunction(self->reg_fn, "OOnnOOOOOO", table, hashes, start,
+                                              stop, c->index, c->dups, self->reg_hash,
+                                              self->reg_group, c->group, self->reg_evict);
+    int rc = skipped == NULL ? -1 : 0;
+    if (rc == 0 && self->reg_stored != NULL) {
+        rc = ga_tell_stored(self, c, request, table, hashes, start, stop, skipped);
+    }
+    if (rc == 0) rc = hs_set_int(c->cached, rid, stop);
+    if (rc == 0 && c->kind == GA_CACHE_STATE) rc = ga_remember_keys(self, c, table, start, stop);
+    Py_XDECREF(skipped);
+    Py_DECREF(hashes);
+    Py_DECREF(table);
+    return rc;
+}
+
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):
  * end aligned down, and a group's cache_blocks called only when its count says a block
  * became full (or it keeps no count). 0, or -1 on an error. */
@@ -413,6 +531,11 @@ static int ga_cache(GroupsAllocate *self, PyObject *request, PyObject *rid, Py_s
             Py_ssize_t n = v != NULL && PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
             if (n == -1) PyErr_Clear();
             if (n >= 0 && end / c->block_size <= n) continue;
+        }
+        if (c->kind != GA_CACHE_METHOD && self->reg_fn != NULL) {
+            int done = ga_register(self, c, request, rid, end);
+            if (done < 0) rc = -1;
+            if (done <= 0) continue; /* registered in C, or an error */
         }
         if (end_obj == NULL && (end_obj = PyLong_FromSsize_t(end)) == NULL) return -1;
         PyObject *a[4] = {c->manager, request, rid, end_obj};
@@ -599,12 +722,22 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
     self->num_cache = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         GaCache *c = &self->c[i];
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(plan, i), "nOO!O:GroupsAllocate cache group",
+        PyObject *reg = Py_None;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(plan, i), "nOO!O|O:GroupsAllocate cache group",
                               &c->block_size, &c->manager, &PyDict_Type, &c->tables,
-                              &c->cached)) {
+                              &c->cached, &reg)) {
             return -1;
         }
-        if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))) {
+        c->kind = GA_CACHE_METHOD;
+        if (reg != Py_None
+            && !PyArg_ParseTuple(reg, "inOO!O!O!:GroupsAllocate registration", &c->kind,
+                                 &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
+                                 &c->dups, &PySet_Type, &c->registered)) {
+            return -1;
+        }
+        if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))
+            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_STATE
+            || (c->kind != GA_CACHE_METHOD && (c->cached == Py_None || c->stride <= 0))) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a cache group's block size "
                                               "or counts are wrong");
             return -1;
@@ -617,15 +750,15 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "cache_function", "manager", "live_requests", "pool",
                              "zeroing", "new_block_ids", "request_type", "groups",
                              "cache_plan", "max_model_len", "hash_block_size",
-                             "cache_alignment", NULL};
+                             "cache_alignment", "registrar", NULL};
     PyObject *function, *cache_function, *manager, *live, *pool, *zeroing, *new_ids, *rtype,
-        *groups, *plan;
+        *groups, *plan, *registrar = Py_None;
     Py_ssize_t max_len, hash_bs, align;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOOO!OO!O!O!O!O!nnn:GroupsAllocate", kwlist, &function,
+            args, kwds, "OOOO!OO!O!O!O!O!nnn|O:GroupsAllocate", kwlist, &function,
             &cache_function, &manager, &PyDict_Type, &live, &pool, &PyList_Type, &zeroing,
             &PyList_Type, &new_ids, &PyType_Type, &rtype, &PyTuple_Type, &groups,
-            &PyTuple_Type, &plan, &max_len, &hash_bs, &align)) {
+            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar)) {
         return -1;
     }
     if (max_len <= 0 || hash_bs <= 0 || align <= 0 || !PyCallable_Check(function)
@@ -647,6 +780,16 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->request_type = Py_NewRef(rtype);
     self->groups = Py_NewRef(groups); /* owns what the GaGroup entries borrow */
     self->cache_plan = Py_NewRef(plan);
+    self->registrar = Py_NewRef(registrar);
+    if (registrar != Py_None) { /* (register kernel, block_hash, block_group, evict, stored) */
+        if (!PyArg_ParseTuple(registrar, "OO!O!OO:GroupsAllocate registrar", &self->reg_fn,
+                              &PyList_Type, &self->reg_hash, &PyList_Type, &self->reg_group,
+                              &self->reg_evict, &self->reg_stored)) {
+            self->reg_fn = NULL;
+            return -1;
+        }
+        if (self->reg_stored == Py_None) self->reg_stored = NULL;
+    }
     self->max_model_len = max_len;
     self->hash_block_size = hash_bs;
     self->align = align;
@@ -694,12 +837,14 @@ static int ccore_groups_add(PyObject *m) {
                            "free_blocks", "new_computed_blocks", "num_new_computed_tokens",
                            "num_lookahead_tokens", "num_external_computed_tokens",
                            "num_encoder_tokens", "delay_caching", "reserved_blocks",
-                           "has_scheduled_reqs", "full_sequence_must_fit"};
+                           "has_scheduled_reqs", "full_sequence_must_fit", "partial_hits",
+                           "keep_null_head", "offloads"};
     PyObject **slots[] = {&str_remove_skipped, &str_get_num_blocks, &str_allocate_new,
                           &str_slots_needed, &str_mgr_cache_blocks, &str_free_blocks,
                           &str_kw_hit, &str_kw_hit_tokens, &str_kw_lookahead,
                           &str_kw_external, &str_kw_encoder, &str_kw_delay, &str_kw_reserved,
-                          &str_kw_scheduled, &str_kw_must_fit};
+                          &str_kw_scheduled, &str_kw_must_fit, &str_partial_hits,
+                          &str_keep_null_head, &str_offloads};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
     }

@@ -61,8 +61,9 @@ class GroupsAllocate:
         manager: Any, live_requests: dict[str, Any], pool: Any, zeroing: list[bool],
         new_block_ids: list[list[int]], request_type: type,
         groups: tuple[tuple[Any, ...], ...],
-        cache_plan: tuple[tuple[int, Any, dict[str, list[int]], dict[str, int] | None], ...],
+        cache_plan: tuple[tuple[Any, ...], ...],
         max_model_len: int, hash_block_size: int, cache_alignment: int,
+        registrar: tuple[Any, ...] | None = None,
     ) -> None: ...
     def cache_blocks(self, request: Any, num_computed_tokens: int, /) -> None: ...
     def __call__(self, request: Any, num_new_tokens: int, /, **kwargs: Any) -> Any: ...

@@ -63,6 +63,7 @@ from typing import Any
 from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
+from pagedkv.core.group_allocation import compiled_registration
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
@@ -231,13 +232,15 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
             or getattr(coordinator.cache_blocks, "__func__", None) is not Coordinator.cache_blocks
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
-    plan = tuple((bs, m, m.req_to_blocks, cached)
-                 for m, bs, cached, _caps in coordinator._cache_plan)
+    registrar, registration = compiled_registration(coordinator)
+    plan = tuple((bs, m, m.req_to_blocks, cached, reg)
+                 for (m, bs, cached, _caps), reg in zip(coordinator._cache_plan, registration,
+                                                       strict=True))
     fast: Callable[..., Any] = ccore.GroupsAllocate(
         function=function, cache_function=cache_function, manager=mgr,
         live_requests=mgr.live_requests, pool=coordinator.pool, zeroing=coordinator.zeroing,
         new_block_ids=coordinator.new_block_ids, request_type=Request,
         groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
         max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
-        cache_alignment=coordinator.cache_alignment_tokens)
+        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar)
     return fast
