@@ -696,6 +696,10 @@ static int ga_parse_groups(GroupsAllocate *self, PyObject *groups) {
         }
         int windowed = g->drop == GA_DROP_WINDOW || g->drop == GA_DROP_CHUNK;
         int stateful = g->grow == GA_GROW_STATE || g->drop == GA_DROP_STATE;
+        if (stateful && !PyTuple_Check(state)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate state: a tuple for a state kind");
+            return -1;
+        }
         if (stateful
             && (!PyArg_ParseTuple(state, "O!O!O!O!:GroupsAllocate state", &PyDict_Type,
                                   &g->released, &PyDict_Type, &g->last_state, &PySet_Type,
@@ -729,6 +733,10 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
             return -1;
         }
         c->kind = GA_CACHE_METHOD;
+        if (reg != Py_None && !PyTuple_Check(reg)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registration: a tuple or None");
+            return -1;
+        }
         if (reg != Py_None
             && !PyArg_ParseTuple(reg, "inOO!O!O!:GroupsAllocate registration", &c->kind,
                                  &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
@@ -782,6 +790,10 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->cache_plan = Py_NewRef(plan);
     self->registrar = Py_NewRef(registrar);
     if (registrar != Py_None) { /* (register kernel, block_hash, block_group, evict, stored) */
+        if (!PyTuple_Check(registrar)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: a tuple or None");
+            return -1;
+        }
         if (!PyArg_ParseTuple(registrar, "OO!O!OO:GroupsAllocate registrar", &self->reg_fn,
                               &PyList_Type, &self->reg_hash, &PyList_Type, &self->reg_group,
                               &self->reg_evict, &self->reg_stored)) {
@@ -789,6 +801,13 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
         if (self->reg_stored == Py_None) self->reg_stored = NULL;
+        if (!PyCallable_Check(self->reg_fn) || !PyCallable_Check(self->reg_evict)
+            || (self->reg_stored != NULL && !PyCallable_Check(self->reg_stored))) {
+            self->reg_fn = NULL;
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: the kernel, the "
+                                             "eviction and stored must be callables");
+            return -1;
+        }
     }
     self->max_model_len = max_len;
     self->hash_block_size = hash_bs;
