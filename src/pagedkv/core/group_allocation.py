@@ -166,7 +166,12 @@ def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
 def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any:
     """Group ``m``'s registration entry (:func:`compiled_registration`), or None."""
     kind = type(m)
-    if cached is None or kind.reachable_mask is not SingleTypeManager.reachable_mask:
+    # A sliding window's mask is None for every range once its run covers a segment of
+    # the hit alignment (SlidingWindowManager.reachable_mask): it registers every block.
+    every_block = kind.reachable_mask is SingleTypeManager.reachable_mask or (
+        kind.reachable_mask is SlidingWindowManager.reachable_mask
+        and m.reachable_mask(0, 1) is None)
+    if cached is None or not every_block:
         return None
     rule = kind.cache_blocks
     registered: set[bytes] = set()
