@@ -164,8 +164,9 @@ def test_running_steps_call_no_group_method(layout: str) -> None:
     """A running request's step runs a Mamba group's release and growth
     (``ccore_hybrid_step.h``) and every plain or Mamba group's registration in C: none of
     the managers' methods is called (instance spies shadow them; aside: a sliding window
-    registering only some blocks, a group of several hash blocks per block), and the
-    tables, events and pool agree with the pure core's step by step."""
+    registering only some blocks, a group of several hash blocks per block whose prompt
+    tail entry its method checks), and the tables, events and pool agree with the pure
+    core's step by step."""
     mgr, pure = manager_pair(layout)
     calls: list[str] = []
     for m in mgr.coordinator.managers:
@@ -176,7 +177,7 @@ def test_running_steps_call_no_group_method(layout: str) -> None:
             if name == "cache_blocks" and (
                     (isinstance(m, SlidingWindowManager) and m.reachable_mask(0, 1) is not None)
                     or m.hash_stride > 1):
-                continue  # some blocks only, or a partial tail too: its method
+                continue  # some blocks only, or a prompt's tail entry: its method
             method = getattr(m, name)
 
             def spy(*args: Any, _name: str = name, _method: Any = method) -> Any:
@@ -214,8 +215,9 @@ def test_constructor_refuses_bad_state_and_registration_entries() -> None:
         (((2, 0, 1, 4, 0, None, {}),), ()),                       # a state kind, no state
         (((2, 0, 1, 4, 0, None, {}, ({}, {}, {}, {})),), ()),     # allocated not a set
         (((2, 0, 0, 4, 0, None, {}, state),), ()),                # growth with lookahead
-        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, None, (1, 1, 0, {}, {}, set())),)),
-        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, {}, (3, 1, 0, {}, {}, set())),)),
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, None, (1, 1, 0, {}, {}, set(), {}, 0)),)),
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, {}, (4, 1, 0, {}, {}, set(), {}, 0)),)),
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, {}, (1, 1, 0, {}, {}, set())),)),
     ]:
         with pytest.raises((TypeError, ValueError), match="GroupsAllocate"):
             ccore.GroupsAllocate(**good, groups=groups, cache_plan=plan)

@@ -38,15 +38,18 @@ typedef struct {
 /* How a caching group registers: through its cache_blocks (GA_CACHE_METHOD), or in C
  * (ga_register): SingleTypeManager.cache_blocks's rule (GA_CACHE_PLAIN), or
  * MambaAlignManager's (GA_CACHE_STATE: capped at the hashed tokens, the new keys
- * remembered for this step). */
-enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2 };
+ * remembered for this step), or FullAttentionManager's over several hash blocks per block
+ * (GA_CACHE_TAIL: its method still runs when the prompt's tail may need an entry). */
+enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3 };
 
 typedef struct {
     Py_ssize_t block_size;
     PyObject *manager, *tables, *cached; /* cached: a dict, or None (always call) */
-    int kind;
+    int kind, drop_last_hit;
     Py_ssize_t stride;                   /* hash blocks per block */
-    PyObject *group, *index, *dups, *registered; /* borrowed; registered: a set (STATE) */
+    /* borrowed: the group's index and duplicates, the step's keys (a set, STATE), the
+     * registered counts (the manager's num_cached_blocks) */
+    PyObject *group, *index, *dups, *registered, *counts;
 } GaCache;
 
 typedef struct {
@@ -62,7 +65,7 @@ typedef struct {
     Py_ssize_t num_groups, num_cache, max_model_len, hash_block_size, align;
 } GroupsAllocate;
 
-static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads;
+static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads, *str_num_prompt_tokens;
 static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *str_slots_needed,
     *str_mgr_cache_blocks, *str_free_blocks, *str_kw_hit, *str_kw_hit_tokens, *str_kw_lookahead,
     *str_kw_external, *str_kw_encoder, *str_kw_delay, *str_kw_reserved, *str_kw_scheduled,
@@ -467,13 +470,71 @@ static int ga_remember_keys(GroupsAllocate *self, GaCache *c, PyObject *table,
     return 0;
 }
 
+/* FullAttentionManager.cache_blocks's tail (a block of several hash blocks): 1 when the
+ * prompt's tail boundary within end tokens may still need its partial entry (the method
+ * decides), 0 when its rule returns without one. */
+static int ga_tail_pending(GroupsAllocate *self, GaCache *c, PyObject *request,
+                           PyObject *table, PyObject *all, Py_ssize_t end) {
+    Py_ssize_t hbs = self->hash_block_size, prompt = da_count(request, str_num_prompt_tokens);
+    if (prompt < 0) return 1;
+    Py_ssize_t limit = prompt - (c->drop_last_hit ? 0 : 1);
+    if (limit < 0) return 1;
+    Py_ssize_t n = limit / hbs;
+    if (n > PyList_GET_SIZE(all)) n = PyList_GET_SIZE(all);
+    Py_ssize_t boundary = n * hbs, i = boundary / c->block_size;
+    if (!boundary || boundary > end || !(boundary % c->block_size)
+        || i >= PyList_GET_SIZE(table)) return 0;
+    PyObject *cur = PyDict_GetItemWithError(c->index, PyList_GET_ITEM(all, boundary / hbs - 1));
+    if (cur == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    int same = PyObject_RichCompareBool(cur, PyList_GET_ITEM(table, i), Py_EQ);
+    if (same < 0) PyErr_Clear();
+    return same != 1;
+}
+
+/* hashes all[k - 1 :: k] as a new list (all itself, a new reference, when k is 1). */
+static PyObject *ga_strided(PyObject *all, Py_ssize_t k) {
+    if (k == 1) return Py_NewRef(all);
+    Py_ssize_t n = PyList_GET_SIZE(all) / k;
+    PyObject *hashes = PyList_New(n);
+    for (Py_ssize_t i = 0; hashes != NULL && i < n; i++) {
+        PyList_SET_ITEM(hashes, i, Py_NewRef(PyList_GET_ITEM(all, (i + 1) * k - 1)));
+    }
+    return hashes;
+}
+
+/* Blocks [start, stop) of the table through the index's register kernel, the recorder
+ * told, the count moved (SingleTypeManager.cache_blocks -> PrefixIndex.cache_full_blocks
+ * without a mask or a policy). 0, or -1 with an exception set. */
+static int ga_register_run(GroupsAllocate *self, GaCache *c, PyObject *request,
+                           PyObject *rid, PyObject *table, PyObject *all, Py_ssize_t start,
+                           Py_ssize_t stop) {
+    PyObject *hashes = ga_strided(all, c->stride);
+    if (hashes == NULL) return -1;
+    PyObject *skipped = PyObject_CallFunction(self->reg_fn, "OOnnOOOOOO", table, hashes, start,
+                                              stop, c->index, c->dups, self->reg_hash,
+                                              self->reg_group, c->group, self->reg_evict);
+    int rc = skipped == NULL ? -1 : 0;
+    if (rc == 0 && self->reg_stored != NULL) {
+        rc = ga_tell_stored(self, c, request, table, hashes, start, stop, skipped);
+    }
+    if (rc == 0) rc = hs_set_int(c->counts, rid, stop);
+    if (rc == 0 && c->kind == GA_CACHE_STATE) rc = ga_remember_keys(self, c, table, start, stop);
+    Py_XDECREF(skipped);
+    Py_DECREF(hashes);
+    return rc;
+}
+
 /* Group c's cache_blocks(request, rid, end) in C (GaCache kinds): the blocks full within
  * end tokens and not registered yet go through the index's register kernel, the recorder
- * hears the run, the count moves. 0 done, 1 not taken (nothing changed: the method
- * runs), -1 an error. */
+ * hears the run, the count moves; a tail kind then leaves the prompt's tail boundary to
+ * the method when it may need a partial entry. 0 done, 1 not taken or not finished (the
+ * method runs: what is left of its rule), -1 an error. */
 static int ga_register(GroupsAllocate *self, GaCache *c, PyObject *request, PyObject *rid,
                        Py_ssize_t end) {
-    PyObject *table = ga_table(c->tables, rid), *v = da_get(c->cached, rid);
+    PyObject *table = ga_table(c->tables, rid), *v = da_get(c->counts, rid);
     if (table == NULL || v == NULL || !PyLong_CheckExact(v)
         || (c->kind == GA_CACHE_STATE && !ga_state_plain(c))) return 1;
     Py_ssize_t start = PyLong_AsSsize_t(v);
@@ -483,37 +544,17 @@ static int ga_register(GroupsAllocate *self, GaCache *c, PyObject *request, PyOb
         PyErr_Clear();
         return 1;
     }
+    Py_ssize_t num_full = end;
     if (c->kind == GA_CACHE_STATE && end > PyList_GET_SIZE(all) * self->hash_block_size) {
-        end = PyList_GET_SIZE(all) * self->hash_block_size;
+        num_full = PyList_GET_SIZE(all) * self->hash_block_size;
     }
-    Py_ssize_t stop = end / c->block_size;
-    if (stop <= start) {
-        Py_DECREF(all);
-        return 0;
-    }
-    PyObject *hashes = all;
-    if (c->stride > 1) { /* all[k - 1 :: k] */
-        Py_ssize_t n = PyList_GET_SIZE(all) / c->stride;
-        hashes = PyList_New(n);
-        for (Py_ssize_t i = 0; hashes != NULL && i < n; i++) {
-            PyList_SET_ITEM(hashes, i, Py_NewRef(PyList_GET_ITEM(all, (i + 1) * c->stride - 1)));
-        }
-        Py_DECREF(all);
-        if (hashes == NULL) return -1;
-    }
+    Py_ssize_t stop = num_full / c->block_size;
     Py_INCREF(table);
-    PyObject *skipped = PyObject_CallFunction(self->reg_fn, "OOnnOOOOOO", table, hashes, start,
-                                              stop, c->index, c->dups, self->reg_hash,
-                                              self->reg_group, c->group, self->reg_evict);
-    int rc = skipped == NULL ? -1 : 0;
-    if (rc == 0 && self->reg_stored != NULL) {
-        rc = ga_tell_stored(self, c, request, table, hashes, start, stop, skipped);
-    }
-    if (rc == 0) rc = hs_set_int(c->cached, rid, stop);
-    if (rc == 0 && c->kind == GA_CACHE_STATE) rc = ga_remember_keys(self, c, table, start, stop);
-    Py_XDECREF(skipped);
-    Py_DECREF(hashes);
+    int rc = stop > start ? ga_register_run(self, c, request, rid, table, all, start, stop) : 0;
+    if (rc == 0 && c->kind == GA_CACHE_TAIL) rc = ga_tail_pending(self, c, request, table, all,
+                                                                  end);
     Py_DECREF(table);
+    Py_DECREF(all);
     return rc;
 }
 
@@ -738,14 +779,16 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
             return -1;
         }
         if (reg != Py_None
-            && !PyArg_ParseTuple(reg, "inOO!O!O!:GroupsAllocate registration", &c->kind,
+            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p:GroupsAllocate registration", &c->kind,
                                  &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
-                                 &c->dups, &PySet_Type, &c->registered)) {
+                                 &c->dups, &PySet_Type, &c->registered, &PyDict_Type,
+                                 &c->counts, &c->drop_last_hit)) {
             return -1;
         }
         if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))
-            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_STATE
-            || (c->kind != GA_CACHE_METHOD && (c->cached == Py_None || c->stride <= 0))) {
+            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_TAIL
+            || (c->kind != GA_CACHE_METHOD && c->stride <= 0)
+            || (c->kind != GA_CACHE_METHOD && c->kind != GA_CACHE_TAIL && c->cached == Py_None)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a cache group's block size "
                                               "or counts are wrong");
             return -1;
@@ -857,13 +900,13 @@ static int ccore_groups_add(PyObject *m) {
                            "num_lookahead_tokens", "num_external_computed_tokens",
                            "num_encoder_tokens", "delay_caching", "reserved_blocks",
                            "has_scheduled_reqs", "full_sequence_must_fit", "partial_hits",
-                           "keep_null_head", "offloads"};
+                           "keep_null_head", "offloads", "num_prompt_tokens"};
     PyObject **slots[] = {&str_remove_skipped, &str_get_num_blocks, &str_allocate_new,
                           &str_slots_needed, &str_mgr_cache_blocks, &str_free_blocks,
                           &str_kw_hit, &str_kw_hit_tokens, &str_kw_lookahead,
                           &str_kw_external, &str_kw_encoder, &str_kw_delay, &str_kw_reserved,
                           &str_kw_scheduled, &str_kw_must_fit, &str_partial_hits,
-                          &str_keep_null_head, &str_offloads};
+                          &str_keep_null_head, &str_offloads, &str_num_prompt_tokens};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
     }

@@ -136,8 +136,10 @@ def grow_running(
 
 #: How a caching group registers in the compiled ``GroupsAllocate`` (ccore_groups.h):
 #: through its ``cache_blocks``, by :meth:`SingleTypeManager.cache_blocks`'s rule in C, or
-#: by :meth:`MambaAlignManager.cache_blocks`'s in C.
-CACHE_METHOD, CACHE_PLAIN, CACHE_STATE = 0, 1, 2
+#: by :meth:`MambaAlignManager.cache_blocks`'s in C, or by
+#: :meth:`FullAttentionManager.cache_blocks`'s over several hash blocks per block (its
+#: whole blocks in C, its method when the prompt's tail may need a partial entry).
+CACHE_METHOD, CACHE_PLAIN, CACHE_STATE, CACHE_TAIL = 0, 1, 2, 3
 
 
 def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
@@ -145,9 +147,9 @@ def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
     without a Python call (the recorder's ``stored`` aside): ``(registrar, entries)``
     with ``registrar`` = (the index's register kernel, ``block_hash``, ``block_group``,
     the rehash eviction, the recorder's ``stored`` or None when it hears nothing), and per
-    entry of ``coord._cache_plan`` ``(kind, stride, group, index, duplicates,
-    registered)`` or None (its ``cache_blocks`` runs). ``(None, [None, ...])`` when the
-    pool registers by rules of its own (an eviction policy, another index).
+    entry of ``coord._cache_plan`` ``(kind, stride, group, index, duplicates, registered,
+    counts, drop_last_hit)`` or None (its ``cache_blocks`` runs). ``(None, [None, ...])``
+    when the pool registers by rules of its own (an eviction policy, another index).
     No state change."""
     pool = coord.pool
     prefix = getattr(pool, "prefix", None)
@@ -171,11 +173,15 @@ def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any
     every_block = kind.reachable_mask is SingleTypeManager.reachable_mask or (
         kind.reachable_mask is SlidingWindowManager.reachable_mask
         and m.reachable_mask(0, 1) is None)
-    if cached is None or not every_block:
+    if not every_block:
         return None
     rule = kind.cache_blocks
     registered: set[bytes] = set()
-    if rule is SingleTypeManager.cache_blocks or (
+    if rule is FullAttentionManager.cache_blocks and m.hash_stride > 1:
+        how = CACHE_TAIL
+    elif cached is None:
+        return None
+    elif rule is SingleTypeManager.cache_blocks or (
             rule is FullAttentionManager.cache_blocks and m.hash_stride == 1):
         how = CACHE_PLAIN
     elif rule is MambaAlignManager.cache_blocks and isinstance(m, MambaAlignManager):
@@ -184,4 +190,4 @@ def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any
         return None
     stride = prefix.groups[m.group].block_size // prefix.hash_block_size
     return (how, stride, m.group, prefix.index[m.group], prefix.duplicates[m.group],
-            registered)
+            registered, m.num_cached_blocks, m.drop_last_hit)
