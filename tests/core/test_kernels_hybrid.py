@@ -363,3 +363,27 @@ def test_mamba_kernels_refuse_what_they_cannot_read() -> None:
                  ([1], {}, {}, "r", 4, 4, print)):
         with pytest.raises((TypeError, ValueError), match="mamba_grow"):
             ccore.mamba_grow(*args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=5)),
+                              st.booleans(), st.integers(0, 2), st.booleans()),
+                    min_size=1, max_size=4),
+    request_id=st.sampled_from(["r", "s"]),
+)
+def test_free_groups_equals_its_twin(groups: list[tuple[list[int] | None, bool, int, bool]],
+                                     request_id: str) -> None:
+    """Same frees in the same order (each group's table last first, empty tables not
+    freed), same containers after, for held and unknown ids."""
+    results = []
+    for fn in (ccore.free_groups, kernels_hybrid_step.free_groups):
+        freed: list[list[int]] = []
+        plan = [({} if t is None else {"r": list(t)}, {"r": 1} if counted else {},
+                 tuple({"r": 0} for _ in range(forget)), ({"r", "x"},) if drop else ())
+                for t, counted, forget, drop in groups]
+        out = fn(plan, request_id, lambda ids, freed=freed: freed.append(list(ids)))
+        results.append((out, plan, freed))
+    assert results[0] == results[1]
+    with pytest.raises(TypeError, match="free_groups"):
+        ccore.free_groups([({}, {}, ([],), ())], "r", print)

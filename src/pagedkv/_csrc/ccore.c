@@ -277,6 +277,8 @@ static PyMethodDef methods[] = {
     {"mamba_release", (PyCFunction)(void (*)(void))mamba_release, METH_FASTCALL,
      mamba_release_doc},
     {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
+    {"free_groups", (PyCFunction)(void (*)(void))free_groups, METH_FASTCALL,
+     free_groups_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
 /* A Mamba align group's running step: mamba_release (its release of the states behind
- * the live one) and mamba_grow (its growth to the live position). Pure-Python twins and
+ * the live one) and mamba_grow (its growth to the live position); and free_groups, a
+ * request's free in every group at once (Coordinator.free). Pure-Python twins and
  * specifications: pagedkv.core.kernels_hybrid_step (which MambaAlignManager's
  * remove_skipped_blocks and allocate_new_blocks call). GroupsAllocate (ccore_groups.h)
  * runs the same C functions for a Mamba group without a Python call. Included by
@@ -184,4 +185,89 @@ static PyObject *mamba_grow(PyObject *self, PyObject *const *args, Py_ssize_t na
     (void)self;
     if (hs_args(args, nargs, "mamba_grow", 0, 1, &num_tokens, &bs) < 0) return NULL;
     return hs_grow(args[0], args[1], args[2], args[3], num_tokens, bs, args[6], NULL);
+}
+
+/* One group's entry of free_groups: forget the request in `forget` (dicts) and `drop`
+ * (sets), pop its table and count, free the table's blocks last first. 0, or -1. */
+static int hs_free_group(PyObject *entry, PyObject *rid, PyObject *free_fn) {
+    PyObject *tables, *counts, *forget, *drop;
+    if (!PyTuple_Check(entry)
+        || !PyArg_ParseTuple(entry, "O!O!O!O!:free_groups entry", &PyDict_Type, &tables,
+                             &PyDict_Type, &counts, &PyTuple_Type, &forget, &PyTuple_Type,
+                             &drop)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "free_groups: an entry is "
+                                               "(tables, counts, dicts, sets)");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(forget); i++) {
+        PyObject *d = PyTuple_GET_ITEM(forget, i);
+        if (!PyDict_Check(d)) {
+            PyErr_SetString(PyExc_TypeError, "free_groups: forget holds dicts");
+            return -1;
+        }
+        if (PyDict_DelItem(d, rid) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+            PyErr_Clear();
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(drop); i++) {
+        PyObject *st = PyTuple_GET_ITEM(drop, i);
+        if (!PySet_Check(st)) {
+            PyErr_SetString(PyExc_TypeError, "free_groups: drop holds sets");
+            return -1;
+        }
+        if (PySet_Discard(st, rid) < 0) return -1;
+    }
+    PyObject *blocks = PyDict_GetItemWithError(tables, rid);
+    if (blocks == NULL) {
+        if (PyErr_Occurred()) return -1;
+    } else {
+        Py_INCREF(blocks);
+        if (PyDict_DelItem(tables, rid) < 0) {
+            Py_DECREF(blocks);
+            return -1;
+        }
+    }
+    if (PyDict_DelItem(counts, rid) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            Py_XDECREF(blocks);
+            return -1;
+        }
+        PyErr_Clear();
+    }
+    if (blocks == NULL) return 0;
+    int real = PyObject_IsTrue(blocks), rc = real < 0 ? -1 : 0;
+    if (real > 0) {
+        PyObject *r = PyList_Check(blocks) ? (PyList_Reverse(blocks) < 0 ? NULL : Py_None)
+                                           : PyObject_CallMethod(blocks, "reverse", NULL);
+        if (r != NULL && r != Py_None) Py_DECREF(r);
+        if (r == NULL) rc = -1;
+        if (rc == 0) {
+            r = PyObject_CallOneArg(free_fn, blocks);
+            if (r == NULL) rc = -1;
+            Py_XDECREF(r);
+        }
+    }
+    Py_DECREF(blocks);
+    return rc;
+}
+
+PyDoc_STRVAR(free_groups_doc,
+"free_groups(plan, request_id, free_blocks) -> None\n\n"
+"A request's free in every group (pagedkv.core.kernels_hybrid_step.free_groups).");
+
+static PyObject *free_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "free_groups(plan: list, request_id, free_blocks)");
+        return NULL;
+    }
+    PyObject *plan = args[0];
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(plan); g++) {
+        PyObject *entry = Py_NewRef(PyList_GET_ITEM(plan, g));
+        int rc = hs_free_group(entry, args[1], args[2]);
+        Py_DECREF(entry);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
 }

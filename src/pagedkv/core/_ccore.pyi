@@ -112,6 +112,9 @@ def mamba_release(
     request_id: str, num_computed_tokens: int, block_size: int,
     free_blocks: Callable[[list[int]], Any], /,
 ) -> None: ...
+def free_groups(
+    plan: list[tuple[Any, ...]], request_id: str, free_blocks: Callable[[list[int]], Any], /,
+) -> None: ...
 def mamba_grow(
     table: list[int], last_state: dict[str, int], allocated: set[str], request_id: str,
     num_tokens: int, block_size: int, get_new_blocks: Callable[[int], list[int]], /,

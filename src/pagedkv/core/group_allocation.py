@@ -191,3 +191,24 @@ def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any
     stride = prefix.groups[m.group].block_size // prefix.hash_block_size
     return (how, stride, m.group, prefix.index[m.group], prefix.duplicates[m.group],
             registered, m.num_cached_blocks, m.drop_last_hit)
+
+
+def free_plan(managers: Sequence[SingleTypeManager]) -> list[Any] | None:
+    """The :func:`~pagedkv.core.kernels_hybrid_step.free_groups` plan of ``managers``:
+    per group its tables, counts and the per-request containers its free forgets; None
+    when a group frees by rules of its own (then each group's ``free`` runs). Read once,
+    at construction (a Mamba group's boundary-state offloads are set before). No state
+    change."""
+    plan: list[Any] = []
+    for m in managers:
+        rule = type(m).free
+        if rule is SingleTypeManager.free:
+            plan.append((m.req_to_blocks, m.num_cached_blocks, (), ()))
+        elif (rule is MambaAlignManager.free and isinstance(m, MambaAlignManager)
+              and m.offloads is None
+              and type(m)._forget is MambaAlignManager._forget):
+            plan.append((m.req_to_blocks, m.num_cached_blocks,
+                         (m._last_state, m._released, m._partial), (m._allocated,)))
+        else:
+            return None
+    return plan

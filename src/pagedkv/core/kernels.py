@@ -32,9 +32,10 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``record_stored``  one stored event of a registered run (the event recorder's record)
 ``mamba_release``  a Mamba align group's release of the states behind the live one
 ``mamba_grow``     a Mamba align group's growth to its live position
+``free_groups``    a request's free in every group that frees by the base rule
 =================  ==============================================================
 
-The last eight are the hybrid path's; their pure implementations are in
+The last nine are the hybrid path's; their pure implementations are in
 :mod:`pagedkv.core.kernels_hybrid` and :mod:`pagedkv.core.kernels_hybrid_step`.
 
 >>> kernels() in (PURE, COMPILED)
@@ -134,6 +135,9 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_hybrid_step.mamba_grow`: mutates the table,
     #: ``last_state`` and ``allocated``, through the pool's take.
     mamba_grow: Callable[..., list[int]]
+    #: :func:`pagedkv.core.kernels_hybrid_step.free_groups`: mutates the plan's
+    #: containers, through the pool's free.
+    free_groups: Callable[..., None]
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -174,6 +178,7 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("record_stored", kernels_hybrid.record_stored, "record_stored"),
     ("mamba_release", kernels_hybrid_step.mamba_release, "mamba_release"),
     ("mamba_grow", kernels_hybrid_step.mamba_grow, "mamba_grow"),
+    ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}

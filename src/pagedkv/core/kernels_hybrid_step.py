@@ -1,5 +1,6 @@
-"""A Mamba align group's running step as kernels: the pure-Python twins and specifications
-of ``mamba_release`` and ``mamba_grow`` (``pagedkv/_csrc/ccore_hybrid_step.h``).
+"""A Mamba align group's running step and a request's free as kernels: the pure-Python
+twins and specifications of ``mamba_release``, ``mamba_grow`` and ``free_groups``
+(``pagedkv/_csrc/ccore_hybrid_step.h``).
 
 :class:`~pagedkv.core.managers.mamba.MambaAlignManager` calls them (picked once, at its
 construction) for its ``remove_skipped_blocks`` and, without a sub-block state to copy,
@@ -27,7 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["mamba_grow", "mamba_release"]
+__all__ = ["FreeEntry", "free_groups", "mamba_grow", "mamba_release"]
+
+#: One group's entry of :func:`free_groups`: its tables, its registered counts, the
+#: per-request dicts and sets it forgets the request in.
+FreeEntry = tuple[dict[str, list[int]], dict[str, int], tuple[dict[str, Any], ...],
+                  tuple[set[str], ...]]
 
 
 def mamba_release(table: list[int] | None, released: dict[str, int],
@@ -89,3 +95,30 @@ def mamba_grow(table: list[int], last_state: dict[str, int], allocated: set[str]
     out.extend(new)
     allocated.add(request_id)
     return out
+
+
+def free_groups(plan: list[FreeEntry], request_id: str,
+                free_blocks: Callable[[list[int]], Any]) -> None:
+    """:meth:`~pagedkv.core.coordinator_base.Coordinator.free` over groups that free by
+    the base rule (:meth:`SingleTypeManager.free
+    <pagedkv.core.managers.base.SingleTypeManager.free>`, Mamba align's after forgetting
+    its per-request marks): per entry, in group order, drop the request from its dicts
+    and sets, pop its table and count, and free the table's blocks last first (one
+    ``free_blocks`` call per group holding blocks). An unknown id: a no-op. Mutates the
+    entries' containers; O(blocks held).
+
+    >>> freed = []
+    >>> plan = [({"r": [1, 2]}, {"r": 2}, (), ()), ({"r": [0, 3]}, {}, ({"r": 1},), ({"r"},))]
+    >>> free_groups(plan, "r", freed.append), freed, plan[1]
+    (None, [[2, 1], [3, 0]], ({}, {}, ({},), (set(),)))
+    """
+    for tables, counts, forget, drop in plan:
+        for d in forget:
+            d.pop(request_id, None)
+        for ids in drop:
+            ids.discard(request_id)
+        blocks = tables.pop(request_id, None)
+        counts.pop(request_id, None)
+        if blocks:
+            blocks.reverse()
+            free_blocks(blocks)
