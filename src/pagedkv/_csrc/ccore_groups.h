@@ -18,7 +18,11 @@
  * records zeroed groups' new blocks, and registers the blocks that became full (a group's
  * cache_blocks runs only when its count says a block became full). Every other call goes
  * to the Python method before anything has changed, so the errors and state stay the
- * Python ones. */
+ * Python ones. A Mamba align group's release and growth run in C (state kinds,
+ * ccore_hybrid_step.h; a request with a sub-block state to copy falls back first), and
+ * so does the registration of groups registering by the base rule, Mamba align's or
+ * full attention's over several hash blocks per block, when the pool has no eviction
+ * policy (ccore_hybrid_step_register.h); other groups' methods run. */
 
 /* GA_GROW_STATE / GA_DROP_STATE: a Mamba align group's growth and release in C
  * (ccore_hybrid_step.h), over the manager's containers given in the group's entry. */

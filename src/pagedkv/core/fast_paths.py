@@ -34,10 +34,12 @@ Every other coordinator that runs :class:`~pagedkv.core.coordinator_base.Coordin
 own allocation and registration (several groups, sliding window, chunked local, Mamba,
 mixed block sizes) gets ``GroupsAllocate`` (``pagedkv/_csrc/ccore_groups.h``) instead: the
 same contract for a running request's step with any of the façade's keywords a running
-request's step carries, with the windows' release, every group's capacity check and
-growth, zeroing and registration in C, and a new request's plain first call (its hit,
-the full-sequence gate, every group's admission: ``pagedkv/_csrc/ccore_hybrid_first.h``)
-(docs/architecture.md "Compiled kernels"). Which
+request's step carries, with the windows' and Mamba align's release, every group's
+capacity check and growth (Mamba align's too), zeroing and registration in C (through the
+index's kernel where a group registers by the base rule:
+:func:`~pagedkv.core.group_allocation.compiled_registration`), and a new request's
+plain first call (its hit, the full-sequence gate, every group's admission:
+``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). Which
 of the three ``allocate_slots`` a manager has is decided here, once, at construction.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
