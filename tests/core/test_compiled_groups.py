@@ -223,4 +223,4 @@ def test_constructor_refuses_bad_state_and_registration_entries() -> None:
             ccore.GroupsAllocate(**good, groups=groups, cache_plan=plan)
     with pytest.raises(TypeError, match="GroupsAllocate registrar"):
         ccore.GroupsAllocate(**good, groups=((0, 0, 0, 4, 0, None, {}),), cache_plan=(),
-                             registrar=(print, [], [], 3, None))
+                             registrar=(mgr.pool, [], [], 3, None))

@@ -61,7 +61,8 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *function, *cache_function, *manager_ref, *live, *pool, *zeroing, *new_ids,
         *request_type, *groups, *cache_plan, *registrar;
-    /* from registrar (borrowed): the index's register kernel, the per-block hash and
+    /* from registrar (borrowed): the prefix index (its _index_register kernel read per
+     * registration), the per-block hash and
      * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
     PyObject *reg_fn, *reg_hash, *reg_group, *reg_evict, *reg_stored;
     GaGroup *g;
@@ -69,7 +70,8 @@ typedef struct {
     Py_ssize_t num_groups, num_cache, max_model_len, hash_block_size, align;
 } GroupsAllocate;
 
-static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads, *str_num_prompt_tokens;
+static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads, *str_num_prompt_tokens,
+    *str_index_register_attr;
 static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *str_slots_needed,
     *str_mgr_cache_blocks, *str_free_blocks, *str_kw_hit, *str_kw_hit_tokens, *str_kw_lookahead,
     *str_kw_external, *str_kw_encoder, *str_kw_delay, *str_kw_reserved, *str_kw_scheduled,
@@ -697,7 +699,7 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->groups = Py_NewRef(groups); /* owns what the GaGroup entries borrow */
     self->cache_plan = Py_NewRef(plan);
     self->registrar = Py_NewRef(registrar);
-    if (registrar != Py_None) { /* (register kernel, block_hash, block_group, evict, stored) */
+    if (registrar != Py_None) { /* (index, block_hash, block_group, evict, stored) */
         if (!PyTuple_Check(registrar)) {
             PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: a tuple or None");
             return -1;
@@ -709,11 +711,11 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
         if (self->reg_stored == Py_None) self->reg_stored = NULL;
-        if (!PyCallable_Check(self->reg_fn) || !PyCallable_Check(self->reg_evict)
+        if (!PyCallable_Check(self->reg_evict)
             || (self->reg_stored != NULL && !PyCallable_Check(self->reg_stored))) {
             self->reg_fn = NULL;
-            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: the kernel, the "
-                                             "eviction and stored must be callables");
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: the eviction and "
+                                             "stored must be callables");
             return -1;
         }
     }
@@ -765,13 +767,15 @@ static int ccore_groups_add(PyObject *m) {
                            "num_lookahead_tokens", "num_external_computed_tokens",
                            "num_encoder_tokens", "delay_caching", "reserved_blocks",
                            "has_scheduled_reqs", "full_sequence_must_fit", "partial_hits",
-                           "keep_null_head", "offloads", "num_prompt_tokens"};
+                           "keep_null_head", "offloads", "num_prompt_tokens",
+                           "_index_register"};
     PyObject **slots[] = {&str_remove_skipped, &str_get_num_blocks, &str_allocate_new,
                           &str_slots_needed, &str_mgr_cache_blocks, &str_free_blocks,
                           &str_kw_hit, &str_kw_hit_tokens, &str_kw_lookahead,
                           &str_kw_external, &str_kw_encoder, &str_kw_delay, &str_kw_reserved,
                           &str_kw_scheduled, &str_kw_must_fit, &str_partial_hits,
-                          &str_keep_null_head, &str_offloads, &str_num_prompt_tokens};
+                          &str_keep_null_head, &str_offloads, &str_num_prompt_tokens,
+                          &str_index_register_attr};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
     }

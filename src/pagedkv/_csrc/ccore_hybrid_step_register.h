@@ -101,9 +101,13 @@ static int ga_register_run(GroupsAllocate *self, GaCache *c, PyObject *request,
                            Py_ssize_t stop) {
     PyObject *hashes = ga_strided(all, c->stride);
     if (hashes == NULL) return -1;
-    PyObject *skipped = PyObject_CallFunction(self->reg_fn, "OOnnOOOOOO", table, hashes, start,
-                                              stop, c->index, c->dups, self->reg_hash,
-                                              self->reg_group, c->group, self->reg_evict);
+    /* the index's kernel as it holds it now (reg_fn: the index) */
+    PyObject *kernel = PyObject_GetAttr(self->reg_fn, str_index_register_attr);
+    PyObject *skipped = kernel == NULL ? NULL
+                        : PyObject_CallFunction(kernel, "OOnnOOOOOO", table, hashes, start,
+                                                stop, c->index, c->dups, self->reg_hash,
+                                                self->reg_group, c->group, self->reg_evict);
+    Py_XDECREF(kernel);
     int rc = skipped == NULL ? -1 : 0;
     if (rc == 0 && self->reg_stored != NULL) {
         rc = ga_tell_stored(self, c, request, table, hashes, start, stop, skipped);

@@ -144,13 +144,13 @@ CACHE_METHOD, CACHE_PLAIN, CACHE_STATE, CACHE_TAIL = 0, 1, 2, 3
 
 def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
     """What the compiled ``GroupsAllocate`` needs to register a running request's blocks
-    without a Python call (the recorder's ``stored`` aside): ``(registrar, entries)``
-    with ``registrar`` = (the index's register kernel, ``block_hash``, ``block_group``,
-    the rehash eviction, the recorder's ``stored`` or None when it hears nothing), and per
-    entry of ``coord._cache_plan`` ``(kind, stride, group, index, duplicates, registered,
-    counts, drop_last_hit)`` or None (its ``cache_blocks`` runs). ``(None, [None, ...])``
-    when the pool registers by rules of its own (an eviction policy, another index).
-    No state change."""
+    without a Python call (the recorder's ``stored`` aside): ``(registrar, entries)``.
+    ``registrar``: (the prefix index, whose ``_index_register`` kernel it calls,
+    ``block_hash``, ``block_group``, the rehash eviction, the recorder's ``stored`` or
+    None when it hears nothing). Per entry of ``coord._cache_plan``: ``(kind, stride,
+    group, index, duplicates, registered, counts, drop_last_hit)``, or None (its
+    ``cache_blocks`` runs). ``(None, [None, ...])`` when the pool registers by rules of
+    its own (an eviction policy, another index). No state change."""
     pool = coord.pool
     prefix = getattr(pool, "prefix", None)
     plan = coord._cache_plan
@@ -160,7 +160,7 @@ def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
             or prefix.policy is not None):
         return None, [None] * len(plan)
     recorder = prefix.recorder
-    registrar = (prefix._index_register, prefix.block_hash, prefix.block_group,
+    registrar = (prefix, prefix.block_hash, prefix.block_group,
                  prefix._evict_rehashed, recorder.stored if recorder.hears_stored else None)
     return registrar, [_registration(m, cached, prefix) for m, _bs, cached, _caps in plan]
 
