@@ -83,28 +83,29 @@ def _record(layout: Any, seed: int, ops: int) -> list[tuple[str, tuple[Any, ...]
 
 
 def _replay(side: Any, calls: list[tuple[str, tuple[Any, ...]]], untimed: frozenset[str]
-            ) -> list[float]:
-    """Seconds per operation of ``side`` replaying ``calls``."""
+            ) -> list[dict[str, float]]:
+    """Seconds per operation of ``side`` replaying ``calls``, per timed method."""
     clock = time.perf_counter
-    out: list[float] = []
-    t = 0.0
+    out: list[dict[str, float]] = []
+    t: dict[str, float] = {}
     for method, args in calls:
         if not method:
             side.mgr.take_events()  # what the suite's snapshot does to the event buffers
             out.append(t)
-            t = 0.0
+            t = {}
         elif method in untimed:
             getattr(side, method)(*args)
         else:
             f = getattr(side, method)
             t0 = clock()
             f(*args)
-            t += clock() - t0
+            t[method] = t.get(method, 0.0) + clock() - t0
     return out
 
 
 def worker(layouts: list[str], seeds: int, ops: int, reps: int) -> None:
-    """Print one JSON line: layout -> {"best": ratio, "median": ratio}."""
+    """Print one JSON line: layout -> {"best": ratio, "median": ratio, "per_op": {method:
+    ratio of the per-operation bests summed over that method's calls}}."""
     from conformance.layouts import layout_by_name
     from conformance.pagedkv_side import PagedSide
     from conformance.vllm_side import VllmSide
@@ -112,25 +113,34 @@ def worker(layouts: list[str], seeds: int, ops: int, reps: int) -> None:
     from conformance import workload
 
     untimed = frozenset(workload._UNTIMED)
-    result: dict[str, dict[str, float]] = {}
+    result: dict[str, dict[str, Any]] = {}
     for name in layouts:
         lay = layout_by_name(name)
         best = {"vllm": 0.0, "pagedkv": 0.0}
+        per_method: dict[str, dict[str, float]] = {"vllm": {}, "pagedkv": {}}
         totals: dict[str, list[float]] = {"vllm": [0.0] * reps, "pagedkv": [0.0] * reps}
         for seed in range(seeds):
             calls = _record(lay, seed, ops)
-            per_op: dict[str, list[list[float]]] = {"vllm": [], "pagedkv": []}
+            per_op: dict[str, list[list[dict[str, float]]]] = {"vllm": [], "pagedkv": []}
             for r in range(reps):
                 order = [("vllm", VllmSide), ("pagedkv", PagedSide)]
                 for side_name, cls in order if r % 2 == 0 else order[::-1]:
                     times = _replay(cls(lay), calls, untimed)
                     per_op[side_name].append(times)
-                    totals[side_name][r] += sum(times)
+                    totals[side_name][r] += sum(sum(t.values()) for t in times)
             for side_name, runs in per_op.items():
-                best[side_name] += sum(map(min, zip(*runs, strict=True)))
+                for op_runs in zip(*runs, strict=True):
+                    fastest = min(op_runs, key=lambda t: sum(t.values()))
+                    best[side_name] += sum(fastest.values())
+                    acc = per_method[side_name]
+                    for method, secs in fastest.items():
+                        acc[method] = acc.get(method, 0.0) + secs
         result[name] = {
             "best": best["vllm"] / best["pagedkv"],
             "median": statistics.median(totals["vllm"]) / statistics.median(totals["pagedkv"]),
+            "per_op": {m: per_method["vllm"][m] / per_method["pagedkv"][m]
+                       for m in sorted(per_method["pagedkv"])
+                       if per_method["pagedkv"][m] > 0 and m in per_method["vllm"]},
         }
     print(json.dumps(result))
 
@@ -208,6 +218,16 @@ def main() -> None:
                                 for run in runs[n]) for n in names
         )
         print(f"{lay:<16}" + "".join(f" {m:>8.2f}x" for m in meds) + f"   {rounds}")
+    print("per operation type (vLLM time / pagedkv time, per-operation bests summed; median"
+          " of rounds)")
+    for n in names:
+        for lay in runs[n][0]:
+            methods = sorted({m for run in runs[n] for m in run[lay].get("per_op", {})})
+            cells = []
+            for m in methods:
+                vals = [run[lay]["per_op"][m] for run in runs[n] if m in run[lay]["per_op"]]
+                cells.append(f"{m}={statistics.median(vals):.2f}")
+            print(f"  {n[:12]:<12} {lay:<16} " + " ".join(cells))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pagedkv import (
     SlidingWindowSpec,
 )
 from pagedkv.core import fast_paths, native
+from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.skipif(native.active() is None,
@@ -155,3 +156,71 @@ def test_constructor_refuses_bad_groups() -> None:
                    ((0, 2, 0, 4, 6, None, {}),), ((0, 0, 0, 0, 0, None, {}),)]:
         with pytest.raises(ValueError, match="GroupsAllocate"):
             ccore.GroupsAllocate(**good, groups=groups)
+
+
+@pytest.mark.parametrize("layout", ["full+mamba", "full+swa+mamba", "full+chunked", "swa",
+                                    "full8+swa4"])
+def test_running_steps_call_no_group_method(layout: str) -> None:
+    """A running request's step runs a Mamba group's release and growth
+    (``ccore_hybrid_step.h``) and every plain or Mamba group's registration in C: none of
+    the managers' methods is called (instance spies shadow them; aside: a sliding window
+    registering only some blocks, a group of several hash blocks per block whose prompt
+    tail entry its method checks), and the tables, events and pool agree with the pure
+    core's step by step."""
+    mgr, pure = manager_pair(layout)
+    calls: list[str] = []
+    for m in mgr.coordinator.managers:
+        for name in ("remove_skipped_blocks", "allocate_new_blocks",
+                     "get_num_blocks_to_allocate", "cache_blocks"):
+            if name == "remove_skipped_blocks" and not m.drops_blocks:
+                continue
+            if name == "cache_blocks" and (
+                    (isinstance(m, SlidingWindowManager) and m.reachable_mask(0, 1) is not None)
+                    or m.hash_stride > 1):
+                continue  # some blocks only, or a prompt's tail entry: its method
+            method = getattr(m, name)
+
+            def spy(*args: Any, _name: str = name, _method: Any = method) -> Any:
+                calls.append(_name)
+                return _method(*args)
+
+            setattr(m, name, spy)
+    reqs = [[_running(m, f"r{i}", 6 + 3 * i) for i in range(2)] for m in (mgr, pure)]
+    calls.clear()
+    for step in range(24):
+        for m, rs in zip((mgr, pure), reqs, strict=True):
+            for req in rs:
+                req.append_output_tokens([step % 3])
+                assert m.allocate_slots(req, 1, num_lookahead_tokens=step % 2) is not None
+                req.num_computed_tokens = req.num_tokens
+            if step % 5 == 4:
+                m.new_step_starts()
+        assert calls == []
+        assert mgr.take_events() == pure.take_events()
+        assert mgr.debug_state() == pure.debug_state()
+    mgr.check_invariants()
+
+
+def test_constructor_refuses_bad_state_and_registration_entries() -> None:
+    ccore = native.module()
+    assert ccore is not None
+    mgr, _ = manager_pair("full+mamba")
+    good = {"function": KVCacheManager.allocate_slots,
+            "cache_function": KVCacheManager.cache_blocks, "manager": mgr,
+            "live_requests": {}, "pool": mgr.pool, "zeroing": [False], "new_block_ids": [[]],
+            "request_type": Request, "max_model_len": 8, "hash_block_size": 4,
+            "cache_alignment": 1}
+    state = ({}, {}, set(), {})
+    for groups, plan in [
+        (((2, 0, 1, 4, 0, None, {}),), ()),                       # a state kind, no state
+        (((2, 0, 1, 4, 0, None, {}, ({}, {}, {}, {})),), ()),     # allocated not a set
+        (((2, 0, 0, 4, 0, None, {}, state),), ()),                # growth with lookahead
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, None, (1, 1, 0, {}, {}, set(), {}, 0)),)),
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, {}, (4, 1, 0, {}, {}, set(), {}, 0)),)),
+        (((0, 0, 0, 4, 0, None, {}),), ((4, None, {}, {}, (1, 1, 0, {}, {}, set())),)),
+    ]:
+        with pytest.raises((TypeError, ValueError), match="GroupsAllocate"):
+            ccore.GroupsAllocate(**good, groups=groups, cache_plan=plan)
+    with pytest.raises(TypeError, match="GroupsAllocate registrar"):
+        ccore.GroupsAllocate(**good, groups=((0, 0, 0, 4, 0, None, {}),), cache_plan=(),
+                             registrar=(mgr.pool, [], [], 3, None))

@@ -19,7 +19,7 @@ from pagedkv import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from pagedkv.core import kernels_hybrid, native
+from pagedkv.core import kernels_hybrid, kernels_hybrid_step, native
 from pagedkv.core.hashing import HashExtras, LoRA, MultiModalItem
 
 ccore = native.active()
@@ -288,3 +288,102 @@ def test_hit_kernels_equal_their_twins(cached: list[bool], stride: int, num_bloc
         compiled = _call(getattr(ccore, name), *args)
         pure = _call(getattr(kernels_hybrid, name), *args)
         assert compiled == pure, name
+
+
+# ---------------------------------------------------------------- Mamba's running step
+
+def _step_outcome(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (IndexError, TypeError, ValueError) as exc:
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    table=st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=8)),
+    released=st.one_of(st.none(), st.integers(0, 9)),
+    last_state=st.one_of(st.none(), st.integers(-3, 9)),
+    computed=st.integers(-5, 40),
+    block_size=st.integers(1, 5),
+)
+def test_mamba_release_equals_its_twin(table: list[int] | None, released: int | None,
+                                       last_state: int | None, computed: int,
+                                       block_size: int) -> None:
+    """Same frees (in order, one call per run), same table and marks, same errors (a last
+    state past the table: IndexError), over positions already released, nulls, last
+    states behind, at and past the live position."""
+    results = []
+    for fn in (ccore.mamba_release, kernels_hybrid_step.mamba_release):
+        freed: list[list[int]] = []
+        t = None if table is None else list(table)
+        rel = {} if released is None else {"r": released}
+        last = {} if last_state is None else {"r": last_state}
+        out = _step_outcome(fn, t, rel, last, "r", computed, block_size,
+                            lambda ids, freed=freed: freed.append(list(ids)))
+        results.append((out, t, rel, last, freed))
+    assert results[0] == results[1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    table=st.lists(st.integers(0, 3), max_size=8),
+    last_state=st.one_of(st.none(), st.integers(0, 9)),
+    num_tokens=st.integers(-5, 40),
+    block_size=st.integers(1, 5),
+    allocated=st.booleans(),
+)
+def test_mamba_grow_equals_its_twin(table: list[int], last_state: int | None,
+                                    num_tokens: int, block_size: int,
+                                    allocated: bool) -> None:
+    """Same new blocks (padding and the live block), same table, same marks, one take of
+    the same count."""
+    results = []
+    for fn in (ccore.mamba_grow, kernels_hybrid_step.mamba_grow):
+        takes: list[int] = []
+
+        def take(n: int, takes: list[int] = takes) -> list[int]:
+            takes.append(n)
+            return [100 + i for i in range(n)]
+
+        t = list(table)
+        last = {} if last_state is None else {"r": last_state}
+        done = {"r"} if allocated else set()
+        out = _step_outcome(fn, t, last, done, "r", num_tokens, block_size, take)
+        results.append((out, t, last, done, takes))
+    assert results[0] == results[1]
+
+
+def test_mamba_kernels_refuse_what_they_cannot_read() -> None:
+    for args in (([1], {}, {}, "r", 4, 0, print), ((1,), {}, {}, "r", 4, 4, print),
+                 ([1], [], {}, "r", 4, 4, print)):
+        with pytest.raises((TypeError, ValueError), match="mamba_release"):
+            ccore.mamba_release(*args)
+    for args in (([1], {}, set(), "r", 4, -1, print), (None, {}, set(), "r", 4, 4, print),
+                 ([1], {}, {}, "r", 4, 4, print)):
+        with pytest.raises((TypeError, ValueError), match="mamba_grow"):
+            ccore.mamba_grow(*args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=5)),
+                              st.booleans(), st.integers(0, 2), st.booleans()),
+                    min_size=1, max_size=4),
+    request_id=st.sampled_from(["r", "s"]),
+)
+def test_free_groups_equals_its_twin(groups: list[tuple[list[int] | None, bool, int, bool]],
+                                     request_id: str) -> None:
+    """Same frees in the same order (each group's table last first, empty tables not
+    freed), same containers after, for held and unknown ids."""
+    results = []
+    for fn in (ccore.free_groups, kernels_hybrid_step.free_groups):
+        freed: list[list[int]] = []
+        plan = [({} if t is None else {"r": list(t)}, {"r": 1} if counted else {},
+                 tuple({"r": 0} for _ in range(forget)), ({"r", "x"},) if drop else ())
+                for t, counted, forget, drop in groups]
+        out = fn(plan, request_id, lambda ids, freed=freed: freed.append(list(ids)))
+        results.append((out, plan, freed))
+    assert results[0] == results[1]
+    with pytest.raises(TypeError, match="free_groups"):
+        ccore.free_groups([({}, {}, ([],), ())], "r", print)

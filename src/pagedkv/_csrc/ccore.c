@@ -248,6 +248,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_refs.h"
 #include "ccore_fast.h"
 #include "ccore_admit.h"
+/* A Mamba group's running step (pure twins: pagedkv/core/kernels_hybrid_step.py). */
+#include "ccore_hybrid_step.h"
 #include "ccore_groups.h"
 #include "ccore_index.h"
 #include "ccore_vllm.h"
@@ -279,6 +281,11 @@ static PyMethodDef methods[] = {
     /* the hybrid request's hashing extras and lookup */
     {"extra_tails", (PyCFunction)(void (*)(void))extra_tails, METH_FASTCALL,
      extra_tails_doc},
+    {"mamba_release", (PyCFunction)(void (*)(void))mamba_release, METH_FASTCALL,
+     mamba_release_doc},
+    {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
+    {"free_groups", (PyCFunction)(void (*)(void))free_groups, METH_FASTCALL,
+     free_groups_doc},
     {NULL, NULL, 0, NULL},
 };
 

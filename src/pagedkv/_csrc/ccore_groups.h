@@ -18,39 +18,67 @@
  * records zeroed groups' new blocks, and registers the blocks that became full (a group's
  * cache_blocks runs only when its count says a block became full). Every other call goes
  * to the Python method before anything has changed, so the errors and state stay the
- * Python ones. */
+ * Python ones. A Mamba align group's release and growth run in C (state kinds,
+ * ccore_hybrid_step.h; a request with a sub-block state to copy falls back first), and
+ * so does the registration of groups registering by the base rule, Mamba align's or
+ * full attention's over several hash blocks per block, when the pool has no eviction
+ * policy (ccore_hybrid_step_register.h); other groups' methods run. */
 
-enum { GA_GROW_PLAIN = 0, GA_GROW_METHOD = 1 };
-enum { GA_DROP_NONE = 0, GA_DROP_WINDOW = 1, GA_DROP_CHUNK = 2, GA_DROP_METHOD = 3 };
+/* GA_GROW_STATE / GA_DROP_STATE: a Mamba align group's growth and release in C
+ * (ccore_hybrid_step.h), over the manager's containers given in the group's entry. */
+enum { GA_GROW_PLAIN = 0, GA_GROW_METHOD = 1, GA_GROW_STATE = 2 };
+enum { GA_DROP_NONE = 0, GA_DROP_WINDOW = 1, GA_DROP_CHUNK = 2, GA_DROP_METHOD = 3,
+       GA_DROP_STATE = 4 };
 
 typedef struct {
     int grow, drop, ignores_lookahead;
     Py_ssize_t block_size, drop_tokens; /* the window or the chunk, in tokens */
     PyObject *manager, *tables;         /* borrowed from self->groups */
+    /* State groups only (borrowed): request -> released positions, -> last state's
+     * position; the requests allocated; request -> a sub-block state to copy. */
+    PyObject *released, *last_state, *allocated, *partial;
 } GaGroup;
+
+/* How a caching group registers: through its cache_blocks (GA_CACHE_METHOD), or in C
+ * (ga_register): SingleTypeManager.cache_blocks's rule (GA_CACHE_PLAIN), or
+ * MambaAlignManager's (GA_CACHE_STATE: capped at the hashed tokens, the new keys
+ * remembered for this step), or FullAttentionManager's over several hash blocks per block
+ * (GA_CACHE_TAIL: its method still runs when the prompt's tail may need an entry). */
+enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3 };
 
 typedef struct {
     Py_ssize_t block_size;
     PyObject *manager, *tables, *cached; /* cached: a dict, or None (always call) */
+    int kind, drop_last_hit;
+    Py_ssize_t stride;                   /* hash blocks per block */
+    /* borrowed: the group's index and duplicates, the step's keys (a set, STATE), the
+     * registered counts (the manager's num_cached_blocks) */
+    PyObject *group, *index, *dups, *registered, *counts;
 } GaCache;
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *function, *cache_function, *manager_ref, *live, *pool, *zeroing, *new_ids,
-        *request_type, *groups, *cache_plan;
+        *request_type, *groups, *cache_plan, *registrar;
+    /* from registrar (borrowed): the prefix index (its _index_register kernel read per
+     * registration), the per-block hash and
+     * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
+    PyObject *reg_fn, *reg_hash, *reg_group, *reg_evict, *reg_stored;
     GaGroup *g;
     GaCache *c;
     Py_ssize_t num_groups, num_cache, max_model_len, hash_block_size, align;
 } GroupsAllocate;
 
+static PyObject *str_partial_hits, *str_keep_null_head, *str_offloads, *str_num_prompt_tokens,
+    *str_index_register_attr;
 static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *str_slots_needed,
     *str_mgr_cache_blocks, *str_free_blocks, *str_kw_hit, *str_kw_hit_tokens, *str_kw_lookahead,
     *str_kw_external, *str_kw_encoder, *str_kw_delay, *str_kw_reserved, *str_kw_scheduled,
     *str_kw_must_fit;
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
-    X(new_ids) X(request_type) X(groups) X(cache_plan)
+    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -66,6 +94,8 @@ static int ga_clear(GroupsAllocate *self) {
     self->g = NULL;
     self->c = NULL;
     self->num_groups = self->num_cache = 0;
+    self->reg_fn = self->reg_hash = self->reg_group = self->reg_evict = NULL;
+    self->reg_stored = NULL;
     return 0;
 }
 
@@ -192,6 +222,13 @@ static int ga_release(GroupsAllocate *self, PyObject *rid, Py_ssize_t processed)
     for (Py_ssize_t i = 0; i < self->num_groups; i++) {
         GaGroup *g = &self->g[i];
         if (g->drop == GA_DROP_NONE) continue;
+        if (g->drop == GA_DROP_STATE) {
+            if (hs_release(ga_table(g->tables, rid), g->released, g->last_state, rid,
+                           processed, g->block_size, self->pool, str_free_blocks) < 0) {
+                return -1;
+            }
+            continue;
+        }
         if (g->drop != GA_DROP_METHOD) {
             if (ga_release_window(self, g, rid, processed) < 0) return -1;
             continue;
@@ -272,6 +309,14 @@ static int ga_count(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
             }
             n = (num_tokens + g->block_size - 1) / g->block_size - PyList_GET_SIZE(table);
             counts[i] = n;
+        } else if (g->grow == GA_GROW_STATE) { /* MambaAlignManager's count, no hit */
+            PyObject *table = ga_table(g->tables, rid);
+            if (table == NULL) {
+                PyErr_SetObject(PyExc_KeyError, rid);
+                return -1;
+            }
+            n = (main + g->block_size - 1) / g->block_size > PyList_GET_SIZE(table);
+            counts[i] = main;
         } else {
             Py_ssize_t slots = main;
             PyObject *a[4] = {g->manager, NULL, NULL, NULL};
@@ -307,6 +352,15 @@ static int ga_count(GroupsAllocate *self, PyObject *rid, Py_ssize_t num_tokens,
 static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid,
                                Py_ssize_t count) {
     GaGroup *g = &self->g[i];
+    if (g->grow == GA_GROW_STATE) {
+        PyObject *table = ga_table(g->tables, rid);
+        if (table == NULL) {
+            PyErr_SetObject(PyExc_KeyError, rid);
+            return NULL;
+        }
+        return hs_grow(table, g->last_state, g->allocated, rid, count, g->block_size,
+                       self->pool, str_get_new_blocks);
+    }
     if (g->grow != GA_GROW_PLAIN) {
         PyObject *slots = PyLong_FromSsize_t(count);
         if (slots == NULL) return NULL;
@@ -369,6 +423,8 @@ done:
     return out;
 }
 
+#include "ccore_hybrid_step_register.h"
+
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):
  * end aligned down, and a group's cache_blocks called only when its count says a block
  * became full (or it keeps no count). 0, or -1 on an error. */
@@ -383,6 +439,11 @@ static int ga_cache(GroupsAllocate *self, PyObject *request, PyObject *rid, Py_s
             Py_ssize_t n = v != NULL && PyLong_CheckExact(v) ? PyLong_AsSsize_t(v) : -1;
             if (n == -1) PyErr_Clear();
             if (n >= 0 && end / c->block_size <= n) continue;
+        }
+        if (c->kind != GA_CACHE_METHOD && self->reg_fn != NULL) {
+            int done = ga_register(self, c, request, rid, end);
+            if (done < 0) rc = -1;
+            if (done <= 0) continue; /* registered in C, or an error */
         }
         if (end_obj == NULL && (end_obj = PyLong_FromSsize_t(end)) == NULL) return -1;
         PyObject *a[4] = {c->manager, request, rid, end_obj};
@@ -408,9 +469,13 @@ static int ga_holds(GroupsAllocate *self, PyObject *rid) {
     if (da_get(self->g[0].tables, rid) == NULL) return 0;
     for (Py_ssize_t i = 0; i < self->num_groups; i++) {
         GaGroup *g = &self->g[i];
-        int c_reads = g->grow == GA_GROW_PLAIN || g->drop == GA_DROP_WINDOW
-                      || g->drop == GA_DROP_CHUNK;
+        int c_reads = g->grow == GA_GROW_PLAIN || g->grow == GA_GROW_STATE
+                      || g->drop == GA_DROP_WINDOW || g->drop == GA_DROP_CHUNK
+                      || g->drop == GA_DROP_STATE;
         if (c_reads && ga_table(g->tables, rid) == NULL) return 0;
+        /* a sub-block state to copy: the manager's own allocation (the Python method) */
+        if (g->grow == GA_GROW_STATE && PyDict_GET_SIZE(g->partial) > 0
+            && da_get(g->partial, rid) != NULL) return 0;
     }
     return 1;
 }
@@ -516,8 +581,9 @@ fallback:
     return ga_python(self, self->cache_function, args, nargsf, kwnames);
 }
 
-/* groups: one (grow, drop, ignores_lookahead, block_size, drop_tokens, manager, tables)
- * tuple per group, in group order. 0, or -1 with an exception set. */
+/* groups: one (grow, drop, ignores_lookahead, block_size, drop_tokens, manager, tables
+ * [, state]) tuple per group, in group order; state (a state kind's) is (released dict,
+ * last_state dict, allocated set, partial dict). 0, or -1 with an exception set. */
 static int ga_parse_groups(GroupsAllocate *self, PyObject *groups) {
     Py_ssize_t n = PyTuple_GET_SIZE(groups);
     if (n == 0) {
@@ -529,14 +595,28 @@ static int ga_parse_groups(GroupsAllocate *self, PyObject *groups) {
     self->num_groups = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         GaGroup *g = &self->g[i];
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(groups, i), "iiinnOO!:GroupsAllocate group",
+        PyObject *state = Py_None;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(groups, i), "iiinnOO!|O:GroupsAllocate group",
                               &g->grow, &g->drop, &g->ignores_lookahead, &g->block_size,
-                              &g->drop_tokens, &g->manager, &PyDict_Type, &g->tables)) {
+                              &g->drop_tokens, &g->manager, &PyDict_Type, &g->tables,
+                              &state)) {
             return -1;
         }
         int windowed = g->drop == GA_DROP_WINDOW || g->drop == GA_DROP_CHUNK;
-        if (g->block_size <= 0 || g->grow < 0 || g->grow > GA_GROW_METHOD || g->drop < 0
-            || g->drop > GA_DROP_METHOD || (windowed && g->drop_tokens <= 0)
+        int stateful = g->grow == GA_GROW_STATE || g->drop == GA_DROP_STATE;
+        if (stateful && !PyTuple_Check(state)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate state: a tuple for a state kind");
+            return -1;
+        }
+        if (stateful
+            && (!PyArg_ParseTuple(state, "O!O!O!O!:GroupsAllocate state", &PyDict_Type,
+                                  &g->released, &PyDict_Type, &g->last_state, &PySet_Type,
+                                  &g->allocated, &PyDict_Type, &g->partial))) {
+            return -1;
+        }
+        if (g->block_size <= 0 || g->grow < 0 || g->grow > GA_GROW_STATE || g->drop < 0
+            || g->drop > GA_DROP_STATE || (windowed && g->drop_tokens <= 0)
+            || (g->grow == GA_GROW_STATE && !g->ignores_lookahead)
             || (g->drop == GA_DROP_CHUNK && g->drop_tokens % g->block_size)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a group's kinds or sizes are "
                                               "out of range");
@@ -554,12 +634,28 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
     self->num_cache = n;
     for (Py_ssize_t i = 0; i < n; i++) {
         GaCache *c = &self->c[i];
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(plan, i), "nOO!O:GroupsAllocate cache group",
+        PyObject *reg = Py_None;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(plan, i), "nOO!O|O:GroupsAllocate cache group",
                               &c->block_size, &c->manager, &PyDict_Type, &c->tables,
-                              &c->cached)) {
+                              &c->cached, &reg)) {
             return -1;
         }
-        if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))) {
+        c->kind = GA_CACHE_METHOD;
+        if (reg != Py_None && !PyTuple_Check(reg)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registration: a tuple or None");
+            return -1;
+        }
+        if (reg != Py_None
+            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p:GroupsAllocate registration", &c->kind,
+                                 &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
+                                 &c->dups, &PySet_Type, &c->registered, &PyDict_Type,
+                                 &c->counts, &c->drop_last_hit)) {
+            return -1;
+        }
+        if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))
+            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_TAIL
+            || (c->kind != GA_CACHE_METHOD && c->stride <= 0)
+            || (c->kind != GA_CACHE_METHOD && c->kind != GA_CACHE_TAIL && c->cached == Py_None)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a cache group's block size "
                                               "or counts are wrong");
             return -1;
@@ -572,15 +668,15 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "cache_function", "manager", "live_requests", "pool",
                              "zeroing", "new_block_ids", "request_type", "groups",
                              "cache_plan", "max_model_len", "hash_block_size",
-                             "cache_alignment", NULL};
+                             "cache_alignment", "registrar", NULL};
     PyObject *function, *cache_function, *manager, *live, *pool, *zeroing, *new_ids, *rtype,
-        *groups, *plan;
+        *groups, *plan, *registrar = Py_None;
     Py_ssize_t max_len, hash_bs, align;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOOO!OO!O!O!O!O!nnn:GroupsAllocate", kwlist, &function,
+            args, kwds, "OOOO!OO!O!O!O!O!nnn|O:GroupsAllocate", kwlist, &function,
             &cache_function, &manager, &PyDict_Type, &live, &pool, &PyList_Type, &zeroing,
             &PyList_Type, &new_ids, &PyType_Type, &rtype, &PyTuple_Type, &groups,
-            &PyTuple_Type, &plan, &max_len, &hash_bs, &align)) {
+            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar)) {
         return -1;
     }
     if (max_len <= 0 || hash_bs <= 0 || align <= 0 || !PyCallable_Check(function)
@@ -602,6 +698,27 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->request_type = Py_NewRef(rtype);
     self->groups = Py_NewRef(groups); /* owns what the GaGroup entries borrow */
     self->cache_plan = Py_NewRef(plan);
+    self->registrar = Py_NewRef(registrar);
+    if (registrar != Py_None) { /* (index, block_hash, block_group, evict, stored) */
+        if (!PyTuple_Check(registrar)) {
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: a tuple or None");
+            return -1;
+        }
+        if (!PyArg_ParseTuple(registrar, "OO!O!OO:GroupsAllocate registrar", &self->reg_fn,
+                              &PyList_Type, &self->reg_hash, &PyList_Type, &self->reg_group,
+                              &self->reg_evict, &self->reg_stored)) {
+            self->reg_fn = NULL;
+            return -1;
+        }
+        if (self->reg_stored == Py_None) self->reg_stored = NULL;
+        if (!PyCallable_Check(self->reg_evict)
+            || (self->reg_stored != NULL && !PyCallable_Check(self->reg_stored))) {
+            self->reg_fn = NULL;
+            PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: the eviction and "
+                                             "stored must be callables");
+            return -1;
+        }
+    }
     self->max_model_len = max_len;
     self->hash_block_size = hash_bs;
     self->align = align;
@@ -649,12 +766,16 @@ static int ccore_groups_add(PyObject *m) {
                            "free_blocks", "new_computed_blocks", "num_new_computed_tokens",
                            "num_lookahead_tokens", "num_external_computed_tokens",
                            "num_encoder_tokens", "delay_caching", "reserved_blocks",
-                           "has_scheduled_reqs", "full_sequence_must_fit"};
+                           "has_scheduled_reqs", "full_sequence_must_fit", "partial_hits",
+                           "keep_null_head", "offloads", "num_prompt_tokens",
+                           "_index_register"};
     PyObject **slots[] = {&str_remove_skipped, &str_get_num_blocks, &str_allocate_new,
                           &str_slots_needed, &str_mgr_cache_blocks, &str_free_blocks,
                           &str_kw_hit, &str_kw_hit_tokens, &str_kw_lookahead,
                           &str_kw_external, &str_kw_encoder, &str_kw_delay, &str_kw_reserved,
-                          &str_kw_scheduled, &str_kw_must_fit};
+                          &str_kw_scheduled, &str_kw_must_fit, &str_partial_hits,
+                          &str_keep_null_head, &str_offloads, &str_num_prompt_tokens,
+                          &str_index_register_attr};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*slots[i] = PyUnicode_InternFromString(names[i])) == NULL) return -1;
     }

@@ -60,9 +60,10 @@ class GroupsAllocate:
         self, *, function: Callable[..., Any], cache_function: Callable[..., Any],
         manager: Any, live_requests: dict[str, Any], pool: Any, zeroing: list[bool],
         new_block_ids: list[list[int]], request_type: type,
-        groups: tuple[tuple[int, int, int, int, int, Any, dict[str, list[int]]], ...],
-        cache_plan: tuple[tuple[int, Any, dict[str, list[int]], dict[str, int] | None], ...],
+        groups: tuple[tuple[Any, ...], ...],
+        cache_plan: tuple[tuple[Any, ...], ...],
         max_model_len: int, hash_block_size: int, cache_alignment: int,
+        registrar: tuple[Any, ...] | None = None,
     ) -> None: ...
     def cache_blocks(self, request: Any, num_computed_tokens: int, /) -> None: ...
     def __call__(self, request: Any, num_new_tokens: int, /, **kwargs: Any) -> Any: ...
@@ -109,3 +110,15 @@ def state_hit(
 def extra_tails(
     extras: Any, start: int, stop: int, block_size: int, keys_out: list[Any] | None, /,
 ) -> list[bytes] | None: ...
+def mamba_release(
+    table: list[int] | None, released: dict[str, int], last_state: dict[str, int],
+    request_id: str, num_computed_tokens: int, block_size: int,
+    free_blocks: Callable[[list[int]], Any], /,
+) -> None: ...
+def free_groups(
+    plan: list[tuple[Any, ...]], request_id: str, free_blocks: Callable[[list[int]], Any], /,
+) -> None: ...
+def mamba_grow(
+    table: list[int], last_state: dict[str, int], allocated: set[str], request_id: str,
+    num_tokens: int, block_size: int, get_new_blocks: Callable[[int], list[int]], /,
+) -> list[int]: ...

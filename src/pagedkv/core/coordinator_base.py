@@ -12,7 +12,12 @@ from collections.abc import Iterator, KeysView, Sequence
 from typing import NamedTuple, cast
 
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
-from pagedkv.core.group_allocation import admission_plan, full_sequence_blocks, grow_running
+from pagedkv.core.group_allocation import (
+    admission_plan,
+    free_plan,
+    full_sequence_blocks,
+    grow_running,
+)
 from pagedkv.core.group_hits import group_hit_problem, truncate_hit
 from pagedkv.core.kernels import kernels
 from pagedkv.core.managers.base import SingleTypeManager
@@ -89,6 +94,8 @@ class Coordinator:
         #: A new request's allocation in every group at once (kernels_hybrid.admit_groups;
         #: picked here, compiled or pure).
         self._admit = kernels().admit_groups
+        #: A request's free in every group at once (kernels_hybrid_step.free_groups).
+        self._free_groups = kernels().free_groups
         self._build_plans()
 
     def _build_plans(self) -> None:
@@ -103,6 +110,8 @@ class Coordinator:
         #: Per group its admission plan entry (kernels_hybrid.admission_plan), or None
         #: where a group admits by rules of its own (then the methods below).
         self._admit_plan = admission_plan(self.managers)
+        #: Every group's free by the base rule in one kernel call, or None (free_plan).
+        self._free_plan = free_plan(self.managers)
         self._grow_plan = [
             (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
             for m in self.managers
@@ -305,6 +314,10 @@ class Coordinator:
     def free(self, request_id: str) -> None:
         """Release the request's blocks in every group, tail first; an unknown id is a
         no-op. O(blocks held)."""
+        plan = self._free_plan
+        if plan is not None:
+            self._free_groups(plan, request_id, self.pool.free_blocks)
+            return
         for m in self.managers:
             m.free(request_id)
 

@@ -34,10 +34,12 @@ Every other coordinator that runs :class:`~pagedkv.core.coordinator_base.Coordin
 own allocation and registration (several groups, sliding window, chunked local, Mamba,
 mixed block sizes) gets ``GroupsAllocate`` (``pagedkv/_csrc/ccore_groups.h``) instead: the
 same contract for a running request's step with any of the façade's keywords a running
-request's step carries, with the windows' release, every group's capacity check and
-growth, zeroing and registration in C, and a new request's plain first call (its hit,
-the full-sequence gate, every group's admission: ``pagedkv/_csrc/ccore_hybrid_first.h``)
-(docs/architecture.md "Compiled kernels"). Which
+request's step carries, with the windows' and Mamba align's release, every group's
+capacity check and growth (Mamba align's too), zeroing and registration in C (through the
+index's kernel where a group registers by the base rule:
+:func:`~pagedkv.core.group_allocation.compiled_registration`), and a new request's
+plain first call (its hit, the full-sequence gate, every group's admission:
+``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). Which
 of the three ``allocate_slots`` a manager has is decided here, once, at construction.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
@@ -63,9 +65,11 @@ from typing import Any
 from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
+from pagedkv.core.group_allocation import compiled_registration
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
+from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.prefix_index import PrefixIndex
@@ -74,9 +78,10 @@ from pagedkv.core.request import Request
 
 #: ``GroupsAllocate``'s kinds (``pagedkv/_csrc/ccore_groups.h``): how a group grows (its
 #: table by ``ceil(tokens / block_size)`` in C, or through its manager's methods) and how
-#: it drops blocks (none, a sliding window or a chunk in C, or its manager's method).
-GROW_PLAIN, GROW_METHOD = 0, 1
-DROP_NONE, DROP_WINDOW, DROP_CHUNK, DROP_METHOD = 0, 1, 2, 3
+#: it drops blocks (none, a sliding window or a chunk in C, or its manager's method);
+#: a Mamba align group's growth and release in C (``*_STATE``, ccore_hybrid_step.h).
+GROW_PLAIN, GROW_METHOD, GROW_STATE = 0, 1, 2
+DROP_NONE, DROP_WINDOW, DROP_CHUNK, DROP_METHOD, DROP_STATE = 0, 1, 2, 3, 4
 
 __all__ = ["install"]
 
@@ -179,9 +184,10 @@ def _admits_plainly(m: SingleTypeManager) -> bool:
                for name in _ADMISSION_STEPS)
 
 
-def _group_kinds(m: SingleTypeManager) -> tuple[int, int, int, int, int, Any, Any]:
+def _group_kinds(m: SingleTypeManager) -> tuple[Any, ...]:
     """``GroupsAllocate``'s entry for group ``m``: grow kind, drop kind, whether it ignores
-    lookahead, block size, window or chunk tokens, the manager, its tables."""
+    lookahead, block size, window or chunk tokens, the manager, its tables (and a Mamba
+    align group's containers: :func:`_state_kinds`)."""
     drop, tokens = DROP_NONE, 0
     if m.drops_blocks:
         rule = type(m).remove_skipped_blocks
@@ -192,7 +198,24 @@ def _group_kinds(m: SingleTypeManager) -> tuple[int, int, int, int, int, Any, An
         else:
             drop = DROP_METHOD
     grow = GROW_PLAIN if m.grows_plainly else GROW_METHOD
+    if isinstance(m, MambaAlignManager):
+        return _state_kinds(m, grow, drop)
     return (grow, drop, int(m.ignores_lookahead), m.block_size, tokens, m, m.req_to_blocks)
+
+
+def _state_kinds(m: MambaAlignManager, grow: int, drop: int) -> tuple[Any, ...]:
+    """A Mamba align group's entry: growth and release in C where its class keeps the
+    align rules (kernels_hybrid_step), with the containers they mutate."""
+    kind = type(m)
+    if (kind.remove_skipped_blocks is MambaAlignManager.remove_skipped_blocks
+            and m.drops_blocks):
+        drop = DROP_STATE
+    if (kind.allocate_new_blocks is MambaAlignManager.allocate_new_blocks
+            and kind.get_num_blocks_to_allocate is MambaAlignManager.get_num_blocks_to_allocate
+            and m.ignores_lookahead):
+        grow = GROW_STATE
+    state = (m._released, m._last_state, m._allocated, m._partial)
+    return (grow, drop, int(m.ignores_lookahead), m.block_size, 0, m, m.req_to_blocks, state)
 
 
 def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
@@ -211,13 +234,15 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
             or getattr(coordinator.cache_blocks, "__func__", None) is not Coordinator.cache_blocks
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
-    plan = tuple((bs, m, m.req_to_blocks, cached)
-                 for m, bs, cached, _caps in coordinator._cache_plan)
+    registrar, registration = compiled_registration(coordinator)
+    plan = tuple((bs, m, m.req_to_blocks, cached, reg)
+                 for (m, bs, cached, _caps), reg in zip(coordinator._cache_plan, registration,
+                                                       strict=True))
     fast: Callable[..., Any] = ccore.GroupsAllocate(
         function=function, cache_function=cache_function, manager=mgr,
         live_requests=mgr.live_requests, pool=coordinator.pool, zeroing=coordinator.zeroing,
         new_block_ids=coordinator.new_block_ids, request_type=Request,
         groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
         max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
-        cache_alignment=coordinator.cache_alignment_tokens)
+        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar)
     return fast

@@ -14,7 +14,9 @@ from pagedkv.core.kernels_hybrid import ADMIT_CHUNK, ADMIT_FULL, ADMIT_METHODS, 
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
+from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.prefix_index import PrefixIndex
 
 __all__ = ["ADMIT_MAX_GROUPS", "admission_plan", "full_sequence_blocks", "grow_running"]
 
@@ -130,3 +132,83 @@ def grow_running(
             coord.new_block_ids[g].extend(b for b in new if b)
         out.append(new)
     return tuple(out)
+
+
+#: How a caching group registers in the compiled ``GroupsAllocate`` (ccore_groups.h):
+#: through its ``cache_blocks``, by :meth:`SingleTypeManager.cache_blocks`'s rule in C, or
+#: by :meth:`MambaAlignManager.cache_blocks`'s in C, or by
+#: :meth:`FullAttentionManager.cache_blocks`'s over several hash blocks per block (its
+#: whole blocks in C, its method when the prompt's tail may need a partial entry).
+CACHE_METHOD, CACHE_PLAIN, CACHE_STATE, CACHE_TAIL = 0, 1, 2, 3
+
+
+def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
+    """What the compiled ``GroupsAllocate`` needs to register a running request's blocks
+    without a Python call (the recorder's ``stored`` aside): ``(registrar, entries)``.
+    ``registrar``: (the prefix index, whose ``_index_register`` kernel it calls,
+    ``block_hash``, ``block_group``, the rehash eviction, the recorder's ``stored`` or
+    None when it hears nothing). Per entry of ``coord._cache_plan``: ``(kind, stride,
+    group, index, duplicates, registered, counts, drop_last_hit)``, or None (its
+    ``cache_blocks`` runs). ``(None, [None, ...])`` when the pool registers by rules of
+    its own (an eviction policy, another index). No state change."""
+    pool = coord.pool
+    prefix = getattr(pool, "prefix", None)
+    plan = coord._cache_plan
+    if (not isinstance(prefix, PrefixIndex)
+            or type(prefix).cache_full_blocks is not PrefixIndex.cache_full_blocks
+            or pool.cache_full_blocks != prefix.cache_full_blocks
+            or prefix.policy is not None):
+        return None, [None] * len(plan)
+    recorder = prefix.recorder
+    registrar = (prefix, prefix.block_hash, prefix.block_group,
+                 prefix._evict_rehashed, recorder.stored if recorder.hears_stored else None)
+    return registrar, [_registration(m, cached, prefix) for m, _bs, cached, _caps in plan]
+
+
+def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any:
+    """Group ``m``'s registration entry (:func:`compiled_registration`), or None."""
+    kind = type(m)
+    # A sliding window's mask is None for every range once its run covers a segment of
+    # the hit alignment (SlidingWindowManager.reachable_mask): it registers every block.
+    every_block = kind.reachable_mask is SingleTypeManager.reachable_mask or (
+        kind.reachable_mask is SlidingWindowManager.reachable_mask
+        and m.reachable_mask(0, 1) is None)
+    if not every_block:
+        return None
+    rule = kind.cache_blocks
+    registered: set[bytes] = set()
+    if rule is FullAttentionManager.cache_blocks and m.hash_stride > 1:
+        how = CACHE_TAIL
+    elif cached is None:
+        return None
+    elif rule is SingleTypeManager.cache_blocks or (
+            rule is FullAttentionManager.cache_blocks and m.hash_stride == 1):
+        how = CACHE_PLAIN
+    elif rule is MambaAlignManager.cache_blocks and isinstance(m, MambaAlignManager):
+        how, registered = CACHE_STATE, m._registered_this_step
+    else:
+        return None
+    stride = prefix.groups[m.group].block_size // prefix.hash_block_size
+    return (how, stride, m.group, prefix.index[m.group], prefix.duplicates[m.group],
+            registered, m.num_cached_blocks, m.drop_last_hit)
+
+
+def free_plan(managers: Sequence[SingleTypeManager]) -> list[Any] | None:
+    """The :func:`~pagedkv.core.kernels_hybrid_step.free_groups` plan of ``managers``:
+    per group its tables, counts and the per-request containers its free forgets; None
+    when a group frees by rules of its own (then each group's ``free`` runs). Read once,
+    at construction (a Mamba group's boundary-state offloads are set before). No state
+    change."""
+    plan: list[Any] = []
+    for m in managers:
+        rule = type(m).free
+        if rule is SingleTypeManager.free:
+            plan.append((m.req_to_blocks, m.num_cached_blocks, (), ()))
+        elif (rule is MambaAlignManager.free and isinstance(m, MambaAlignManager)
+              and m.offloads is None
+              and type(m)._forget is MambaAlignManager._forget):
+            plan.append((m.req_to_blocks, m.num_cached_blocks,
+                         (m._last_state, m._released, m._partial), (m._allocated,)))
+        else:
+            return None
+    return plan

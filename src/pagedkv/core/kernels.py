@@ -32,10 +32,14 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``record_stored``  one stored event of a registered run (the event recorder's record)
 ``extra_tails``    the encoded extra keys of a request's new blocks; ``None``: not
                    covered (the compiled one: prompt embeddings)
+``mamba_release``  a Mamba align group's release of the states behind the live one
+``mamba_grow``     a Mamba align group's growth to its live position
+``free_groups``    a request's free in every group that frees by the base rule
 =================  ==============================================================
 
-The last seven are the hybrid path's; their pure implementations are in
-:mod:`pagedkv.core.kernels_hybrid` and :mod:`pagedkv.core.kernels_hybrid_lookup`.
+The last ten are the hybrid path's; their pure implementations are in
+:mod:`pagedkv.core.kernels_hybrid`, :mod:`pagedkv.core.kernels_hybrid_lookup` and
+:mod:`pagedkv.core.kernels_hybrid_step`.
 
 >>> kernels() in (PURE, COMPILED)
 True
@@ -53,7 +57,13 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from pagedkv.core import kernels_hybrid, kernels_hybrid_lookup, kernels_pure, native
+from pagedkv.core import (
+    kernels_hybrid,
+    kernels_hybrid_lookup,
+    kernels_hybrid_step,
+    kernels_pure,
+    native,
+)
 from pagedkv.core.free_queue import FreeBlockQueue
 from pagedkv.core.kernels_pure import PlainHasher
 
@@ -130,6 +140,15 @@ class Kernels:
     record_stored: Callable[..., Any]
     #: :func:`pagedkv.core.kernels_hybrid_lookup.extra_tails`: appends to keys_out.
     extra_tails: kernels_hybrid_lookup.ExtraTails
+    #: :func:`pagedkv.core.kernels_hybrid_step.mamba_release`: mutates the table and
+    #: ``released``, through the pool's free.
+    mamba_release: Callable[..., None]
+    #: :func:`pagedkv.core.kernels_hybrid_step.mamba_grow`: mutates the table,
+    #: ``last_state`` and ``allocated``, through the pool's take.
+    mamba_grow: Callable[..., list[int]]
+    #: :func:`pagedkv.core.kernels_hybrid_step.free_groups`: mutates the plan's
+    #: containers, through the pool's free.
+    free_groups: Callable[..., None]
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -170,6 +189,9 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("record_stored", kernels_hybrid.record_stored, "record_stored"),
     # the hybrid request's hashing extras and lookup (kernels_hybrid_lookup)
     ("extra_tails", kernels_hybrid_lookup.extra_tails, "extra_tails"),
+    ("mamba_release", kernels_hybrid_step.mamba_release, "mamba_release"),
+    ("mamba_grow", kernels_hybrid_step.mamba_grow, "mamba_grow"),
+    ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}

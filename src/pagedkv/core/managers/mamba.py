@@ -186,7 +186,10 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
         self._partial: dict[str, tuple[int, int]] = {}
         #: (source, copy) pairs queued since the last take, in allocation order.
         self.pending_copies: list[tuple[int, int]] = []
-        self._state_hit = kernels().state_hit  # compiled or pure, picked once
+        ks = kernels()  # compiled or pure, picked once
+        self._state_hit = ks.state_hit
+        self._release_states = ks.mamba_release  # kernels_hybrid_step
+        self._grow_state = ks.mamba_grow
 
     def enable_partial_hits(self) -> None:
         self.partial_hits = True
@@ -241,26 +244,20 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Pad with nulls up to the live position and take its block; returns the padding
-        and the block (module docstring)."""
+        and the block (module docstring; kernels_hybrid_step.mamba_grow)."""
         table = self.req_to_blocks[request_id]
+        p = self._partial.pop(request_id, None) if self._partial else None
+        if p is None:
+            return self._grow_state(table, self._last_state, self._allocated, request_id,
+                                    num_tokens, self.block_size, self.pool.get_new_blocks)
         required = -(-num_tokens // self.block_size)
         prev = len(table)
-        p = self._partial.pop(request_id, None) if self._partial else None
-        if required <= prev and p is None:
-            self._allocated.add(request_id)
-            return []
         if prev:
             self._last_state[request_id] = prev - 1
         if prev < required - 1:
             table.extend([0] * (required - 1 - prev))
-        pool = self.pool
-        n = max(required - len(table), 0)
-        if p is None:
-            new = pool.get_new_blocks(n)
-            out = table[prev:]
-        else:
-            new = pool.get_new_blocks(n + 1)
-            out = self._copy_partial_state(request_id, table, p, new.pop(0), prev)
+        new = self.pool.get_new_blocks(max(required - len(table), 0) + 1)
+        out = self._copy_partial_state(request_id, table, p, new.pop(0), prev)
         table.extend(new)
         out.extend(new)
         self._allocated.add(request_id)
@@ -318,29 +315,11 @@ class MambaAlignManager(SkippingManager, PartialHitManager):
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free real blocks below position ``(c - 1) // bs`` not released yet (deepest
-        first), then the last state once it is behind the live position."""
-        table = self.req_to_blocks.get(request_id)
-        if table is None:
-            return
-        bs = self.block_size
-        c = num_computed_tokens
-        last = (c - 1) // bs if c > 1 else 0
-        if last > len(table):
-            last = len(table)
-        first = self._released.get(request_id, 0) if last else 0
-        if first < last:
-            freed = []
-            for i in range(last - 1, first - 1, -1):
-                if table[i]:
-                    freed.append(table[i])
-                    table[i] = 0
-            if freed:
-                self.pool.free_blocks(freed)
-            self._released[request_id] = last
-        k = self._last_state.get(request_id)
-        if k is not None and k < -(-c // bs) - 1 and table[k]:
-            self.pool.free_blocks([table[k]])
-            table[k] = 0
+        first), then the last state once it is behind the live position
+        (kernels_hybrid_step.mamba_release)."""
+        self._release_states(self.req_to_blocks.get(request_id), self._released,
+                             self._last_state, request_id, num_computed_tokens,
+                             self.block_size, self.pool.free_blocks)
 
     def registers_whole_blocks_only(self) -> bool:
         """Unless sub-block hits register the prompt's tail state (or 0.32 keys it again)."""
