@@ -37,7 +37,7 @@ from pagedkv.core.hash_extras import HashExtras, keys_cbor, lora_keys_cbor
 
 __all__ = [
     "ADMIT_CHUNK", "ADMIT_FULL", "ADMIT_METHODS", "ADMIT_WINDOW", "HashKeyed", "admit_groups",
-    "block_tails", "chunk_hit", "extend_keyed", "hash_keyed", "record_stored",
+    "block_tails", "chunk_hit", "hash_keyed", "record_stored",
     "state_hit", "window_hit",
 ]
 
@@ -287,18 +287,3 @@ def block_tails(extras: HashExtras, start: int, stop: int, block_size: int,
         if keys_out is not None:
             keys_out[base + k] = keys
     return tails
-
-
-def extend_keyed(kernel_fn: HashKeyed, hashes: list[bytes], tokens: Sequence[int], start: int,
-                 stop: int, block_size: int, parent: bytes, extras: HashExtras,
-                 keys_out: list[list[Any] | None] | None) -> bool:
-    """:meth:`pagedkv.core.hashing.BlockHasher.extend` with extras on ``kernel_fn`` (a
-    :data:`HashKeyed`): the blocks' keys and tails, then one kernel call; the keys join
-    ``keys_out`` only when the kernel hashed (False: nothing changed)."""
-    keys: list[list[Any] | None] | None = [] if keys_out is not None else None
-    tails = block_tails(extras, start, stop, block_size, keys)
-    if not kernel_fn(hashes, tokens, start, stop, block_size, parent, tails):
-        return False
-    if keys_out is not None and keys is not None:
-        keys_out.extend(keys)
-    return True
