@@ -143,15 +143,20 @@ def test_groups_allocate_survives_copy_and_pickle_and_holds_its_manager_weakly()
         allocate(req, 1)
 
 
+def _constructor_arguments(mgr: KVCacheManager) -> dict[str, Any]:
+    """GroupsAllocate's valid keyword arguments for ``mgr``, but its groups and plans."""
+    return {"function": KVCacheManager.allocate_slots,
+            "cache_function": KVCacheManager.cache_blocks, "manager": mgr,
+            "live_requests": {}, "pool": mgr.pool, "zeroing": [False], "new_block_ids": [[]],
+            "request_type": Request, "max_model_len": 8, "hash_block_size": 4,
+            "cache_alignment": 1}
+
+
 def test_constructor_refuses_bad_groups() -> None:
     ccore = native.module()
     assert ccore is not None
     mgr, _ = manager_pair("full+swa")
-    good = {"function": KVCacheManager.allocate_slots,
-            "cache_function": KVCacheManager.cache_blocks, "manager": mgr,
-            "live_requests": {}, "pool": mgr.pool, "zeroing": [False], "new_block_ids": [[]],
-            "request_type": Request, "cache_plan": (), "max_model_len": 8,
-            "hash_block_size": 4, "cache_alignment": 1}
+    good = {**_constructor_arguments(mgr), "cache_plan": ()}
     for groups in [(), ((0, 9, 0, 4, 0, None, {}),), ((0, 1, 0, 4, 0, None, {}),),
                    ((0, 2, 0, 4, 6, None, {}),), ((0, 0, 0, 0, 0, None, {}),)]:
         with pytest.raises(ValueError, match="GroupsAllocate"):
@@ -205,11 +210,7 @@ def test_constructor_refuses_bad_state_and_registration_entries() -> None:
     ccore = native.module()
     assert ccore is not None
     mgr, _ = manager_pair("full+mamba")
-    good = {"function": KVCacheManager.allocate_slots,
-            "cache_function": KVCacheManager.cache_blocks, "manager": mgr,
-            "live_requests": {}, "pool": mgr.pool, "zeroing": [False], "new_block_ids": [[]],
-            "request_type": Request, "max_model_len": 8, "hash_block_size": 4,
-            "cache_alignment": 1}
+    good = _constructor_arguments(mgr)
     state = ({}, {}, set(), {})
     for groups, plan in [
         (((2, 0, 1, 4, 0, None, {}),), ()),                       # a state kind, no state

@@ -292,13 +292,6 @@ def test_hit_kernels_equal_their_twins(cached: list[bool], stride: int, num_bloc
 
 # ---------------------------------------------------------------- Mamba's running step
 
-def _step_outcome(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except (IndexError, TypeError, ValueError) as exc:
-        return type(exc)
-
-
 @settings(max_examples=400, deadline=None)
 @given(
     table=st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=8)),
@@ -319,7 +312,7 @@ def test_mamba_release_equals_its_twin(table: list[int] | None, released: int | 
         t = None if table is None else list(table)
         rel = {} if released is None else {"r": released}
         last = {} if last_state is None else {"r": last_state}
-        out = _step_outcome(fn, t, rel, last, "r", computed, block_size,
+        out = _call(fn, t, rel, last, "r", computed, block_size,
                             lambda ids, freed=freed: freed.append(list(ids)))
         results.append((out, t, rel, last, freed))
     assert results[0] == results[1]
@@ -349,7 +342,7 @@ def test_mamba_grow_equals_its_twin(table: list[int], last_state: int | None,
         t = list(table)
         last = {} if last_state is None else {"r": last_state}
         done = {"r"} if allocated else set()
-        out = _step_outcome(fn, t, last, done, "r", num_tokens, block_size, take)
+        out = _call(fn, t, last, done, "r", num_tokens, block_size, take)
         results.append((out, t, last, done, takes))
     assert results[0] == results[1]
 
