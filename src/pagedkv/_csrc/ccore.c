@@ -264,6 +264,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_lookup_tails.h"
 /* A full-attention request's lookup, first take and registration, and free. */
 #include "ccore_lookup.h"
+/* A coordinator's whole lookup (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
+#include "ccore_hybrid_fixed_point.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -305,6 +307,10 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
         || ccore_lookup_add(m) < 0 || ccore_refs_add(m) < 0
         || ccore_hybrid_admit_init() < 0 || ccore_hybrid_first_init() < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (ccore_fixed_point_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,10 +13,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.eagle_hits import find_hit_with_drop
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
+from pagedkv.core.kernels import kernels
+from pagedkv.core.lookup_plan import hit_plan
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
@@ -78,6 +81,29 @@ class HybridCoordinator(Coordinator):
         for m in self.managers:
             m.hit_alignment_tokens = self.lcm_block_size
         self.cache_alignment_tokens = self.lcm_block_size
+        self._kernels = kernels()
+        self._install_hit()
+
+    def _install_hit(self) -> None:
+        """Put the lookup kernel over this coordinator's plan (kernels_hybrid_hits) in
+        front of :meth:`find_longest_cache_hit` where the plan covers the groups: the
+        class's fixed point without the drop, every group by its kind's own rule."""
+        if (type(self).find_longest_cache_hit is not HybridCoordinator.find_longest_cache_hit
+                or self._never_hits or self._eagle):
+            return
+        plan = hit_plan(self.managers, self._full, self._others, self.lcm_block_size, False)
+        if plan is not None:
+            self.find_longest_cache_hit = self._kernels.hybrid_hit(plan)  # type: ignore[method-assign]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copy and pickle state: the lookup kernel is built again, not copied."""
+        state = dict(self.__dict__)
+        state.pop("find_longest_cache_hit", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._install_hit()
 
     def cacheable_tokens(self, num_tokens: int, m: SingleTypeManager) -> int:
         """Aligned, and finalized in a group with the EAGLE drop

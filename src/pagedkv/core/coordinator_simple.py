@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
+from pagedkv.core.kernels import kernels
+from pagedkv.core.lookup_plan import hit_plan
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
@@ -62,6 +64,31 @@ class UnitaryCoordinator(Coordinator):
         super().__init__(managers, pool)
         assert len(self.managers) == 1
         self._manager = self.managers[0]
+        self._kernels = kernels()
+        self._install_hit()
+
+    def _install_hit(self) -> None:
+        """Put the lookup kernel (kernels_hybrid_hits) in front of
+        :meth:`find_longest_cache_hit` for a sliding-window, chunked-local or Mamba align
+        group that looks up by its class's rule (full attention keeps its own method: the
+        compiled core's ``DecodeAllocate`` takes its lookups)."""
+        m = self._manager
+        if (type(self).find_longest_cache_hit is not UnitaryCoordinator.find_longest_cache_hit
+                or m.hit_shape == "prefix"):
+            return
+        plan = hit_plan(self.managers, (), (0,), 1, True)
+        if plan is not None:
+            self.find_longest_cache_hit = self._kernels.hybrid_hit(plan)  # type: ignore[method-assign]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copy and pickle state: the lookup kernel is built again, not copied."""
+        state = dict(self.__dict__)
+        state.pop("find_longest_cache_hit", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._install_hit()
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int
