@@ -266,6 +266,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_lookup.h"
 /* A coordinator's whole lookup (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
 #include "ccore_hybrid_fixed_point.h"
+/* A façade's lookup after its checks (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
+#include "ccore_lookup_request.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -288,6 +290,8 @@ static PyMethodDef methods[] = {
     {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
     {"free_groups", (PyCFunction)(void (*)(void))free_groups, METH_FASTCALL,
      free_groups_doc},
+    {"lookup_request", (PyCFunction)(void (*)(void))lookup_request, METH_FASTCALL,
+     lookup_request_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -310,7 +314,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (ccore_fixed_point_add(m) < 0) {
+    if (ccore_fixed_point_add(m) < 0 || ccore_lookup_request_add() < 0) {
         Py_DECREF(m);
         return NULL;
     }

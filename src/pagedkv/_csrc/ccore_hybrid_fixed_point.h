@@ -212,7 +212,9 @@ static PyObject *hf_result(PyObject **hits, Py_ssize_t num_groups, Py_ssize_t le
 }
 
 /* The bound: an int; one too large for a Py_ssize_t stands for "every hashed block"
- * (each group's hit is capped by the hashes first, so the result is the same). */
+ * (every group's hit is capped by the hashes, and a plan has at least one group, so the
+ * result is the same; a chunked group's nulls before such a bound's chunk are too many
+ * for a list either way). */
 static int hf_bound(PyObject *v, Py_ssize_t *out) {
     if (!PyLong_Check(v)) {
         PyErr_Format(PyExc_TypeError, "max_length must be an int, got %.80s",
@@ -312,9 +314,10 @@ static PyObject *hf_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(plan, "nnpO!O!:HybridHit plan", &num_groups, &lcm, &unitary,
                           &PyTuple_Type, &full, &PyTuple_Type, &others)) return NULL;
     Py_ssize_t nfull = PyTuple_GET_SIZE(full), nall = nfull + PyTuple_GET_SIZE(others);
-    if (num_groups <= 0 || num_groups > 4096 || lcm <= 0 || (unitary && (nall != 1
-                                                                        || num_groups != 1))) {
-        PyErr_SetString(PyExc_ValueError, "HybridHit: num_groups, lcm or unitary out of range");
+    if (num_groups <= 0 || num_groups > 4096 || lcm <= 0 || nall == 0
+        || (unitary && (nall != 1 || num_groups != 1))) {
+        PyErr_SetString(PyExc_ValueError, "HybridHit: num_groups, lcm, unitary or the number "
+                        "of entries out of range");
         return NULL;
     }
     HybridHit *self = (HybridHit *)type->tp_alloc(type, 0);

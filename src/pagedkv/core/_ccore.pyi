@@ -127,3 +127,6 @@ class HybridHit:
     def __call__(
         self, block_hashes: list[bytes], max_length: int, /,
     ) -> tuple[tuple[list[int], ...], int]: ...
+def lookup_request(
+    find: Callable[[list[bytes], int], Any], mgr: Any, request: Any, num_tokens: int, /,
+) -> Any: ...

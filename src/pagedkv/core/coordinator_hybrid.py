@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
@@ -86,19 +87,23 @@ class HybridCoordinator(Coordinator):
 
     def _install_hit(self) -> None:
         """Put the lookup kernel over this coordinator's plan (kernels_hybrid_hits) in
-        front of :meth:`find_longest_cache_hit` where the plan covers the groups: the
-        class's fixed point without the drop, every group by its kind's own rule."""
-        if (type(self).find_longest_cache_hit is not HybridCoordinator.find_longest_cache_hit
-                or self._never_hits or self._eagle):
-            return
-        plan = hit_plan(self.managers, self._full, self._others, self.lcm_block_size, False)
-        if plan is not None:
-            self.find_longest_cache_hit = self._kernels.hybrid_hit(plan)  # type: ignore[method-assign]
+        front of :meth:`find_longest_cache_hit` where the plan covers the groups (the
+        class's fixed point without the drop, every group by its kind's own rule), and
+        the façade's ``lookup_request`` over the lookup in effect."""
+        ks = self._kernels
+        if (type(self).find_longest_cache_hit is HybridCoordinator.find_longest_cache_hit
+                and not self._never_hits and not self._eagle):
+            plan = hit_plan(self.managers, self._full, self._others, self.lcm_block_size,
+                            False)
+            if plan is not None:
+                self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
+        self.lookup_request = partial(ks.lookup_request, self.find_longest_cache_hit)
 
     def __getstate__(self) -> dict[str, Any]:
         """Copy and pickle state: the lookup kernel is built again, not copied."""
         state = dict(self.__dict__)
         state.pop("find_longest_cache_hit", None)
+        state.pop("lookup_request", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

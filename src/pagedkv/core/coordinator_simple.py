@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, cast
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
@@ -27,6 +28,12 @@ class NoPrefixCacheCoordinator(Coordinator):
         self, block_hashes: list[bytes], max_length: int
     ) -> tuple[BlockTables, int] | None:
         return None
+
+    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: none, nothing counted (caching off). As
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request` over this class's
+        lookup. O(1)."""
+        return mgr._empty_hit
 
     def hit_problem(
         self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
@@ -71,19 +78,21 @@ class UnitaryCoordinator(Coordinator):
         """Put the lookup kernel (kernels_hybrid_hits) in front of
         :meth:`find_longest_cache_hit` for a sliding-window, chunked-local or Mamba align
         group that looks up by its class's rule (full attention keeps its own method: the
-        compiled core's ``DecodeAllocate`` takes its lookups)."""
-        m = self._manager
-        if (type(self).find_longest_cache_hit is not UnitaryCoordinator.find_longest_cache_hit
-                or m.hit_shape == "prefix"):
-            return
-        plan = hit_plan(self.managers, (), (0,), 1, True)
-        if plan is not None:
-            self.find_longest_cache_hit = self._kernels.hybrid_hit(plan)  # type: ignore[method-assign]
+        compiled core's ``DecodeAllocate`` takes its lookups), and the façade's
+        ``lookup_request`` over the lookup in effect."""
+        ks = self._kernels
+        if (type(self).find_longest_cache_hit is UnitaryCoordinator.find_longest_cache_hit
+                and self._manager.hit_shape != "prefix"):
+            plan = hit_plan(self.managers, (), (0,), 1, True)
+            if plan is not None:
+                self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
+        self.lookup_request = partial(ks.lookup_request, self.find_longest_cache_hit)
 
     def __getstate__(self) -> dict[str, Any]:
         """Copy and pickle state: the lookup kernel is built again, not copied."""
         state = dict(self.__dict__)
         state.pop("find_longest_cache_hit", None)
+        state.pop("lookup_request", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

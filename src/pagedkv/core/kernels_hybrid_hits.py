@@ -46,7 +46,7 @@ from typing import Any
 from pagedkv.core.kernels_hybrid import chunk_hit, state_hit, window_hit
 
 __all__ = ["KIND_CHUNK", "KIND_PREFIX", "KIND_STATE", "KIND_WINDOW", "HitFinder",
-           "group_hit", "hybrid_hit"]
+           "group_hit", "hybrid_hit", "lookup_request"]
 
 KIND_PREFIX, KIND_WINDOW, KIND_CHUNK, KIND_STATE = 0, 1, 2, 3
 
@@ -81,7 +81,7 @@ def hybrid_hit(plan: Sequence[Any]) -> HitFinder:
     and pass)."""
     num_groups, lcm, unitary, full, others = plan
     if unitary:
-        (entry,) = (*full, *others)
+        entry: Sequence[Any] = (*full, *others)[0]
         bs = entry[4]
 
         def one_group(block_hashes: list[bytes], max_length: int
@@ -118,3 +118,36 @@ def hybrid_hit(plan: Sequence[Any]) -> HitFinder:
             del hits[entry[0]][length // entry[4]:]
         return tuple(hits), length
     return fixed_point
+
+
+#: A hit of every field, built without the hit type's ``__new__`` Python frame.
+_new_hit = tuple.__new__
+
+
+def lookup_request(find: HitFinder | Callable[[list[bytes], int], Any], mgr: Any,
+                   request: Any, num_tokens: int) -> Any:
+    """A façade's lookup of ``request`` (``num_tokens`` tokens, checked by the caller)
+    after its checks: ``find``'s hit within ``num_tokens - 1`` tokens (a coordinator's
+    ``find_longest_cache_hit``; ``None``, caching off: ``mgr._empty_hit``), counted in
+    ``mgr.lookups`` (a preempted request's in the preempted counters) and a fresh one in
+    ``mgr.hit_rate_window``, returned as a hit of ``mgr._empty_hit``'s type: block ids,
+    count, ``mgr.issuer_token``, the request's id, the index generation of ``mgr.pool``
+    and the fingerprint ``(count, *map(tuple, block ids))``. Mutates the statistics only.
+    The compiled twin: ``_ccore.lookup_request``."""
+    found = find(request.block_hashes, num_tokens - 1)
+    if found is None:  # caching off: no lookup, nothing counted
+        return mgr._empty_hit
+    blocks, num_hit = found
+    lookups = mgr.lookups
+    if request.num_preemptions:
+        lookups.preempted_requests += 1
+        lookups.preempted_queries += num_tokens
+        lookups.preempted_hits += num_hit
+    else:
+        lookups.requests += 1
+        lookups.queries += num_tokens
+        lookups.hits += num_hit
+        mgr.hit_rate_window.observe(num_tokens, num_hit)
+    return _new_hit(type(mgr._empty_hit), (
+        blocks, num_hit, mgr.issuer_token, request.request_id,
+        mgr.pool.prefix.index_generation, (num_hit, *map(tuple, blocks)), None))
