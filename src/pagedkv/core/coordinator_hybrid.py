@@ -89,15 +89,25 @@ class HybridCoordinator(Coordinator):
         """Put the lookup kernel over this coordinator's plan (kernels_hybrid_hits) in
         front of :meth:`find_longest_cache_hit` where the plan covers the groups (the
         class's fixed point without the drop, every group by its kind's own rule), and
-        the façade's ``lookup_request`` over the lookup in effect."""
+        the façade's ``lookup_request`` over that kernel (no reference back to this
+        coordinator)."""
         ks = self._kernels
         if (type(self).find_longest_cache_hit is HybridCoordinator.find_longest_cache_hit
                 and not self._never_hits and not self._eagle):
             plan = hit_plan(self.managers, self._full, self._others, self.lcm_block_size,
                             False)
             if plan is not None:
-                self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
-        self.lookup_request = partial(ks.lookup_request, self.find_longest_cache_hit)
+                find = self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
+                self.lookup_request = partial(  # type: ignore[method-assign]
+                    ks.lookup_request, find)
+
+    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: :meth:`find_longest_cache_hit`, counted
+        and built as the hit (the kernel
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
+        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
+        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
+                                            num_tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         """Copy and pickle state: the lookup kernel is built again, not copied."""

@@ -79,14 +79,23 @@ class UnitaryCoordinator(Coordinator):
         :meth:`find_longest_cache_hit` for a sliding-window, chunked-local or Mamba align
         group that looks up by its class's rule (full attention keeps its own method: the
         compiled core's ``DecodeAllocate`` takes its lookups), and the façade's
-        ``lookup_request`` over the lookup in effect."""
+        ``lookup_request`` over that kernel (no reference back to this coordinator)."""
         ks = self._kernels
         if (type(self).find_longest_cache_hit is UnitaryCoordinator.find_longest_cache_hit
                 and self._manager.hit_shape != "prefix"):
             plan = hit_plan(self.managers, (), (0,), 1, True)
             if plan is not None:
-                self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
-        self.lookup_request = partial(ks.lookup_request, self.find_longest_cache_hit)
+                find = self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
+                self.lookup_request = partial(  # type: ignore[method-assign]
+                    ks.lookup_request, find)
+
+    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: :meth:`find_longest_cache_hit`, counted
+        and built as the hit (the kernel
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
+        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
+        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
+                                            num_tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         """Copy and pickle state: the lookup kernel is built again, not copied."""
