@@ -192,7 +192,17 @@ def test_copied_and_pickled_managers_keep_their_lookup(layout: str) -> None:
             mgr.new_request("b", list(range(20)) + [3]))[:2]
         assert twin.coordinator.__dict__["find_longest_cache_hit"] is not (
             mgr.coordinator.__dict__["find_longest_cache_hit"])
-        twin.reset_prefix_cache() if hasattr(twin, "reset_prefix_cache") else None
+        twin.free(twin.live_requests["a"])
+        assert twin.reset_prefix_cache()  # the index dicts are cleared in place
+        c = twin.new_request("c", list(range(20)))
+        got = twin.get_computed_blocks(c)
+        assert (got.block_ids, got.num_computed_tokens) == _python_lookup(
+            twin.coordinator, c.block_hashes, 19)
+        assert not any(any(t) for t in got.block_ids)  # no cached block left
+    c = mgr.new_request("c", list(range(20)))  # the original keeps its cache
+    got = mgr.get_computed_blocks(c)
+    assert (got.block_ids, got.num_computed_tokens) == _python_lookup(
+        mgr.coordinator, c.block_hashes, 19)
 
 
 @needs_compiled
