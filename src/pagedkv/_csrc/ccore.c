@@ -264,6 +264,10 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_lookup_tails.h"
 /* A full-attention request's lookup, first take and registration, and free. */
 #include "ccore_lookup.h"
+/* A coordinator's whole lookup (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
+#include "ccore_hybrid_fixed_point.h"
+/* A façade's lookup after its checks (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
+#include "ccore_lookup_request.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -286,6 +290,8 @@ static PyMethodDef methods[] = {
     {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
     {"free_groups", (PyCFunction)(void (*)(void))free_groups, METH_FASTCALL,
      free_groups_doc},
+    {"lookup_request", (PyCFunction)(void (*)(void))lookup_request, METH_FASTCALL,
+     lookup_request_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -305,6 +311,10 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
         || ccore_lookup_add(m) < 0 || ccore_refs_add(m) < 0
         || ccore_hybrid_admit_init() < 0 || ccore_hybrid_first_init() < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (ccore_fixed_point_add(m) < 0 || ccore_lookup_request_add() < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -144,7 +144,9 @@ static int lk_lookup(DecodeAllocate *self, PyObject *mgr, PyObject *request, PyO
     PyObject *rid = admit_attr(request, str_request_id);
     PyObject *hashes = admit_attr(request, str_block_hashes);
     PyObject *issuer = admit_attr(mgr, str_issuer_token);
-    PyObject *generation = admit_attr(self->pool, str_index_generation);
+    PyObject *prefix = admit_attr(self->pool, str_prefix); /* the façade reads it there */
+    PyObject *generation = prefix != NULL ? admit_attr(prefix, str_index_generation) : NULL;
+    Py_XDECREF(prefix);
     PyObject *index = lk_group_dict(self->pool, str_index, self->group);
     PyObject *blocks = NULL;
     int rc = 1;

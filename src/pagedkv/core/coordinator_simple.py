@@ -7,10 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from functools import partial
+from typing import Any, cast
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
+from pagedkv.core.kernels import kernels
+from pagedkv.core.lookup_plan import hit_plan
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
@@ -25,6 +28,12 @@ class NoPrefixCacheCoordinator(Coordinator):
         self, block_hashes: list[bytes], max_length: int
     ) -> tuple[BlockTables, int] | None:
         return None
+
+    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: none, nothing counted (caching off). As
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request` over this class's
+        lookup. O(1)."""
+        return mgr._empty_hit
 
     def hit_problem(
         self, block_hashes: list[bytes], hit: BlockTables, num_hit_tokens: int
@@ -62,6 +71,42 @@ class UnitaryCoordinator(Coordinator):
         super().__init__(managers, pool)
         assert len(self.managers) == 1
         self._manager = self.managers[0]
+        self._kernels = kernels()
+        self._install_hit()
+
+    def _install_hit(self) -> None:
+        """Put the lookup kernel (kernels_hybrid_hits) in front of
+        :meth:`find_longest_cache_hit` for a sliding-window, chunked-local or Mamba align
+        group that looks up by its class's rule (full attention keeps its own method: the
+        compiled core's ``DecodeAllocate`` takes its lookups), and the façade's
+        ``lookup_request`` over that kernel (no reference back to this coordinator)."""
+        ks = self._kernels
+        if (type(self).find_longest_cache_hit is UnitaryCoordinator.find_longest_cache_hit
+                and self._manager.hit_shape != "prefix"):
+            plan = hit_plan(self.managers, (), (0,), 1, True)
+            if plan is not None:
+                find = self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
+                self.lookup_request = partial(  # type: ignore[method-assign]
+                    ks.lookup_request, find)
+
+    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: :meth:`find_longest_cache_hit`, counted
+        and built as the hit (the kernel
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
+        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
+        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
+                                            num_tokens)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copy and pickle state: the lookup kernel is built again, not copied."""
+        state = dict(self.__dict__)
+        state.pop("find_longest_cache_hit", None)
+        state.pop("lookup_request", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._install_hit()
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

@@ -39,13 +39,9 @@ def get_computed_blocks(self: Facade, request: RequestLike) -> ComputedBlocks:
         raise
     if num_tokens > self.max_model_len:
         validation.check_lookup(self, request)
-    found = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
-    if found is None:  # caching off: no lookup, nothing counted
-        return self._empty_hit
-    blocks, num_hit = found
-    count_lookup(self, request, num_tokens, num_hit)
-    return ComputedBlocks(blocks, num_hit, self.issuer_token, request.request_id,
-                          self.pool.prefix.index_generation, (num_hit, *map(tuple, blocks)))
+    # the coordinator's lookup, counted and built (kernels_hybrid_hits.lookup_request)
+    return self.coordinator.lookup_request(  # type: ignore[attr-defined,no-any-return]
+        self, request, num_tokens)
 
 
 def lookup_with_components(self: Facade, request: RequestLike) -> ComputedBlocks:

@@ -35,6 +35,8 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``mamba_release``  a Mamba align group's release of the states behind the live one
 ``mamba_grow``     a Mamba align group's growth to its live position
 ``free_groups``    a request's free in every group that frees by the base rule
+``hybrid_hit``     a coordinator's whole lookup (every group, the fixed point)
+``lookup_request`` a façade's lookup after its checks: found, counted, the hit built
 =================  ==============================================================
 
 The last ten are the hybrid path's; their pure implementations are in
@@ -59,6 +61,7 @@ from typing import Any
 
 from pagedkv.core import (
     kernels_hybrid,
+    kernels_hybrid_hits,
     kernels_hybrid_lookup,
     kernels_hybrid_step,
     kernels_pure,
@@ -149,6 +152,12 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_hybrid_step.free_groups`: mutates the plan's
     #: containers, through the pool's free.
     free_groups: Callable[..., None]
+    #: :func:`pagedkv.core.kernels_hybrid_hits.hybrid_hit`: a coordinator's whole lookup
+    #: over its plan (the compiled one is the type ``HybridHit``); mutates nothing.
+    hybrid_hit: Callable[..., kernels_hybrid_hits.HitFinder]
+    #: :func:`pagedkv.core.kernels_hybrid_hits.lookup_request`: mutates the lookup
+    #: statistics.
+    lookup_request: Callable[..., Any]
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -192,6 +201,8 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("mamba_release", kernels_hybrid_step.mamba_release, "mamba_release"),
     ("mamba_grow", kernels_hybrid_step.mamba_grow, "mamba_grow"),
     ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
+    ("hybrid_hit", kernels_hybrid_hits.hybrid_hit, "HybridHit"),
+    ("lookup_request", kernels_hybrid_hits.lookup_request, "lookup_request"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}
