@@ -264,6 +264,9 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_lookup_tails.h"
 /* A full-attention request's lookup, first take and registration, and free. */
 #include "ccore_lookup.h"
+/* A new request's prompt: checked, copied and hashed in one call (pure twin:
+ * pagedkv/core/kernels_request.py). */
+#include "ccore_request.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -286,6 +289,8 @@ static PyMethodDef methods[] = {
     {"mamba_grow", (PyCFunction)(void (*)(void))mamba_grow, METH_FASTCALL, mamba_grow_doc},
     {"free_groups", (PyCFunction)(void (*)(void))free_groups, METH_FASTCALL,
      free_groups_doc},
+    {"start_request", (PyCFunction)(void (*)(void))start_request, METH_FASTCALL,
+     start_request_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -122,3 +122,7 @@ def mamba_grow(
     table: list[int], last_state: dict[str, int], allocated: set[str], request_id: str,
     num_tokens: int, block_size: int, get_new_blocks: Callable[[int], list[int]], /,
 ) -> list[int]: ...
+def start_request(
+    hashes: list[bytes], tokens: Sequence[int], block_size: int, seed: bytes,
+    extras: Any, keys_out: list[Any] | None, /,
+) -> list[int] | None: ...

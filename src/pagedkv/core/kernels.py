@@ -35,6 +35,8 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``mamba_release``  a Mamba align group's release of the states behind the live one
 ``mamba_grow``     a Mamba align group's growth to its live position
 ``free_groups``    a request's free in every group that frees by the base rule
+``start_request``  a new request's prompt checked, copied and hashed (``None`` in the
+                   pure set: the request's checked path is its Python form)
 =================  ==============================================================
 
 The last ten are the hybrid path's; their pure implementations are in
@@ -62,6 +64,7 @@ from pagedkv.core import (
     kernels_hybrid_lookup,
     kernels_hybrid_step,
     kernels_pure,
+    kernels_request,
     native,
 )
 from pagedkv.core.free_queue import FreeBlockQueue
@@ -149,6 +152,9 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_hybrid_step.free_groups`: mutates the plan's
     #: containers, through the pool's free.
     free_groups: Callable[..., None]
+    #: :func:`pagedkv.core.kernels_request.start_request` (its specification; ``None`` in
+    #: the pure set): mutates hashes and keys_out.
+    start_request: kernels_request.StartRequest | None
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -192,6 +198,8 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("mamba_release", kernels_hybrid_step.mamba_release, "mamba_release"),
     ("mamba_grow", kernels_hybrid_step.mamba_grow, "mamba_grow"),
     ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
+    # a new request's prompt (kernels_request)
+    ("start_request", None, "start_request"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}

@@ -91,21 +91,31 @@ class Request:
         hash_extras: HashExtras | None = None,
         retention: Any = None,
     ) -> None:
-        if not prompt_token_ids:
-            raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
-        why = token_ids_problem(prompt_token_ids)
-        if why is not None:
-            raise InvalidArgumentError(f"request {request_id!r}: {why}")
+        hashes: list[bytes] = []
+        keys: list[list[Any] | None] = []
+        # The compiled core checks, copies and hashes the prompt in one call (None: not
+        # covered, nothing done: the checked path below).
+        tokens = None
+        if hasher is not None and block_hashes is None and (start := hasher._start) is not None:
+            tokens = start(hashes, prompt_token_ids, hasher.block_size, hasher.seed,
+                           hash_extras, keys)
+        if tokens is None:
+            if not prompt_token_ids:
+                raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
+            why = token_ids_problem(prompt_token_ids)
+            if why is not None:
+                raise InvalidArgumentError(f"request {request_id!r}: {why}")
         if hash_extras is not None and hash_extras.is_empty:
             hash_extras = None
-        embeds = hash_extras.prompt_embeds if hash_extras is not None else None
-        if embeds is not None and len(embeds) != len(prompt_token_ids):
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {len(embeds)} prompt embeddings for "
-                f"{len(prompt_token_ids)} prompt tokens; give one per token"
-            )
+        if tokens is None:
+            embeds = hash_extras.prompt_embeds if hash_extras is not None else None
+            if embeds is not None and len(embeds) != len(prompt_token_ids):
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: {len(embeds)} prompt embeddings for "
+                    f"{len(prompt_token_ids)} prompt tokens; give one per token"
+                )
         self.request_id = request_id
-        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids) if tokens is None else tokens
         self.num_prompt_tokens = len(self.all_token_ids)
         #: len(all_token_ids) as the facade left it: a list that grew behind
         #: append_output_tokens (unhashed tokens) is refused by allocate_slots.
@@ -116,10 +126,10 @@ class Request:
         #: Retention asked for this request's blocks once freed (managers with retention).
         self.retention = retention
         self._hasher = hasher
-        self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else []
+        self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else hashes
         #: Extra keys of each hashed block, recorded by the hasher (with ``hash_extras``).
-        self.block_extra_keys: list[list[Any] | None] = []
-        if hasher is not None:
+        self.block_extra_keys: list[list[Any] | None] = keys
+        if hasher is not None and tokens is None:
             self._extend_hashes()
 
     @property
