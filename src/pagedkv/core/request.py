@@ -9,6 +9,7 @@ the :class:`RequestLike` attributes.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -17,6 +18,8 @@ from pagedkv.core.hashing import BlockHasher, HashExtras
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["Request", "RequestLike", "token_ids_problem"]
+
+_NEVER = sys.maxsize  # Request._hash_at without a hasher
 
 
 class RequestLike(Protocol):
@@ -68,6 +71,7 @@ class Request:
     """
 
     __slots__ = (
+        "_hash_at",
         "_hasher",
         "_owned_tokens",
         "all_token_ids",
@@ -129,8 +133,14 @@ class Request:
         self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else hashes
         #: Extra keys of each hashed block, recorded by the hasher (with ``hash_extras``).
         self.block_extra_keys: list[list[Any] | None] = keys
-        if hasher is not None and tokens is None:
-            self._extend_hashes()
+        #: The token count at which a block next becomes full (no hasher: never): what
+        #: append_output_tokens compares with.
+        self._hash_at = _NEVER
+        if hasher is not None:
+            if tokens is None:
+                self._extend_hashes()
+            else:
+                self._hash_at = (len(hashes) + 1) * hasher.block_size
 
     @property
     def num_tokens(self) -> int:
@@ -158,8 +168,7 @@ class Request:
                 raise InvalidArgumentError(f"request {self.request_id!r}: output {why}")
             token_ids.extend(new)
         self._owned_tokens = num_tokens = len(token_ids)
-        hasher = self._hasher
-        if hasher is not None and num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
+        if num_tokens >= self._hash_at:
             self._extend_hashes()
 
     def set_hasher(self, hasher: BlockHasher) -> None:
@@ -168,15 +177,21 @@ class Request:
         self._extend_hashes()
 
     def _extend_hashes(self) -> None:
-        assert self._hasher is not None
+        """Hash every full block not hashed yet; then the next block's end is
+        ``_hash_at``."""
+        hasher = self._hasher
+        assert hasher is not None
         extras = self.hash_extras
+        hashes = self.block_hashes
         if extras is None:
-            self._hasher.extend(self.block_hashes, self.all_token_ids)
-            return
-        keys = self.block_extra_keys
-        # Caller-supplied hashes: their keys were never recorded (the events derive them).
-        self._hasher.extend(self.block_hashes, self.all_token_ids, extras=extras,
-                            keys_out=keys if len(keys) == len(self.block_hashes) else None)
+            hasher.extend(hashes, self.all_token_ids)
+        else:
+            keys = self.block_extra_keys
+            # Caller-supplied hashes: their keys were never recorded (the events derive
+            # them).
+            hasher.extend(hashes, self.all_token_ids, extras=extras,
+                          keys_out=keys if len(keys) == len(hashes) else None)
+        self._hash_at = (len(hashes) + 1) * hasher.block_size
 
     def __repr__(self) -> str:
         return (
