@@ -112,7 +112,7 @@ class HashExtras:
                 _bad("mm_items", item, "MultiModalItem(identifier: str, offset >= 0, length > 0)")
         if cache_salt is not None and type(cache_salt) is not str:
             _bad("cache_salt", cache_salt, "a str (or None)")
-        if cache_salt:
+        if cache_salt and not (cache_salt.isascii() and "\x00" not in cache_salt):
             check_text("HashExtras.cache_salt", cache_salt)  # a lone surrogate cannot be hashed
         _set_lora(self, lora)
         _set_mm_items(self, mm_items)

@@ -109,7 +109,8 @@ class Request:
             why = token_ids_problem(prompt_token_ids)
             if why is not None:
                 raise InvalidArgumentError(f"request {request_id!r}: {why}")
-        if hash_extras is not None and hash_extras.is_empty:
+        # (Keys recorded by the kernel: extras that set something.)
+        if hash_extras is not None and not keys and hash_extras.is_empty:
             hash_extras = None
         if tokens is None:
             embeds = hash_extras.prompt_embeds if hash_extras is not None else None
