@@ -100,10 +100,13 @@ class Request:
         # The compiled core checks, copies and hashes the prompt in one call (None: not
         # covered, nothing done: the checked path below).
         tokens = None
+        hash_at = _NEVER  # (a hasher's checked path below sets its own)
         if hasher is not None and block_hashes is None and (start := hasher._start) is not None:
             tokens = start(hashes, prompt_token_ids, hasher.block_size, hasher.seed,
                            hash_extras, keys)
-        if tokens is None:
+            hash_at = (len(hashes) + 1) * hasher.block_size
+        hashed = tokens is not None
+        if not hashed:
             if not prompt_token_ids:
                 raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
             why = token_ids_problem(prompt_token_ids)
@@ -119,12 +122,12 @@ class Request:
                     f"request {request_id!r}: {len(embeds)} prompt embeddings for "
                     f"{len(prompt_token_ids)} prompt tokens; give one per token"
                 )
+            tokens = list(prompt_token_ids)
         self.request_id = request_id
-        self.all_token_ids: list[int] = list(prompt_token_ids) if tokens is None else tokens
-        self.num_prompt_tokens = len(self.all_token_ids)
-        #: len(all_token_ids) as the facade left it: a list that grew behind
+        self.all_token_ids: list[int] = tokens
+        #: _owned_tokens: len(all_token_ids) as the facade left it: a list that grew behind
         #: append_output_tokens (unhashed tokens) is refused by allocate_slots.
-        self._owned_tokens = self.num_prompt_tokens
+        self.num_prompt_tokens = self._owned_tokens = len(tokens)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.hash_extras = hash_extras
@@ -136,12 +139,9 @@ class Request:
         self.block_extra_keys: list[list[Any] | None] = keys
         #: The token count at which a block next becomes full (no hasher: never): what
         #: append_output_tokens compares with.
-        self._hash_at = _NEVER
-        if hasher is not None:
-            if tokens is None:
-                self._extend_hashes()
-            else:
-                self._hash_at = (len(hashes) + 1) * hasher.block_size
+        self._hash_at = hash_at
+        if hasher is not None and not hashed:
+            self._extend_hashes()
 
     @property
     def num_tokens(self) -> int:
