@@ -114,7 +114,7 @@ static PyObject *start_request(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     PyObject *hashes = args[0], *tokens = args[1], *seed = args[3], *keys_out = args[5];
-    if (!PyList_Check(hashes) || (keys_out != Py_None && !PyList_Check(keys_out))) {
+    if (!PyList_CheckExact(hashes) || (keys_out != Py_None && !PyList_CheckExact(keys_out))) {
         PyErr_SetString(PyExc_TypeError,
                         "start_request: hashes must be a list, keys_out a list or None");
         return NULL;
