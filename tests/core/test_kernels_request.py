@@ -1,7 +1,7 @@
-"""The new request's compiled kernel (``pagedkv/_csrc/ccore_request.h``) against its pure
-twin :func:`pagedkv.core.kernels_request.start_request`: same values, same changes, and
-``None`` with nothing changed exactly where its contract says; and a :class:`Request`
-built on the compiled core equal to one built on the pure core."""
+"""The request's compiled hashing kernels (``pagedkv/_csrc/ccore_request.h``) against
+their pure twins in :mod:`pagedkv.core.kernels_request`: same values, same changes, and
+``None`` (or False) with nothing changed exactly where their contracts say; and a
+:class:`Request` built and grown on the compiled core equal to one on the pure core."""
 
 from __future__ import annotations
 
@@ -117,23 +117,85 @@ def test_start_request_bad_arguments_raise_like_the_twin() -> None:
             fn([], [1], 0, SEED, None, None)
     with pytest.raises(TypeError):
         ccore.start_request([], [1], 1)  # type: ignore[call-arg]
+    for fn2 in (ccore.extend_request, kernels_request.extend_request):
+        with pytest.raises(TypeError):
+            fn2((), [1], 1, SEED, None, None)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            fn2([], [1], 1, SEED, None, ())  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            fn2([], [1], 0, SEED, None, None)
+    with pytest.raises(TypeError):
+        ccore.extend_request([], [1], 1)  # type: ignore[call-arg]
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(token_st, max_size=80), block_size=st.integers(1, 17),
+       done_blocks=st.integers(0, 6), extras=extras_st, with_keys=st.booleans(),
+       as_tuple=st.booleans(), foreign_parent=st.booleans())
+def test_extend_request_equals_its_twin(tokens: list[int], block_size: int, done_blocks: int,
+                                        extras: HashExtras | None, with_keys: bool,
+                                        as_tuple: bool, foreign_parent: bool) -> None:
+    """Blocks already hashed (``done_blocks`` of them, digests or a parent of another
+    length), then both kernels on copies."""
+    assert ccore is not None
+    before = [bytes([k]) * 32 for k in range(done_blocks)]
+    if foreign_parent and before:
+        before[-1] = b"short"
+    keys_before: list[Any] = [["k"]] * done_blocks
+    seq: Any = tuple(tokens) if as_tuple else tokens
+    p_hashes, c_hashes = list(before), list(before)
+    p_keys = list(keys_before) if with_keys else None
+    c_keys = list(keys_before) if with_keys else None
+    got = ccore.extend_request(c_hashes, seq, block_size, SEED, extras, c_keys)
+    if not got:
+        assert got is False
+        assert c_hashes == before
+        assert c_keys == (keys_before if with_keys else None)
+        return
+    assert got is True
+    assert kernels_request.extend_request(p_hashes, seq, block_size, SEED, extras, p_keys)
+    assert c_hashes == p_hashes
+    assert c_keys == p_keys
+
+
+@pytest.mark.parametrize("tokens, hashes, extras, want", [
+    ([1, 2, 3], [], None, True),                          # no full block: done
+    (range(8), [], None, False),                          # not a list or tuple
+    ([1, 2, True, 4], [], None, False),                   # a new block's id not an int
+    ([True, 2, 3, 4], [SEED], None, True),                # ... only new blocks are read
+    ([1, 2, 3, 1 << 32], [], None, False),                # past the compiled limit
+    ([1, 2, 3, 4], [], HashExtras(prompt_embeds=(b"e",) * 4), False),
+    ([1, 2, 3, 4, 5, 6], [b"short"], None, False),        # a parent of another length
+    ([1, 2, 3, 4], [], object(), False),                  # not the HashExtras shape
+])
+def test_extend_request_coverage(tokens: Any, hashes: list[bytes], extras: Any,
+                                 want: bool) -> None:
+    assert ccore is not None
+    before = list(hashes)
+    keys: list[Any] = [None] * len(hashes)
+    assert ccore.extend_request(hashes, tokens, 2, SEED, extras, keys) is want
+    if not want:
+        assert hashes == before and keys == [None] * len(before)
 
 
 @settings(max_examples=150, deadline=None)
 @given(tokens=st.lists(token_st, max_size=60), block_size=st.integers(1, 9),
-       extras=extras_st, secret=st.none() | st.binary(max_size=8))
+       extras=extras_st, secret=st.none() | st.binary(max_size=8),
+       outputs=st.lists(st.lists(token_st, max_size=9) | token_st, max_size=6))
 def test_request_on_the_compiled_core_equals_the_pure_core(
         tokens: list[int], block_size: int, extras: HashExtras | None,
-        secret: bytes | None) -> None:
-    """A Request (the kernel's one caller) built both ways: same tokens, hashes, keys,
-    extras, or the same error."""
+        secret: bytes | None, outputs: list[Any]) -> None:
+    """A Request (the kernels' one caller) built and grown both ways: same tokens,
+    hashes, keys, extras, or the same error."""
     built: list[Any] = []
     for pure in (False, True):
         with native.forced_pure() if pure else nullcontext():
             hasher = BlockHasher(block_size, secret_seed=secret)
-            assert (hasher._start is None) == pure
+            assert (hasher._start is None) == (hasher._step is None) == pure
             try:
                 r = Request("r", tokens, hasher=hasher, hash_extras=extras)
+                for out in outputs:
+                    r.append_output_tokens(out)
             except InvalidArgumentError as exc:
                 built.append(str(exc))
                 continue

@@ -291,6 +291,8 @@ static PyMethodDef methods[] = {
      free_groups_doc},
     {"start_request", (PyCFunction)(void (*)(void))start_request, METH_FASTCALL,
      start_request_doc},
+    {"extend_request", (PyCFunction)(void (*)(void))extend_request, METH_FASTCALL,
+     extend_request_doc},
     {NULL, NULL, 0, NULL},
 };
 

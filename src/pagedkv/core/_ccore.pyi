@@ -126,3 +126,7 @@ def start_request(
     hashes: list[bytes], tokens: Sequence[int], block_size: int, seed: bytes,
     extras: Any, keys_out: list[Any] | None, /,
 ) -> list[int] | None: ...
+def extend_request(
+    hashes: list[bytes], tokens: Sequence[int], block_size: int, seed: bytes,
+    extras: Any, keys_out: list[Any] | None, /,
+) -> bool: ...

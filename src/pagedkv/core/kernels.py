@@ -37,6 +37,8 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``free_groups``    a request's free in every group that frees by the base rule
 ``start_request``  a new request's prompt checked, copied and hashed (``None`` in the
                    pure set: the request's checked path is its Python form)
+``extend_request`` the blocks a request's growth filled, hashed (``None`` in the pure
+                   set: ``BlockHasher.extend`` is its Python form)
 =================  ==============================================================
 
 The last ten are the hybrid path's; their pure implementations are in
@@ -155,6 +157,9 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_request.start_request` (its specification; ``None`` in
     #: the pure set): mutates hashes and keys_out.
     start_request: kernels_request.StartRequest | None
+    #: :func:`pagedkv.core.kernels_request.extend_request` (its specification; ``None``
+    #: in the pure set): mutates hashes and keys_out.
+    extend_request: kernels_request.ExtendRequest | None
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -200,6 +205,7 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
     # a new request's prompt (kernels_request)
     ("start_request", None, "start_request"),
+    ("extend_request", None, "extend_request"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}

@@ -184,14 +184,18 @@ class Request:
         assert hasher is not None
         extras = self.hash_extras
         hashes = self.block_hashes
-        if extras is None:
-            hasher.extend(hashes, self.all_token_ids)
-        else:
-            keys = self.block_extra_keys
-            # Caller-supplied hashes: their keys were never recorded (the events derive
-            # them).
-            hasher.extend(hashes, self.all_token_ids, extras=extras,
-                          keys_out=keys if len(keys) == len(hashes) else None)
+        keys = self.block_extra_keys
+        # Caller-supplied hashes: their keys were never recorded (the events derive them).
+        keys_out = keys if extras is not None and len(keys) == len(hashes) else None
+        # The compiled core hashes the new blocks in one call (False: not covered,
+        # nothing done: the hasher's path).
+        step = hasher._step
+        if step is None or not step(hashes, self.all_token_ids, hasher.block_size,
+                                    hasher.seed, extras, keys_out):
+            if extras is None:
+                hasher.extend(hashes, self.all_token_ids)
+            else:
+                hasher.extend(hashes, self.all_token_ids, extras=extras, keys_out=keys_out)
         self._hash_at = (len(hashes) + 1) * hasher.block_size
 
     def __repr__(self) -> str:
