@@ -81,6 +81,10 @@ def test_start_request_covers_the_common_inputs() -> None:
     hashes.clear()
     assert ccore.start_request(hashes, [(1 << 32) - 1] * 8, 4, SEED, None, None) is not None
     assert len(hashes) == 2
+    huge = 1 << 62  # no full block: nothing sized by the block
+    for extras in (None, HashExtras(cache_salt="s")):
+        assert ccore.start_request([], [1, 2], huge, SEED, extras, []) == [1, 2]
+        assert ccore.extend_request([], [1, 2], huge, SEED, extras, []) is True
 
 
 @pytest.mark.parametrize("tokens, seed, extras", [

@@ -79,6 +79,7 @@ done:
  * (or no keys: tails NULL), appended to hashes. 0, or -1 on error. */
 static int sr_hash(PyObject *hashes, const uint32_t *ids, Py_ssize_t n, Py_ssize_t bs,
                    uint8_t *parent, PyObject *tails, Py_ssize_t longest) {
+    if (n <= 0) return 0;  /* (no buffer: block_size may be any size then) */
     size_t buf_len = (size_t)bs * 5 + 64 + (size_t)longest;
     uint8_t buf_small[64 * 5 + 64 + 192];
     uint8_t *buf = buf_len <= sizeof buf_small ? buf_small : PyMem_Malloc(buf_len);
