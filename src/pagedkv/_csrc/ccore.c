@@ -268,6 +268,9 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_fixed_point.h"
 /* A façade's lookup after its checks (pure twin: pagedkv/core/kernels_hybrid_hits.py). */
 #include "ccore_lookup_request.h"
+/* A new request's prompt: checked, copied and hashed in one call (pure twin:
+ * pagedkv/core/kernels_request.py). */
+#include "ccore_request.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -292,6 +295,10 @@ static PyMethodDef methods[] = {
      free_groups_doc},
     {"lookup_request", (PyCFunction)(void (*)(void))lookup_request, METH_FASTCALL,
      lookup_request_doc},
+    {"start_request", (PyCFunction)(void (*)(void))start_request, METH_FASTCALL,
+     start_request_doc},
+    {"extend_request", (PyCFunction)(void (*)(void))extend_request, METH_FASTCALL,
+     extend_request_doc},
     {NULL, NULL, 0, NULL},
 };
 

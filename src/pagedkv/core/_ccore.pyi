@@ -130,3 +130,11 @@ class HybridHit:
 def lookup_request(
     find: Callable[[list[bytes], int], Any], mgr: Any, request: Any, num_tokens: int, /,
 ) -> Any: ...
+def start_request(
+    hashes: list[bytes], tokens: Sequence[int], block_size: int, seed: bytes,
+    extras: Any, keys_out: list[Any] | None, /,
+) -> list[int] | None: ...
+def extend_request(
+    hashes: list[bytes], tokens: Sequence[int], block_size: int, seed: bytes,
+    extras: Any, keys_out: list[Any] | None, /,
+) -> bool: ...

@@ -13,6 +13,7 @@ tokens).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple, NoReturn
@@ -50,12 +51,13 @@ class MultiModalItem(NamedTuple):
     length: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class HashExtras:
     """What makes equal tokens mean different things: a LoRA adapter, multimodal items,
     a cache salt, prompt embeddings (each checked at construction: InvalidArgumentError
-    names the field). Part of every block hash (as *extra keys*, module
-    docstring) and of every stored event. A request without any has ``None`` instead.
+    names the field; ``mm_items`` and ``prompt_embeds`` given as other sequences become
+    tuples). Part of every block hash (as *extra keys*, module docstring) and of every
+    stored event. A request without any has ``None`` instead.
 
     >>> extras = HashExtras(lora=LoRA("sql", 1, "/adapters/sql"), cache_salt="tenant-7")
     >>> extras.block_keys(0, 4)
@@ -75,39 +77,47 @@ class HashExtras:
     cache_salt: str | None = None
     prompt_embeds: tuple[bytes, ...] | None = None
 
-    def __post_init__(self) -> None:
-        # Sequences given as lists become tuples: the value stays immutable and hashable.
-        # (Each test starts with the exact-type check that the common value passes.)
-        mm = self.mm_items
-        if type(mm) is not tuple:
-            if isinstance(mm, (str, bytes)):
-                _bad("mm_items", mm, "a sequence of MultiModalItem")
-            if not isinstance(mm, tuple):
-                object.__setattr__(self, "mm_items", tuple(mm))
-        embeds = self.prompt_embeds
-        if embeds is not None:
-            if isinstance(embeds, (str, bytes)):
-                _bad("prompt_embeds", embeds, "a sequence of bytes, one per prompt token")
-            if not isinstance(embeds, tuple):
-                object.__setattr__(self, "prompt_embeds", tuple(embeds))
-            for e in self.prompt_embeds or ():
+    def __init__(
+        self,
+        *,
+        lora: LoRA | None = None,
+        mm_items: Sequence[MultiModalItem] = (),
+        cache_salt: str | None = None,
+        prompt_embeds: Sequence[bytes] | None = None,
+    ) -> None:
+        # Written out (not the generated __init__ and a __post_init__): a frozen
+        # dataclass's fields are set through the slots' own setters, and each test starts
+        # with the exact-type check that the common value passes.
+        if type(mm_items) is not tuple:
+            if isinstance(mm_items, (str, bytes)):
+                _bad("mm_items", mm_items, "a sequence of MultiModalItem")
+            if not isinstance(mm_items, tuple):
+                mm_items = tuple(mm_items)
+        if prompt_embeds is not None:
+            if isinstance(prompt_embeds, (str, bytes)):
+                _bad("prompt_embeds", prompt_embeds, "a sequence of bytes, one per prompt token")
+            if not isinstance(prompt_embeds, tuple):
+                prompt_embeds = tuple(prompt_embeds)
+            for e in prompt_embeds:
                 if type(e) is not bytes:
                     _bad("prompt_embeds", e, "bytes (one token's embedding)")
-        lora = self.lora
         if lora is not None and (
                 not isinstance(lora, LoRA) or type(lora.name) is not str
                 or type(lora.adapter_id) is not int):
             _bad("lora", lora, 'LoRA(name, adapter_id), e.g. LoRA("sql-adapter", 1)')
-        for item in self.mm_items:
+        for item in mm_items:
             if not isinstance(item, MultiModalItem) or type(item.identifier) is not str or (
                     type(item.offset) is not int or type(item.length) is not int
                     or item.offset < 0 or item.length <= 0):
                 _bad("mm_items", item, "MultiModalItem(identifier: str, offset >= 0, length > 0)")
-        salt = self.cache_salt
-        if salt is not None and type(salt) is not str:
-            _bad("cache_salt", salt, "a str (or None)")
-        if salt:
-            check_text("HashExtras.cache_salt", salt)  # a lone surrogate cannot be hashed
+        if cache_salt is not None and type(cache_salt) is not str:
+            _bad("cache_salt", cache_salt, "a str (or None)")
+        if cache_salt and not (cache_salt.isascii() and "\x00" not in cache_salt):
+            check_text("HashExtras.cache_salt", cache_salt)  # a lone surrogate cannot be hashed
+        _set_lora(self, lora)
+        _set_mm_items(self, mm_items)
+        _set_cache_salt(self, cache_salt)
+        _set_prompt_embeds(self, prompt_embeds)
 
     @property
     def is_empty(self) -> bool:
@@ -131,6 +141,13 @@ class HashExtras:
             digest = hashlib.sha256(b"".join(embeds[start:end])).digest()
             keys.append(["prompt_embeds", digest])
         return keys or None
+
+
+# The slots' setters (a frozen dataclass refuses plain assignment).
+_set_lora = HashExtras.__dict__["lora"].__set__
+_set_mm_items = HashExtras.__dict__["mm_items"].__set__
+_set_cache_salt = HashExtras.__dict__["cache_salt"].__set__
+_set_prompt_embeds = HashExtras.__dict__["prompt_embeds"].__set__
 
 
 def _bad(field: str, value: object, expected: str) -> NoReturn:

@@ -95,7 +95,7 @@ class BlockHasher:
     """
 
     __slots__ = ("_array_head", "_ctor", "_head", "_keyed", "_memo", "_memo_old", "_plain",
-                 "_tails", "algo", "block_size", "memo_blocks", "seed")
+                 "_start", "_step", "_tails", "algo", "block_size", "memo_blocks", "seed")
 
     def __init__(
         self,
@@ -131,6 +131,13 @@ class BlockHasher:
         self._plain = k.hash_plain
         self._keyed = k.hash_keyed
         self._tails = k.extra_tails
+        #: The request kernels (``start_request``, ``extend_request``)
+        #: :class:`pagedkv.core.request.Request` hashes a prompt and its growth with, or
+        #: None: the pure set, or a subclass hashing its own way (its :meth:`extend` then
+        #: hashes every block).
+        own = type(self).extend is BlockHasher.extend
+        self._start = k.start_request if own else None
+        self._step = k.extend_request if own else None
 
     def hash_block(
         self, parent: bytes, tokens: Sequence[int], extra_keys: list[Any] | None = None

@@ -37,11 +37,17 @@ The contracts, in one line each (details and worked examples on the pure functio
 ``free_groups``    a request's free in every group that frees by the base rule
 ``hybrid_hit``     a coordinator's whole lookup (every group, the fixed point)
 ``lookup_request`` a façade's lookup after its checks: found, counted, the hit built
+``start_request``  a new request's prompt checked, copied and hashed (``None`` in the
+                   pure set: the request's checked path is its Python form)
+``extend_request`` the blocks a request's growth filled, hashed (``None`` in the pure
+                   set: ``BlockHasher.extend`` is its Python form)
 =================  ==============================================================
 
-The last ten are the hybrid path's; their pure implementations are in
-:mod:`pagedkv.core.kernels_hybrid`, :mod:`pagedkv.core.kernels_hybrid_lookup` and
-:mod:`pagedkv.core.kernels_hybrid_step`.
+Those from ``window_hit`` to ``lookup_request`` are the hybrid path's; their pure
+implementations are in :mod:`pagedkv.core.kernels_hybrid`,
+:mod:`pagedkv.core.kernels_hybrid_lookup`, :mod:`pagedkv.core.kernels_hybrid_step` and
+:mod:`pagedkv.core.kernels_hybrid_hits`. The request kernels' specifications are in
+:mod:`pagedkv.core.kernels_request`.
 
 >>> kernels() in (PURE, COMPILED)
 True
@@ -65,6 +71,7 @@ from pagedkv.core import (
     kernels_hybrid_lookup,
     kernels_hybrid_step,
     kernels_pure,
+    kernels_request,
     native,
 )
 from pagedkv.core.free_queue import FreeBlockQueue
@@ -158,6 +165,12 @@ class Kernels:
     #: :func:`pagedkv.core.kernels_hybrid_hits.lookup_request`: mutates the lookup
     #: statistics.
     lookup_request: Callable[..., Any]
+    #: :func:`pagedkv.core.kernels_request.start_request` (its specification; ``None`` in
+    #: the pure set): mutates hashes and keys_out.
+    start_request: kernels_request.StartRequest | None
+    #: :func:`pagedkv.core.kernels_request.extend_request` (its specification; ``None``
+    #: in the pure set): mutates hashes and keys_out.
+    extend_request: kernels_request.ExtendRequest | None
 
     def for_queue(self, queue: object) -> Kernels:
         """The set whose ``pool_free`` and ``pool_touch`` take ``queue``: this one when
@@ -203,6 +216,9 @@ _TABLE: tuple[tuple[str, object, str], ...] = (
     ("free_groups", kernels_hybrid_step.free_groups, "free_groups"),
     ("hybrid_hit", kernels_hybrid_hits.hybrid_hit, "HybridHit"),
     ("lookup_request", kernels_hybrid_hits.lookup_request, "lookup_request"),
+    # a new request's prompt (kernels_request)
+    ("start_request", None, "start_request"),
+    ("extend_request", None, "extend_request"),
 )
 
 _pure_impls: dict[str, Any] = {field: pure for field, pure, _ in _TABLE}

@@ -9,6 +9,7 @@ the :class:`RequestLike` attributes.
 
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -17,6 +18,8 @@ from pagedkv.core.hashing import BlockHasher, HashExtras
 from pagedkv.errors import InvalidArgumentError
 
 __all__ = ["Request", "RequestLike", "token_ids_problem"]
+
+_NEVER = sys.maxsize  # Request._hash_at without a hasher
 
 
 class RequestLike(Protocol):
@@ -68,6 +71,7 @@ class Request:
     """
 
     __slots__ = (
+        "_hash_at",
         "_hasher",
         "_owned_tokens",
         "all_token_ids",
@@ -91,35 +95,52 @@ class Request:
         hash_extras: HashExtras | None = None,
         retention: Any = None,
     ) -> None:
-        if not prompt_token_ids:
-            raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
-        why = token_ids_problem(prompt_token_ids)
-        if why is not None:
-            raise InvalidArgumentError(f"request {request_id!r}: {why}")
-        if hash_extras is not None and hash_extras.is_empty:
+        hashes: list[bytes] = []
+        keys: list[list[Any] | None] = []
+        # The compiled core checks, copies and hashes the prompt in one call (None: not
+        # covered, nothing done: the checked path below).
+        tokens = None
+        hash_at = _NEVER  # (a hasher's checked path below sets its own)
+        if hasher is not None and block_hashes is None and (start := hasher._start) is not None:
+            tokens = start(hashes, prompt_token_ids, hasher.block_size, hasher.seed,
+                           hash_extras, keys)
+            hash_at = (len(hashes) + 1) * hasher.block_size
+        hashed = tokens is not None
+        if not hashed:
+            if not prompt_token_ids:
+                raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
+            why = token_ids_problem(prompt_token_ids)
+            if why is not None:
+                raise InvalidArgumentError(f"request {request_id!r}: {why}")
+        # (Keys recorded by the kernel: extras that set something.)
+        if hash_extras is not None and not keys and hash_extras.is_empty:
             hash_extras = None
-        embeds = hash_extras.prompt_embeds if hash_extras is not None else None
-        if embeds is not None and len(embeds) != len(prompt_token_ids):
-            raise InvalidArgumentError(
-                f"request {request_id!r}: {len(embeds)} prompt embeddings for "
-                f"{len(prompt_token_ids)} prompt tokens; give one per token"
-            )
+        if tokens is None:
+            embeds = hash_extras.prompt_embeds if hash_extras is not None else None
+            if embeds is not None and len(embeds) != len(prompt_token_ids):
+                raise InvalidArgumentError(
+                    f"request {request_id!r}: {len(embeds)} prompt embeddings for "
+                    f"{len(prompt_token_ids)} prompt tokens; give one per token"
+                )
+            tokens = list(prompt_token_ids)
         self.request_id = request_id
-        self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.num_prompt_tokens = len(self.all_token_ids)
-        #: len(all_token_ids) as the facade left it: a list that grew behind
+        self.all_token_ids: list[int] = tokens
+        #: _owned_tokens: len(all_token_ids) as the facade left it: a list that grew behind
         #: append_output_tokens (unhashed tokens) is refused by allocate_slots.
-        self._owned_tokens = self.num_prompt_tokens
+        self.num_prompt_tokens = self._owned_tokens = len(tokens)
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.hash_extras = hash_extras
         #: Retention asked for this request's blocks once freed (managers with retention).
         self.retention = retention
         self._hasher = hasher
-        self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else []
+        self.block_hashes: list[bytes] = list(block_hashes) if block_hashes is not None else hashes
         #: Extra keys of each hashed block, recorded by the hasher (with ``hash_extras``).
-        self.block_extra_keys: list[list[Any] | None] = []
-        if hasher is not None:
+        self.block_extra_keys: list[list[Any] | None] = keys
+        #: The token count at which a block next becomes full (no hasher: never): what
+        #: append_output_tokens compares with.
+        self._hash_at = hash_at
+        if hasher is not None and not hashed:
             self._extend_hashes()
 
     @property
@@ -148,8 +169,7 @@ class Request:
                 raise InvalidArgumentError(f"request {self.request_id!r}: output {why}")
             token_ids.extend(new)
         self._owned_tokens = num_tokens = len(token_ids)
-        hasher = self._hasher
-        if hasher is not None and num_tokens >= (len(self.block_hashes) + 1) * hasher.block_size:
+        if num_tokens >= self._hash_at:
             self._extend_hashes()
 
     def set_hasher(self, hasher: BlockHasher) -> None:
@@ -158,15 +178,25 @@ class Request:
         self._extend_hashes()
 
     def _extend_hashes(self) -> None:
-        assert self._hasher is not None
+        """Hash every full block not hashed yet; then the next block's end is
+        ``_hash_at``."""
+        hasher = self._hasher
+        assert hasher is not None
         extras = self.hash_extras
-        if extras is None:
-            self._hasher.extend(self.block_hashes, self.all_token_ids)
-            return
+        hashes = self.block_hashes
         keys = self.block_extra_keys
         # Caller-supplied hashes: their keys were never recorded (the events derive them).
-        self._hasher.extend(self.block_hashes, self.all_token_ids, extras=extras,
-                            keys_out=keys if len(keys) == len(self.block_hashes) else None)
+        keys_out = keys if extras is not None and len(keys) == len(hashes) else None
+        # The compiled core hashes the new blocks in one call (False: not covered,
+        # nothing done: the hasher's path).
+        step = hasher._step
+        if step is None or not step(hashes, self.all_token_ids, hasher.block_size,
+                                    hasher.seed, extras, keys_out):
+            if extras is None:
+                hasher.extend(hashes, self.all_token_ids)
+            else:
+                hasher.extend(hashes, self.all_token_ids, extras=extras, keys_out=keys_out)
+        self._hash_at = (len(hashes) + 1) * hasher.block_size
 
     def __repr__(self) -> str:
         return (
