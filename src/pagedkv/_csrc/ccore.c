@@ -264,6 +264,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_hybrid_lookup_tails.h"
 /* A full-attention request's lookup, first take and registration, and free. */
 #include "ccore_lookup.h"
+/* BlockPool's take, touch and free as C methods (the compiled allocation's pool calls). */
+#include "ccore_pool_ops.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -305,6 +307,10 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         || ccore_index_add(m) < 0 || ccore_vllm_add(m) < 0 || ccore_admit_add(m) < 0
         || ccore_lookup_add(m) < 0 || ccore_refs_add(m) < 0
         || ccore_hybrid_admit_init() < 0 || ccore_hybrid_first_init() < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (ccore_pool_ops_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

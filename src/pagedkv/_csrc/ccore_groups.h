@@ -61,6 +61,9 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *function, *cache_function, *manager_ref, *live, *pool, *zeroing, *new_ids,
         *request_type, *groups, *cache_plan, *registrar;
+    /* the pool's get_new_blocks, touch and free_blocks: a PoolOps (ccore_pool_ops.h) or
+     * the pool itself */
+    PyObject *ops;
     /* from registrar (borrowed): the prefix index (its _index_register kernel read per
      * registration), the per-block hash and
      * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
@@ -78,7 +81,7 @@ static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *st
     *str_kw_must_fit;
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
-    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar)
+    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar) X(ops)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -210,7 +213,7 @@ static int ga_release_window(GroupsAllocate *self, GaGroup *g, PyObject *rid,
     }
     Py_DECREF(zero);
     Py_DECREF(blocks);
-    PyObject *r = PyObject_CallMethodOneArg(self->pool, str_free_blocks, freed);
+    PyObject *r = PyObject_CallMethodOneArg(self->ops, str_free_blocks, freed);
     Py_DECREF(freed);
     if (r == NULL) return -1;
     Py_DECREF(r);
@@ -224,7 +227,7 @@ static int ga_release(GroupsAllocate *self, PyObject *rid, Py_ssize_t processed)
         if (g->drop == GA_DROP_NONE) continue;
         if (g->drop == GA_DROP_STATE) {
             if (hs_release(ga_table(g->tables, rid), g->released, g->last_state, rid,
-                           processed, g->block_size, self->pool, str_free_blocks) < 0) {
+                           processed, g->block_size, self->ops, str_free_blocks) < 0) {
                 return -1;
             }
             continue;
@@ -359,7 +362,7 @@ static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid
             return NULL;
         }
         return hs_grow(table, g->last_state, g->allocated, rid, count, g->block_size,
-                       self->pool, str_get_new_blocks);
+                       self->ops, str_get_new_blocks);
     }
     if (g->grow != GA_GROW_PLAIN) {
         PyObject *slots = PyLong_FromSsize_t(count);
@@ -373,7 +376,7 @@ static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid
     if (count <= 0) return PyList_New(0);
     PyObject *n_obj = PyLong_FromSsize_t(count);
     if (n_obj == NULL) return NULL;
-    PyObject *new = PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj);
+    PyObject *new = PyObject_CallMethodOneArg(self->ops, str_get_new_blocks, n_obj);
     Py_DECREF(n_obj);
     if (new == NULL) return NULL;
     PyObject *table = ga_table(g->tables, rid); /* again: the pool ran Python code */
@@ -668,15 +671,15 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "cache_function", "manager", "live_requests", "pool",
                              "zeroing", "new_block_ids", "request_type", "groups",
                              "cache_plan", "max_model_len", "hash_block_size",
-                             "cache_alignment", "registrar", NULL};
+                             "cache_alignment", "registrar", "pool_ops", NULL};
     PyObject *function, *cache_function, *manager, *live, *pool, *zeroing, *new_ids, *rtype,
-        *groups, *plan, *registrar = Py_None;
+        *groups, *plan, *registrar = Py_None, *ops = Py_None;
     Py_ssize_t max_len, hash_bs, align;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOOO!OO!O!O!O!O!nnn|O:GroupsAllocate", kwlist, &function,
+            args, kwds, "OOOO!OO!O!O!O!O!nnn|OO:GroupsAllocate", kwlist, &function,
             &cache_function, &manager, &PyDict_Type, &live, &pool, &PyList_Type, &zeroing,
             &PyList_Type, &new_ids, &PyType_Type, &rtype, &PyTuple_Type, &groups,
-            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar)) {
+            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar, &ops)) {
         return -1;
     }
     if (max_len <= 0 || hash_bs <= 0 || align <= 0 || !PyCallable_Check(function)
@@ -699,6 +702,7 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->groups = Py_NewRef(groups); /* owns what the GaGroup entries borrow */
     self->cache_plan = Py_NewRef(plan);
     self->registrar = Py_NewRef(registrar);
+    self->ops = Py_NewRef(ops == Py_None ? pool : ops);
     if (registrar != Py_None) { /* (index, block_hash, block_group, evict, stored) */
         if (!PyTuple_Check(registrar)) {
             PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: a tuple or None");

@@ -148,8 +148,8 @@ static PyObject *fc_admit(GroupsAllocate *self, PyObject *plan, PyObject *rid,
                           PyObject *tables, Py_ssize_t total, Py_ssize_t num_slots,
                           Py_ssize_t main, Py_ssize_t headroom, Py_ssize_t num_free) {
     PyObject *ref = PyObject_GetAttr(self->pool, str_ref_cnt);
-    PyObject *touch = PyObject_GetAttr(self->pool, str_touch);
-    PyObject *take = PyObject_GetAttr(self->pool, str_fc_get_new_blocks);
+    PyObject *touch = PyObject_GetAttr(self->ops, str_touch);
+    PyObject *take = PyObject_GetAttr(self->ops, str_fc_get_new_blocks);
     PyObject *nums[5] = {PyLong_FromSsize_t(total), PyLong_FromSsize_t(num_slots),
                          PyLong_FromSsize_t(main), PyLong_FromSsize_t(headroom),
                          PyLong_FromSsize_t(num_free)};

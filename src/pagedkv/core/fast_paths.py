@@ -244,5 +244,20 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         new_block_ids=coordinator.new_block_ids, request_type=Request,
         groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
         max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
-        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar)
+        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar,
+        pool_ops=_pool_ops(ccore, coordinator.pool))
     return fast
+
+
+#: BlockPool's methods the compiled allocation calls on the pool (``PoolOps``).
+_POOL_OPS = ("get_new_blocks", "touch", "free_blocks")
+
+
+def _pool_ops(ccore: Any, pool: BlockPool) -> Any:
+    """``PoolOps`` over ``pool`` (``pagedkv/_csrc/ccore_pool_ops.h``: its take, touch and
+    free as C methods, the same steps as the Python ones) when the pool's class keeps
+    :class:`BlockPool`'s, else ``None`` (the pool's own methods are called)."""
+    kind = type(pool)
+    if any(getattr(kind, name) is not getattr(BlockPool, name) for name in _POOL_OPS):
+        return None
+    return ccore.PoolOps(pool)
