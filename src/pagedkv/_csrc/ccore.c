@@ -310,7 +310,7 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (ccore_pool_ops_add(m) < 0) {
+    if (ccore_pool_ops_add(m) < 0 || ccore_buffer_stored_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

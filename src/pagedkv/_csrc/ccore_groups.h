@@ -426,6 +426,7 @@ done:
     return out;
 }
 
+#include "ccore_buffer_stored.h"
 #include "ccore_hybrid_step_register.h"
 
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):

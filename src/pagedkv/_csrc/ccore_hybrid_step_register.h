@@ -29,6 +29,10 @@ static int ga_state_plain(GaCache *c) {
 static int ga_tell_stored(GroupsAllocate *self, GaCache *c, PyObject *request, PyObject *table,
                           PyObject *hashes, Py_ssize_t start, Py_ssize_t stop,
                           PyObject *skipped) {
+    if (Py_TYPE(self->reg_stored) == &BufferStoredType) { /* EventBuffer.stored in C */
+        return bs_stored((BufferStored *)self->reg_stored, request, table, hashes, start, stop,
+                         skipped, c->group);
+    }
     PyObject *run = Py_BuildValue("(OOOnnOO)", request, table, hashes, start, stop, skipped,
                                   c->group);
     if (run == NULL) return -1;

@@ -66,6 +66,7 @@ from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.group_allocation import compiled_registration
+from pagedkv.core.hashing import event_extra_keys
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
@@ -73,7 +74,8 @@ from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.prefix_index import PrefixIndex
-from pagedkv.core.recorder import EventRecorder
+from pagedkv.core.recorder import EventBuffer, EventRecorder
+from pagedkv.core.records import MEDIUM_GPU, BlockStored
 from pagedkv.core.request import Request
 
 #: ``GroupsAllocate``'s kinds (``pagedkv/_csrc/ccore_groups.h``): how a group grows (its
@@ -235,6 +237,8 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
     registrar, registration = compiled_registration(coordinator)
+    if registrar is not None and registrar[4] is not None:
+        registrar = (*registrar[:4], _stored(ccore, coordinator.pool.prefix.recorder))
     plan = tuple((bs, m, m.req_to_blocks, cached, reg)
                  for (m, bs, cached, _caps), reg in zip(coordinator._cache_plan, registration,
                                                        strict=True))
@@ -247,6 +251,15 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar,
         pool_ops=_pool_ops(ccore, coordinator.pool))
     return fast
+
+
+def _stored(ccore: Any, recorder: Any) -> Any:
+    """The registration's stored call for ``recorder``: ``BufferStored``
+    (``pagedkv/_csrc/ccore_buffer_stored.h``, :meth:`EventBuffer.stored`'s steps in C)
+    for an exact :class:`EventBuffer`, else the recorder's own ``stored``."""
+    if type(recorder) is not EventBuffer:
+        return recorder.stored
+    return ccore.BufferStored(recorder, BlockStored, MEDIUM_GPU, event_extra_keys)
 
 
 #: BlockPool's methods the compiled allocation calls on the pool (``PoolOps``).
