@@ -44,7 +44,8 @@ typedef struct {
  * MambaAlignManager's (GA_CACHE_STATE: capped at the hashed tokens, the new keys
  * remembered for this step), or FullAttentionManager's over several hash blocks per block
  * (GA_CACHE_TAIL: its method still runs when the prompt's tail may need an entry). */
-enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3 };
+enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3,
+       GA_CACHE_MASKED = 4 /* a window's masked rule: ccore_alloc_masked.h */ };
 
 typedef struct {
     Py_ssize_t block_size;
@@ -54,6 +55,7 @@ typedef struct {
     /* borrowed: the group's index and duplicates, the step's keys (a set, STATE), the
      * registered counts (the manager's num_cached_blocks) */
     PyObject *group, *index, *dups, *registered, *counts;
+    Py_ssize_t per_segment, first, shift; /* MASKED: the window's mask */
 } GaCache;
 
 typedef struct {
@@ -427,6 +429,7 @@ done:
 }
 
 #include "ccore_buffer_stored.h"
+#include "ccore_alloc_masked.h"
 #include "ccore_hybrid_step_register.h"
 
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):
@@ -650,14 +653,16 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
             return -1;
         }
         if (reg != Py_None
-            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p:GroupsAllocate registration", &c->kind,
-                                 &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
-                                 &c->dups, &PySet_Type, &c->registered, &PyDict_Type,
-                                 &c->counts, &c->drop_last_hit)) {
+            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p|nnn:GroupsAllocate registration",
+                                 &c->kind, &c->stride, &c->group, &PyDict_Type, &c->index,
+                                 &PyDict_Type, &c->dups, &PySet_Type, &c->registered,
+                                 &PyDict_Type, &c->counts, &c->drop_last_hit,
+                                 &c->per_segment, &c->first, &c->shift)) {
             return -1;
         }
         if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))
-            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_TAIL
+            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_MASKED
+            || (c->kind == GA_CACHE_MASKED && (c->per_segment <= 0 || c->shift < 0))
             || (c->kind != GA_CACHE_METHOD && c->stride <= 0)
             || (c->kind != GA_CACHE_METHOD && c->kind != GA_CACHE_TAIL && c->cached == Py_None)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a cache group's block size "

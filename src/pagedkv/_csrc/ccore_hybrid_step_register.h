@@ -106,8 +106,13 @@ static int ga_register_run(GroupsAllocate *self, GaCache *c, PyObject *request,
     PyObject *hashes = ga_strided(all, c->stride);
     if (hashes == NULL) return -1;
     /* the index's kernel as it holds it now (reg_fn: the index) */
-    PyObject *kernel = PyObject_GetAttr(self->reg_fn, str_index_register_attr);
-    PyObject *skipped = kernel == NULL ? NULL
+    PyObject *kernel = c->kind == GA_CACHE_MASKED
+                           ? NULL : PyObject_GetAttr(self->reg_fn, str_index_register_attr);
+    PyObject *skipped = c->kind == GA_CACHE_MASKED
+                            ? am_register(table, hashes, start, stop, c->index, c->dups,
+                                          self->reg_hash, self->reg_group, c->group,
+                                          self->reg_evict, c->per_segment, c->first, c->shift)
+                        : kernel == NULL ? NULL
                         : PyObject_CallFunction(kernel, "OOnnOOOOOO", table, hashes, start,
                                                 stop, c->index, c->dups, self->reg_hash,
                                                 self->reg_group, c->group, self->reg_evict);
