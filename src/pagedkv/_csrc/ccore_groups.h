@@ -66,6 +66,9 @@ typedef struct {
     /* the pool's get_new_blocks, touch and free_blocks: a PoolOps (ccore_pool_ops.h) or
      * the pool itself */
     PyObject *ops;
+    /* the free (ccore_groups_free.h): the facade's free, the coordinator's free plan, the
+     * pool calls' free_blocks; all NULL when the manager's free stays Python */
+    PyObject *free_function, *free_plan, *ops_free;
     /* from registrar (borrowed): the prefix index (its _index_register kernel read per
      * registration), the per-block hash and
      * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
@@ -83,7 +86,8 @@ static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *st
     *str_kw_must_fit;
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
-    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar) X(ops)
+    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar) X(ops) \
+    X(free_function) X(free_plan) X(ops_free)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -429,6 +433,7 @@ done:
 }
 
 #include "ccore_buffer_stored.h"
+#include "ccore_groups_free.h"
 #include "ccore_alloc_masked.h"
 #include "ccore_hybrid_step_register.h"
 
@@ -677,15 +682,17 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "cache_function", "manager", "live_requests", "pool",
                              "zeroing", "new_block_ids", "request_type", "groups",
                              "cache_plan", "max_model_len", "hash_block_size",
-                             "cache_alignment", "registrar", "pool_ops", NULL};
+                             "cache_alignment", "registrar", "pool_ops", "free_function",
+                             "free_plan", NULL};
     PyObject *function, *cache_function, *manager, *live, *pool, *zeroing, *new_ids, *rtype,
-        *groups, *plan, *registrar = Py_None, *ops = Py_None;
+        *groups, *plan, *registrar = Py_None, *ops = Py_None, *free_fn = Py_None,
+        *free_plan = Py_None;
     Py_ssize_t max_len, hash_bs, align;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOOO!OO!O!O!O!O!nnn|OO:GroupsAllocate", kwlist, &function,
+            args, kwds, "OOOO!OO!O!O!O!O!nnn|OOOO:GroupsAllocate", kwlist, &function,
             &cache_function, &manager, &PyDict_Type, &live, &pool, &PyList_Type, &zeroing,
             &PyList_Type, &new_ids, &PyType_Type, &rtype, &PyTuple_Type, &groups,
-            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar, &ops)) {
+            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar, &ops, &free_fn, &free_plan)) {
         return -1;
     }
     if (max_len <= 0 || hash_bs <= 0 || align <= 0 || !PyCallable_Check(function)
@@ -732,7 +739,8 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->max_model_len = max_len;
     self->hash_block_size = hash_bs;
     self->align = align;
-    if (ga_parse_groups(self, groups) < 0 || ga_parse_cache(self, plan) < 0) return -1;
+    if (ga_parse_groups(self, groups) < 0 || ga_parse_cache(self, plan) < 0
+        || gf_init(self, free_fn, free_plan) < 0) return -1;
     self->vectorcall = (vectorcallfunc)ga_call;
     return 0;
 }
@@ -752,6 +760,8 @@ static PyMethodDef ga_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "cache_blocks(request, num_computed_tokens): KVCacheManager.cache_blocks, the "
      "common call in C."},
+    {"free", (PyCFunction)ga_free, METH_O,
+     "free(request): KVCacheManager.free, a held request's free in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -759,6 +769,7 @@ static PyGetSetDef ga_getset[] = {
     {"__doc__", (getter)ga_get_doc, NULL, "The Python method's docstring.", NULL},
     {"manager", (getter)ga_get_manager, NULL, "The manager whose allocate_slots this is.",
      NULL},
+    {"takes_frees", (getter)ga_takes_frees, NULL, "Whether free is the compiled free.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

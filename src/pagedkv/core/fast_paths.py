@@ -116,12 +116,12 @@ def install(mgr: Any, function: Callable[..., Any],
     if ccore is None:
         return None
     if type(coordinator) is not UnitaryCoordinator:
-        return _install_groups(ccore, mgr, function, cache_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function)
     m = coordinator.managers[0]
     if (m.drops_blocks or not m.grows_plainly or not m.cacheable
             or not m.registers_whole_blocks_only() or m.caps_registration_itself
             or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
-        return _install_groups(ccore, mgr, function, cache_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function)
     fast: Callable[..., Any] = ccore.DecodeAllocate(
         function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
@@ -221,12 +221,15 @@ def _state_kinds(m: MambaAlignManager, grow: int, drop: int) -> tuple[Any, ...]:
 
 
 def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
-                    cache_function: Callable[..., Any] | None) -> Any:
+                    cache_function: Callable[..., Any] | None,
+                    free_function: Callable[..., Any] | None = None) -> Any:
     """The compiled ``allocate_slots`` for a coordinator that runs
     :meth:`Coordinator.allocate` / ``_grow`` / :meth:`Coordinator.cache_blocks` as written
     (several groups, windows, Mamba, mixed block sizes), or ``None``: a coordinator with
     its own allocation (sub-block hits, no prefix caching), re-prefillable tokens or hash
-    lookahead (registration capped elsewhere), or no ``cache_function``."""
+    lookahead (registration capped elsewhere), or no ``cache_function``. With
+    ``free_function`` (the class's ``free``, given when no component hooks the free) its
+    ``free`` frees in C when the coordinator frees by its plan (:func:`_free_plan`)."""
     coordinator = mgr.coordinator
     kind = type(coordinator)
     own_allocate = kind.allocate is not Coordinator.allocate and not (
@@ -249,8 +252,20 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
         max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
         cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar,
-        pool_ops=_pool_ops(ccore, coordinator.pool))
+        pool_ops=_pool_ops(ccore, coordinator.pool),
+        free_function=free_function, free_plan=_free_plan(ccore, coordinator))
     return fast
+
+
+def _free_plan(ccore: Any, coordinator: Any) -> list[Any] | None:
+    """The coordinator's free plan (``Coordinator.free``'s, which runs the compiled
+    ``free_groups`` over it) when its free is the base rule as written, else None (the
+    Python free runs)."""
+    if (type(coordinator).free is not Coordinator.free or "free" in vars(coordinator)
+            or coordinator._free_groups is not ccore.free_groups):
+        return None
+    plan: list[Any] | None = coordinator._free_plan
+    return plan
 
 
 def _stored(ccore: Any, recorder: Any) -> Any:
