@@ -381,15 +381,16 @@ class Coordinator:
             InvalidArgumentError: ``start_token`` is not a multiple of a zeroed group's
                 block size (nothing recorded).
         """
-        groups = [m for m in self.managers if self.zeroing[m.group]]
+        zeroing = self.zeroing
+        groups = [m for m in self.managers if zeroing[m.group]]
         for m in groups:
             if start_token % m.block_size:
                 raise InvalidArgumentError(
                     f"start_token={start_token} is not a multiple of group {m.group}'s block "
                     f"size {m.block_size}; zero from a block boundary")
+        new_ids = self.new_block_ids
         for m in groups:
-            self.new_block_ids[m.group].extend(
-                m.req_to_blocks[request_id][start_token // m.block_size:])
+            new_ids[m.group] += m.req_to_blocks[request_id][start_token // m.block_size:]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Block copies queued since the last call (sub-block hits only; none here)."""

@@ -261,7 +261,9 @@ def _free_plan(ccore: Any, coordinator: Any) -> list[Any] | None:
     """The coordinator's free plan (``Coordinator.free``'s, which runs the compiled
     ``free_groups`` over it) when its free is the base rule as written, else None (the
     Python free runs)."""
-    if (type(coordinator).free is not Coordinator.free or "free" in vars(coordinator)
+    # (Its bound method's function, not vars(coordinator): reading an instance's __dict__
+    # makes CPython keep it as a dict, and every later attribute read slower.)
+    if (getattr(coordinator.free, "__func__", None) is not Coordinator.free
             or coordinator._free_groups is not ccore.free_groups):
         return None
     plan: list[Any] | None = coordinator._free_plan
