@@ -16,10 +16,13 @@ typedef struct {
      * objects for the pool's life, pool.py): the index, its recorder, ref_cnt,
      * block_hash, block_group, index, duplicates, secondary */
     PyObject *prefix, *recorder, *ref, *bh, *bg, *index, *dups, *secondary;
+    /* the pool class's get_new_blocks, touch and free_blocks functions: a call finding
+     * the pool's attribute bound to another (an instance's own) calls that instead */
+    PyObject *fn_take, *fn_touch, *fn_free;
 } PoolOps;
 
 #define PO_OBJS(X) X(pool) X(prefix) X(recorder) X(ref) X(bh) X(bg) X(index) X(dups) \
-    X(secondary)
+    X(secondary) X(fn_take) X(fn_touch) X(fn_free)
 
 static PyObject *str_po_listeners, *str_po_policy, *str_po_pool_take, *str_po_pool_touch,
     *str_po_pool_free, *str_po_ref_cnt, *str_po_block_hash, *str_po_block_group,
@@ -41,6 +44,28 @@ static int po_flag(PyObject *obj, PyObject *name, int is_none) {
 /* The pool's own method `name`(arg): a new reference, NULL with an exception. */
 static PyObject *po_python(PoolOps *self, PyObject *name, PyObject *arg) {
     return PyObject_CallMethodOneArg(self->pool, name, arg);
+}
+
+/* Whether pool.<name> is still the class's function `fn` bound to the pool (1), or
+ * something else (0: *other, a new reference, is what a Python caller would call); -1
+ * on an error. */
+static int po_bound(PoolOps *self, PyObject *name, PyObject *fn, PyObject **other) {
+    PyObject *m = PyObject_GetAttr(self->pool, name);
+    if (m == NULL) return -1;
+    if (PyMethod_Check(m) && PyMethod_GET_FUNCTION(m) == fn
+        && PyMethod_GET_SELF(m) == self->pool) {
+        Py_DECREF(m);
+        return 1;
+    }
+    *other = m;
+    return 0;
+}
+
+/* other(arg), releasing other: what a Python caller of the rebound method gets. */
+static PyObject *po_other(PyObject *other, PyObject *arg) {
+    PyObject *r = PyObject_CallOneArg(other, arg);
+    Py_DECREF(other);
+    return r;
 }
 
 /* pool.free_queue when it is the compiled queue (a new reference), else NULL (with an
@@ -90,6 +115,9 @@ static int po_take_cached(PoolOps *self, PyObject *ids) {
  * recorder told). A pool with listeners, another queue or kernel, or n out of [0,
  * num_free] goes to the Python method (its checks and errors). */
 static PyObject *po_get_new_blocks(PoolOps *self, PyObject *n_obj) {
+    PyObject *other = NULL;
+    int bound = po_bound(self, str_po_get_new_blocks, self->fn_take, &other);
+    if (bound <= 0) return bound < 0 ? NULL : po_other(other, n_obj);
     Py_ssize_t n = PyLong_CheckExact(n_obj) ? PyLong_AsSsize_t(n_obj) : -1;
     if (n == -1) PyErr_Clear();
     FreeQueue *q = n < 0 ? NULL : po_queue(self);
@@ -127,10 +155,10 @@ static PyObject *po_get_new_blocks(PoolOps *self, PyObject *n_obj) {
     return ids;
 }
 
-/* kernel(queue, ref_cnt, [block_hash,] ids) for the pool's compiled kernel `fn` on the
- * compiled queue; any other kernel or queue through the Python method `method`. */
+/* kernel(queue, ref_cnt, ids) for the pool's compiled kernel `fn` on the compiled queue;
+ * any other kernel or queue through the Python method `method`. */
 static PyObject *po_refs(PoolOps *self, PyObject *kernel_name, PyCFunction fn,
-                         PyObject *method, int with_hash, PyObject *ids) {
+                         PyObject *method, PyObject *ids) {
     FreeQueue *q = po_queue(self);
     int same = q == NULL ? -1 : po_kernel_is(self, kernel_name, fn);
     if (same != 1) {
@@ -138,8 +166,7 @@ static PyObject *po_refs(PoolOps *self, PyObject *kernel_name, PyCFunction fn,
         if (PyErr_Occurred()) return NULL;
         return po_python(self, method, ids);
     }
-    PyObject *args = with_hash ? PyTuple_Pack(4, q, self->ref, self->bh, ids)
-                               : PyTuple_Pack(3, q, self->ref, ids);
+    PyObject *args = PyTuple_Pack(3, q, self->ref, ids);
     Py_DECREF(q);
     if (args == NULL) return NULL;
     PyObject *r = fn(NULL, args);
@@ -149,17 +176,41 @@ static PyObject *po_refs(PoolOps *self, PyObject *kernel_name, PyCFunction fn,
 
 /* BlockPool.touch(ids): without a policy or listeners, the pool's touch kernel. */
 static PyObject *po_touch(PoolOps *self, PyObject *ids) {
+    PyObject *other = NULL;
+    int bound = po_bound(self, str_po_touch, self->fn_touch, &other);
+    if (bound <= 0) return bound < 0 ? NULL : po_other(other, ids);
     int told = po_flag(self->pool, str_po_policy, 1);
     if (told == 0) told = po_flag(self->pool, str_po_listeners, 0);
     if (told < 0) return NULL;
     if (told) return po_python(self, str_po_touch, ids);
-    return po_refs(self, str_po_pool_touch, (PyCFunction)pool_touch, str_po_touch, 0, ids);
+    return po_refs(self, str_po_pool_touch, (PyCFunction)pool_touch, str_po_touch, ids);
 }
 
-/* BlockPool.free_blocks(ordered): the pool's free kernel. */
+/* BlockPool.free_blocks(ordered): the pool's free kernel (the compiled one on the
+ * compiled queue: its checks and steps without packing its arguments). */
 static PyObject *po_free_blocks(PoolOps *self, PyObject *ordered) {
-    return po_refs(self, str_po_pool_free, (PyCFunction)pool_free, str_po_free_blocks, 1,
-                   ordered);
+    PyObject *other = NULL;
+    int bound = po_bound(self, str_po_free_blocks, self->fn_free, &other);
+    if (bound <= 0) return bound < 0 ? NULL : po_other(other, ordered);
+    FreeQueue *q = po_queue(self);
+    int same = q == NULL ? -1 : po_kernel_is(self, str_po_pool_free, (PyCFunction)pool_free);
+    if (same != 1) {
+        Py_XDECREF(q);
+        if (PyErr_Occurred()) return NULL;
+        return po_python(self, str_po_free_blocks, ordered); /* its kernel, as it is now */
+    }
+    int32_t *ids = NULL;
+    Py_ssize_t n = -1;
+    if (PyList_GET_SIZE(self->ref) < q->head || PyList_GET_SIZE(self->bh) < q->head) {
+        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
+    } else {
+        n = fq_ids(q, ordered, &ids);
+    }
+    int rc = n < 0 ? -1 : pool_free_ids(q, self->ref, self->bh, ids, n);
+    PyMem_Free(ids);
+    Py_DECREF(q);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 /* PoolOps(pool): the parts read once (a TypeError when one is not a list or a dict). */
@@ -177,7 +228,12 @@ static int po_init(PoolOps *self, PyObject *args, PyObject *kwds) {
         || (self->bg = PyObject_GetAttr(pool, str_po_block_group)) == NULL
         || (self->index = PyObject_GetAttr(pool, str_po_index)) == NULL
         || (self->dups = PyObject_GetAttr(self->prefix, str_po_duplicates)) == NULL
-        || (self->secondary = PyObject_GetAttr(self->prefix, str_po_secondary)) == NULL) {
+        || (self->secondary = PyObject_GetAttr(self->prefix, str_po_secondary)) == NULL
+        || (self->fn_take = PyObject_GetAttr((PyObject *)Py_TYPE(pool), str_po_get_new_blocks))
+               == NULL
+        || (self->fn_touch = PyObject_GetAttr((PyObject *)Py_TYPE(pool), str_po_touch)) == NULL
+        || (self->fn_free = PyObject_GetAttr((PyObject *)Py_TYPE(pool), str_po_free_blocks))
+               == NULL) {
         return -1;
     }
     if (!PyList_CheckExact(self->ref) || !PyList_CheckExact(self->bh)
