@@ -94,7 +94,7 @@ def test_pool_ops_match_the_pools_methods(num_blocks: int, plan: list[tuple[str,
                                           ) -> None:
     """Twin pools, one driven through its own methods and one through ``PoolOps``: the
     same ids, the same errors, the same pool, index and events after every call."""
-    ccore = native.active()
+    ccore: Any = native.active()
     py, c = _pool(num_blocks), _pool(num_blocks)
     ops_c = ccore.PoolOps(c)
     held: list[int] = []
@@ -127,7 +127,7 @@ def test_pool_ops_match_the_pools_methods(num_blocks: int, plan: list[tuple[str,
 def test_pool_ops_call_a_method_rebound_on_the_pool() -> None:
     """A pool whose method an instance attribute replaces is called through it, as the
     Python callers would."""
-    ccore = native.active()
+    ccore: Any = native.active()
     pool = _pool(8)
     seen: list[Any] = []
     real = pool.get_new_blocks
@@ -175,7 +175,7 @@ def _buffer() -> EventBuffer:
 def test_buffer_stored_matches_event_buffer_stored(batch: list[tuple[Any, ...]]) -> None:
     """The same runs told to an EventBuffer and to BufferStored over a twin: the same
     records (or the same error), the same announced blocks."""
-    ccore = native.active()
+    ccore: Any = native.active()
     py, c = _buffer(), _buffer()
     stored = ccore.BufferStored(c, BlockStored, MEDIUM_GPU, event_extra_keys)
     for run in batch:
@@ -206,7 +206,7 @@ def test_the_masked_window_and_the_free_are_compiled() -> None:
     compiled, _ = _pair(40)
     _, entries = compiled_registration(compiled.coordinator)
     assert entries[1] is not None and entries[1][0] == CACHE_MASKED
-    assert compiled.free.__self__ is compiled.allocate_slots  # GroupsAllocate.free
+    assert getattr(compiled.free, "__self__", None) is compiled.allocate_slots  # in C
 
 
 steps = st.lists(st.tuples(st.sampled_from(["new", "step", "free", "free_id", "preempt"]),
