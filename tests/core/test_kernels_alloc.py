@@ -7,9 +7,10 @@ specifications.
 * ``BufferStored`` (``ccore_buffer_stored.h``) against :meth:`EventBuffer.stored` on
   random runs: skipped positions, blocks of one or several hash blocks, requests with and
   without extras (LoRA, multimodal and salt keys, recorded keys or not);
-* ``GroupsAllocate``'s free and masked sliding-window registration
-  (``ccore_groups_free.h``, ``ccore_alloc_masked.h``) against the pure core, whole
-  managers side by side: tables, pool, index and event bytes after every call.
+* ``GroupsAllocate``'s free, masked sliding-window registration and full-sequence gate
+  (``ccore_groups_free.h``, ``ccore_alloc_masked.h``, ``ccore_hybrid_first.h``) against
+  the pure core, whole managers side by side: tables, pool, index and event bytes after
+  every call.
 """
 
 from __future__ import annotations
@@ -242,8 +243,9 @@ def _drive(mgr: KVCacheManager, what: str, seed: int, rid: str,
         prompt = [seed % 3] * (seed % 7) + list(range(seed % 29 + 1))
         req = mgr.new_request(rid, prompt)
         hit = mgr.get_computed_blocks(req)
+        gate = {"full_sequence_must_fit": True} if seed % 2 else {}  # the gate in C too
         out = mgr.allocate_slots(req, req.num_tokens - hit.num_computed_tokens,
-                                 new_computed_blocks=hit)
+                                 new_computed_blocks=hit, **gate)
         if out is not None:
             req.num_computed_tokens = req.num_tokens
             reqs.setdefault(rid, [None, None])[k] = req
