@@ -69,6 +69,8 @@ typedef struct {
     /* the free (ccore_groups_free.h): the facade's free, the coordinator's free plan, the
      * pool calls' free_blocks; all NULL when the manager's free stays Python */
     PyObject *free_function, *free_plan, *ops_free;
+    PyObject **free_entries; /* 4 per group, borrowed from free_plan (PyMem) */
+    Py_ssize_t num_free_groups;
     /* from registrar (borrowed): the prefix index (its _index_register kernel read per
      * registration), the per-block hash and
      * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
@@ -100,6 +102,9 @@ static int ga_clear(GroupsAllocate *self) {
     GA_OBJS(GA_CLEAR)
     PyMem_Free(self->g);
     PyMem_Free(self->c);
+    PyMem_Free(self->free_entries);
+    self->free_entries = NULL;
+    self->num_free_groups = 0;
     self->g = NULL;
     self->c = NULL;
     self->num_groups = self->num_cache = 0;

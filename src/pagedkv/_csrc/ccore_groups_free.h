@@ -7,6 +7,56 @@
  * type, a request object other than the one held) goes to the Python function, which
  * validates it and raises the documented errors. Included by ccore_groups.h. */
 
+/* ccore_pool_ops.h (included later): its type, and its free_blocks on any PoolOps. */
+static PyTypeObject PoolOpsType;
+static PyObject *po_free_queue_any(PyObject *ops);
+static PyObject *po_free_blocks_any(PyObject *ops, PyObject *q, PyObject *ordered);
+
+/* One group's free (kernels_hybrid_step.free_groups' entry: tables, counts, the dicts
+ * and sets it forgets the request in), the pool's free_blocks called in C when the pool
+ * calls are a PoolOps (on queue q when the free's checks passed once for the request).
+ * 0, or -1 with an exception. */
+static int gf_free_group(GroupsAllocate *self, PyObject *const *e, PyObject *rid,
+                         PyObject *q) {
+    PyObject *tables = e[0], *counts = e[1], *forget = e[2], *drop = e[3];
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(forget); i++) {
+        if (PyDict_DelItem(PyTuple_GET_ITEM(forget, i), rid) < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) return -1;
+            PyErr_Clear();
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(drop); i++) {
+        if (PySet_Discard(PyTuple_GET_ITEM(drop, i), rid) < 0) return -1;
+    }
+    PyObject *blocks = PyDict_GetItemWithError(tables, rid);
+    if (blocks == NULL && PyErr_Occurred()) return -1;
+    Py_XINCREF(blocks);
+    int rc = blocks != NULL && PyDict_DelItem(tables, rid) < 0 ? -1 : 0;
+    if (rc == 0 && PyDict_DelItem(counts, rid) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
+        else rc = -1;
+    }
+    if (rc == 0 && blocks != NULL && !PyList_CheckExact(blocks)) {
+        Py_DECREF(blocks); /* not a list: the kernel's general steps */
+        PyObject *one = PyTuple_Pack(4, tables, counts, forget, drop);
+        rc = one == NULL ? -1 : hs_free_group(one, rid, self->ops_free);
+        Py_XDECREF(one);
+        return rc;
+    }
+    if (rc == 0 && blocks != NULL && PyList_GET_SIZE(blocks) > 0) {
+        PyObject *r = NULL;
+        if (PyList_Reverse(blocks) == 0) {
+            r = Py_TYPE(self->ops) == &PoolOpsType
+                    ? po_free_blocks_any(self->ops, q, blocks)
+                    : PyObject_CallOneArg(self->ops_free, blocks);
+        }
+        if (r == NULL) rc = -1;
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(blocks);
+    return rc;
+}
+
 /* The free: 0 done, 1 not covered (nothing changed), -1 with an exception. */
 static int gf_free(GroupsAllocate *self, PyObject *request) {
     PyObject *rid;
@@ -29,12 +79,13 @@ static int gf_free(GroupsAllocate *self, PyObject *request) {
         PyErr_Clear();
     } else if (live == request || rid == request) {
         rc = PyDict_DelItem(self->live, rid) < 0 ? -1 : 0;
-        PyObject *plan = self->free_plan;
-        for (Py_ssize_t g = 0; rc == 0 && g < PyList_GET_SIZE(plan); g++) {
-            PyObject *entry = Py_NewRef(PyList_GET_ITEM(plan, g));
-            rc = hs_free_group(entry, rid, self->ops_free);
-            Py_DECREF(entry);
+        PyObject *q = rc == 0 && Py_TYPE(self->ops) == &PoolOpsType
+                          ? po_free_queue_any(self->ops) : NULL;
+        if (PyErr_Occurred()) rc = -1;
+        for (Py_ssize_t g = 0; rc == 0 && g < self->num_free_groups; g++) {
+            rc = gf_free_group(self, self->free_entries + 4 * g, rid, q);
         }
+        Py_XDECREF(q);
     }
     Py_DECREF(rid);
     return rc;
@@ -64,11 +115,42 @@ static int gf_init(GroupsAllocate *self, PyObject *free_function, PyObject *plan
                                          "free_plan a list");
         return -1;
     }
+    Py_ssize_t n = PyList_GET_SIZE(plan);
+    PyObject **e = PyMem_Calloc((size_t)(4 * (n ? n : 1)), sizeof(PyObject *));
+    if (e == NULL) return (PyErr_NoMemory(), -1);
+    for (Py_ssize_t g = 0; g < n; g++) { /* borrowed from the plan, which self holds */
+        PyObject *entry = PyList_GET_ITEM(plan, g);
+        if (!PyTuple_Check(entry)
+            || !PyArg_ParseTuple(entry, "O!O!O!O!:GroupsAllocate free plan entry",
+                                 &PyDict_Type, &e[4 * g], &PyDict_Type, &e[4 * g + 1],
+                                 &PyTuple_Type, &e[4 * g + 2], &PyTuple_Type, &e[4 * g + 3])) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "GroupsAllocate: a free "
+                                                   "plan entry is a tuple");
+            PyMem_Free(e);
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(e[4 * g + 2]); i++) {
+            if (!PyDict_Check(PyTuple_GET_ITEM(e[4 * g + 2], i))) goto bad;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(e[4 * g + 3]); i++) {
+            if (!PySet_Check(PyTuple_GET_ITEM(e[4 * g + 3], i))) goto bad;
+        }
+    }
     self->ops_free = PyObject_GetAttr(self->ops, str_free_blocks);
-    if (self->ops_free == NULL) return -1;
+    if (self->ops_free == NULL) {
+        PyMem_Free(e);
+        return -1;
+    }
     self->free_function = Py_NewRef(free_function);
     self->free_plan = Py_NewRef(plan);
+    self->free_entries = e;
+    self->num_free_groups = n;
     return 0;
+bad:
+    PyMem_Free(e);
+    PyErr_SetString(PyExc_TypeError, "GroupsAllocate: a free plan entry forgets in dicts "
+                                     "and drops from sets");
+    return -1;
 }
 
 static PyObject *ga_takes_frees(GroupsAllocate *self, void *closure) {

@@ -186,18 +186,41 @@ static PyObject *po_touch(PoolOps *self, PyObject *ids) {
     return po_refs(self, str_po_pool_touch, (PyCFunction)pool_touch, str_po_touch, ids);
 }
 
+/* The compiled queue (a new reference) when free_blocks is the class's on the pool and
+ * the pool's free kernel the compiled one on it, so po_free_ids may run; else NULL (with
+ * an exception only on an error). Nothing a free does changes what this checks. */
+static FreeQueue *po_free_queue(PoolOps *self) {
+    PyObject *other = NULL;
+    int bound = po_bound(self, str_po_free_blocks, self->fn_free, &other);
+    Py_XDECREF(other);
+    FreeQueue *q = bound == 1 ? po_queue(self) : NULL;
+    int same = q == NULL ? -1 : po_kernel_is(self, str_po_pool_free, (PyCFunction)pool_free);
+    if (same != 1) Py_CLEAR(q);
+    return q;
+}
+
+/* The compiled free kernel's checks and steps on q (po_free_queue's) without packing its
+ * arguments. 0, or -1 with an exception. */
+static int po_free_ids(PoolOps *self, FreeQueue *q, PyObject *ordered) {
+    int32_t *ids = NULL;
+    Py_ssize_t n = -1;
+    if (PyList_GET_SIZE(self->ref) < q->head || PyList_GET_SIZE(self->bh) < q->head) {
+        PyErr_SetString(PyExc_ValueError, "pool_free: lists shorter than the pool");
+    } else {
+        n = fq_ids(q, ordered, &ids);
+    }
+    int rc = n < 0 ? -1 : pool_free_ids(q, self->ref, self->bh, ids, n);
+    PyMem_Free(ids);
+    return rc;
+}
+
 /* BlockPool.free_blocks(ordered): the pool's free kernel (the compiled one on the
  * compiled queue: its checks and steps without packing its arguments). */
 static PyObject *po_free_blocks(PoolOps *self, PyObject *ordered) {
-    PyObject *other = NULL;
-    int bound = po_bound(self, str_po_free_blocks, self->fn_free, &other);
-    if (bound <= 0) return bound < 0 ? NULL : po_other(other, ordered);
-    FreeQueue *q = po_queue(self);
-    int same = q == NULL ? -1 : po_kernel_is(self, str_po_pool_free, (PyCFunction)pool_free);
-    if (same != 1) {
-        Py_XDECREF(q);
+    FreeQueue *q = po_free_queue(self);
+    if (q == NULL) {
         if (PyErr_Occurred()) return NULL;
-        return po_python(self, str_po_free_blocks, ordered); /* its kernel, as it is now */
+        return po_python(self, str_po_free_blocks, ordered); /* as it is bound now */
     }
     int32_t *ids = NULL;
     Py_ssize_t n = -1;
@@ -210,6 +233,18 @@ static PyObject *po_free_blocks(PoolOps *self, PyObject *ordered) {
     PyMem_Free(ids);
     Py_DECREF(q);
     if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* For GroupsAllocate's free, on a PoolOps held as a plain object: po_free_queue, and a
+ * free on its queue (q NULL: po_free_blocks). */
+static PyObject *po_free_queue_any(PyObject *ops) {
+    return (PyObject *)po_free_queue((PoolOps *)ops);
+}
+
+static PyObject *po_free_blocks_any(PyObject *ops, PyObject *q, PyObject *ordered) {
+    if (q == NULL) return po_free_blocks((PoolOps *)ops, ordered);
+    if (po_free_ids((PoolOps *)ops, (FreeQueue *)q, ordered) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
