@@ -136,8 +136,13 @@ static int ga_exact_count(PyObject *v, Py_ssize_t *out) {
     return 1;
 }
 
+/* Whether keyword `name` is `interned`: by identity, else by value unless both are
+ * interned (two interned strings of one value are one object). */
 static int ga_name_is(PyObject *name, PyObject *interned) {
-    return name == interned || PyUnicode_Compare(name, interned) == 0;
+    if (name == interned) return 1;
+    if (PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name)
+        && PyUnicode_CHECK_INTERNED(interned)) return 0;
+    return PyUnicode_Compare(name, interned) == 0;
 }
 
 /* 1 when every keyword has a running request's value (filling c), else 0 (fall back). */
@@ -273,6 +278,11 @@ static int ga_method_count(PyObject *name, PyObject *const *args, size_t nargs,
 static Py_ssize_t ga_num_free(PyObject *pool) {
     PyObject *queue = PyObject_GetAttr(pool, str_free_queue);
     if (queue == NULL) return -1;
+    if (Py_TYPE(queue) == &FreeQueueType) { /* the compiled queue: its count in C */
+        Py_ssize_t n = ((FreeQueue *)queue)->num_free;
+        Py_DECREF(queue);
+        return n;
+    }
     PyObject *v = PyObject_GetAttr(queue, str_num_free);
     Py_DECREF(queue);
     if (v == NULL) return -1;
