@@ -39,8 +39,13 @@ capacity check and growth (Mamba align's too), zeroing and registration in C (th
 index's kernel where a group registers by the base rule:
 :func:`~pagedkv.core.group_allocation.compiled_registration`), and a new request's
 plain first call (its hit, the full-sequence gate, every group's admission:
-``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). Which
-of the three ``allocate_slots`` a manager has is decided here, once, at construction.
+``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). It
+calls the pool through ``PoolOps`` (its take, touch and free in C,
+``ccore_pool_ops.h``), tells an exact :class:`EventBuffer` of a registered run through
+``BufferStored`` (``ccore_buffer_stored.h``) and, when no component hooks the free and
+the coordinator frees by its plan, is the manager's ``free`` too
+(``ccore_groups_free.h``). Which of the three ``allocate_slots`` a manager has is decided
+here, once, at construction.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
