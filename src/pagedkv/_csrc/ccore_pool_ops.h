@@ -142,8 +142,9 @@ static PyObject *po_get_new_blocks(PoolOps *self, PyObject *n_obj) {
         cached = PyList_GET_ITEM(self->bh, ids_c[i]) != Py_None;
     }
     if (ids != NULL && cached && po_take_cached(self, ids) < 0) Py_CLEAR(ids);
+    PyObject *one = ids != NULL && !cached ? PyLong_FromLong(1) : NULL;
+    if (ids != NULL && !cached && one == NULL) Py_CLEAR(ids);
     if (ids != NULL && !cached) {
-        PyObject *one = PyLong_FromLong(1);
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *old = PyList_GET_ITEM(self->ref, ids_c[i]);
             PyList_SET_ITEM(self->ref, ids_c[i], Py_NewRef(one));
