@@ -271,6 +271,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 /* A new request's prompt: checked, copied and hashed in one call (pure twin:
  * pagedkv/core/kernels_request.py). */
 #include "ccore_request.h"
+/* BlockPool's take, touch and free as C methods (the compiled allocation's pool calls). */
+#include "ccore_pool_ops.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -321,7 +323,8 @@ PyMODINIT_FUNC PyInit__ccore(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (ccore_fixed_point_add(m) < 0 || ccore_lookup_request_add() < 0) {
+    if (ccore_fixed_point_add(m) < 0 || ccore_lookup_request_add() < 0
+        || ccore_pool_ops_add(m) < 0 || ccore_buffer_stored_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -44,7 +44,8 @@ typedef struct {
  * MambaAlignManager's (GA_CACHE_STATE: capped at the hashed tokens, the new keys
  * remembered for this step), or FullAttentionManager's over several hash blocks per block
  * (GA_CACHE_TAIL: its method still runs when the prompt's tail may need an entry). */
-enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3 };
+enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3,
+       GA_CACHE_MASKED = 4 /* a window's masked rule: ccore_alloc_masked.h */ };
 
 typedef struct {
     Py_ssize_t block_size;
@@ -54,6 +55,7 @@ typedef struct {
     /* borrowed: the group's index and duplicates, the step's keys (a set, STATE), the
      * registered counts (the manager's num_cached_blocks) */
     PyObject *group, *index, *dups, *registered, *counts;
+    Py_ssize_t per_segment, first, shift; /* MASKED: the window's mask */
 } GaCache;
 
 typedef struct {
@@ -61,6 +63,14 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *function, *cache_function, *manager_ref, *live, *pool, *zeroing, *new_ids,
         *request_type, *groups, *cache_plan, *registrar;
+    /* the pool's get_new_blocks, touch and free_blocks: a PoolOps (ccore_pool_ops.h) or
+     * the pool itself */
+    PyObject *ops;
+    /* the free (ccore_groups_free.h): the facade's free, the coordinator's free plan, the
+     * pool calls' free_blocks; all NULL when the manager's free stays Python */
+    PyObject *free_function, *free_plan, *ops_free;
+    PyObject **free_entries; /* 4 per group, borrowed from free_plan (PyMem) */
+    Py_ssize_t num_free_groups;
     /* from registrar (borrowed): the prefix index (its _index_register kernel read per
      * registration), the per-block hash and
      * group lists, the rehash eviction, the recorder's stored (NULL: it hears nothing) */
@@ -78,7 +88,8 @@ static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *st
     *str_kw_must_fit;
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
-    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar)
+    X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar) X(ops) \
+    X(free_function) X(free_plan) X(ops_free)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -91,6 +102,9 @@ static int ga_clear(GroupsAllocate *self) {
     GA_OBJS(GA_CLEAR)
     PyMem_Free(self->g);
     PyMem_Free(self->c);
+    PyMem_Free(self->free_entries);
+    self->free_entries = NULL;
+    self->num_free_groups = 0;
     self->g = NULL;
     self->c = NULL;
     self->num_groups = self->num_cache = 0;
@@ -122,8 +136,13 @@ static int ga_exact_count(PyObject *v, Py_ssize_t *out) {
     return 1;
 }
 
+/* Whether keyword `name` is `interned`: by identity, else by value unless both are
+ * interned (two interned strings of one value are one object). */
 static int ga_name_is(PyObject *name, PyObject *interned) {
-    return name == interned || PyUnicode_Compare(name, interned) == 0;
+    if (name == interned) return 1;
+    if (PyUnicode_CheckExact(name) && PyUnicode_CHECK_INTERNED(name)
+        && PyUnicode_CHECK_INTERNED(interned)) return 0;
+    return PyUnicode_Compare(name, interned) == 0;
 }
 
 /* 1 when every keyword has a running request's value (filling c), else 0 (fall back). */
@@ -210,7 +229,7 @@ static int ga_release_window(GroupsAllocate *self, GaGroup *g, PyObject *rid,
     }
     Py_DECREF(zero);
     Py_DECREF(blocks);
-    PyObject *r = PyObject_CallMethodOneArg(self->pool, str_free_blocks, freed);
+    PyObject *r = PyObject_CallMethodOneArg(self->ops, str_free_blocks, freed);
     Py_DECREF(freed);
     if (r == NULL) return -1;
     Py_DECREF(r);
@@ -224,7 +243,7 @@ static int ga_release(GroupsAllocate *self, PyObject *rid, Py_ssize_t processed)
         if (g->drop == GA_DROP_NONE) continue;
         if (g->drop == GA_DROP_STATE) {
             if (hs_release(ga_table(g->tables, rid), g->released, g->last_state, rid,
-                           processed, g->block_size, self->pool, str_free_blocks) < 0) {
+                           processed, g->block_size, self->ops, str_free_blocks) < 0) {
                 return -1;
             }
             continue;
@@ -259,6 +278,11 @@ static int ga_method_count(PyObject *name, PyObject *const *args, size_t nargs,
 static Py_ssize_t ga_num_free(PyObject *pool) {
     PyObject *queue = PyObject_GetAttr(pool, str_free_queue);
     if (queue == NULL) return -1;
+    if (Py_TYPE(queue) == &FreeQueueType) { /* the compiled queue: its count in C */
+        Py_ssize_t n = ((FreeQueue *)queue)->num_free;
+        Py_DECREF(queue);
+        return n;
+    }
     PyObject *v = PyObject_GetAttr(queue, str_num_free);
     Py_DECREF(queue);
     if (v == NULL) return -1;
@@ -359,7 +383,7 @@ static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid
             return NULL;
         }
         return hs_grow(table, g->last_state, g->allocated, rid, count, g->block_size,
-                       self->pool, str_get_new_blocks);
+                       self->ops, str_get_new_blocks);
     }
     if (g->grow != GA_GROW_PLAIN) {
         PyObject *slots = PyLong_FromSsize_t(count);
@@ -373,7 +397,7 @@ static PyObject *ga_grow_group(GroupsAllocate *self, Py_ssize_t i, PyObject *rid
     if (count <= 0) return PyList_New(0);
     PyObject *n_obj = PyLong_FromSsize_t(count);
     if (n_obj == NULL) return NULL;
-    PyObject *new = PyObject_CallMethodOneArg(self->pool, str_get_new_blocks, n_obj);
+    PyObject *new = PyObject_CallMethodOneArg(self->ops, str_get_new_blocks, n_obj);
     Py_DECREF(n_obj);
     if (new == NULL) return NULL;
     PyObject *table = ga_table(g->tables, rid); /* again: the pool ran Python code */
@@ -423,6 +447,9 @@ done:
     return out;
 }
 
+#include "ccore_buffer_stored.h"
+#include "ccore_groups_free.h"
+#include "ccore_alloc_masked.h"
 #include "ccore_hybrid_step_register.h"
 
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):
@@ -646,14 +673,16 @@ static int ga_parse_cache(GroupsAllocate *self, PyObject *plan) {
             return -1;
         }
         if (reg != Py_None
-            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p:GroupsAllocate registration", &c->kind,
-                                 &c->stride, &c->group, &PyDict_Type, &c->index, &PyDict_Type,
-                                 &c->dups, &PySet_Type, &c->registered, &PyDict_Type,
-                                 &c->counts, &c->drop_last_hit)) {
+            && !PyArg_ParseTuple(reg, "inOO!O!O!O!p|nnn:GroupsAllocate registration",
+                                 &c->kind, &c->stride, &c->group, &PyDict_Type, &c->index,
+                                 &PyDict_Type, &c->dups, &PySet_Type, &c->registered,
+                                 &PyDict_Type, &c->counts, &c->drop_last_hit,
+                                 &c->per_segment, &c->first, &c->shift)) {
             return -1;
         }
         if (c->block_size <= 0 || (c->cached != Py_None && !PyDict_Check(c->cached))
-            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_TAIL
+            || c->kind < GA_CACHE_METHOD || c->kind > GA_CACHE_MASKED
+            || (c->kind == GA_CACHE_MASKED && (c->per_segment <= 0 || c->shift < 0))
             || (c->kind != GA_CACHE_METHOD && c->stride <= 0)
             || (c->kind != GA_CACHE_METHOD && c->kind != GA_CACHE_TAIL && c->cached == Py_None)) {
             PyErr_SetString(PyExc_ValueError, "GroupsAllocate: a cache group's block size "
@@ -668,15 +697,17 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "cache_function", "manager", "live_requests", "pool",
                              "zeroing", "new_block_ids", "request_type", "groups",
                              "cache_plan", "max_model_len", "hash_block_size",
-                             "cache_alignment", "registrar", NULL};
+                             "cache_alignment", "registrar", "pool_ops", "free_function",
+                             "free_plan", NULL};
     PyObject *function, *cache_function, *manager, *live, *pool, *zeroing, *new_ids, *rtype,
-        *groups, *plan, *registrar = Py_None;
+        *groups, *plan, *registrar = Py_None, *ops = Py_None, *free_fn = Py_None,
+        *free_plan = Py_None;
     Py_ssize_t max_len, hash_bs, align;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "OOOO!OO!O!O!O!O!nnn|O:GroupsAllocate", kwlist, &function,
+            args, kwds, "OOOO!OO!O!O!O!O!nnn|OOOO:GroupsAllocate", kwlist, &function,
             &cache_function, &manager, &PyDict_Type, &live, &pool, &PyList_Type, &zeroing,
             &PyList_Type, &new_ids, &PyType_Type, &rtype, &PyTuple_Type, &groups,
-            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar)) {
+            &PyTuple_Type, &plan, &max_len, &hash_bs, &align, &registrar, &ops, &free_fn, &free_plan)) {
         return -1;
     }
     if (max_len <= 0 || hash_bs <= 0 || align <= 0 || !PyCallable_Check(function)
@@ -699,6 +730,7 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->groups = Py_NewRef(groups); /* owns what the GaGroup entries borrow */
     self->cache_plan = Py_NewRef(plan);
     self->registrar = Py_NewRef(registrar);
+    self->ops = Py_NewRef(ops == Py_None ? pool : ops);
     if (registrar != Py_None) { /* (index, block_hash, block_group, evict, stored) */
         if (!PyTuple_Check(registrar)) {
             PyErr_SetString(PyExc_TypeError, "GroupsAllocate registrar: a tuple or None");
@@ -722,7 +754,8 @@ static int ga_init(GroupsAllocate *self, PyObject *args, PyObject *kwds) {
     self->max_model_len = max_len;
     self->hash_block_size = hash_bs;
     self->align = align;
-    if (ga_parse_groups(self, groups) < 0 || ga_parse_cache(self, plan) < 0) return -1;
+    if (ga_parse_groups(self, groups) < 0 || ga_parse_cache(self, plan) < 0
+        || gf_init(self, free_fn, free_plan) < 0) return -1;
     self->vectorcall = (vectorcallfunc)ga_call;
     return 0;
 }
@@ -742,6 +775,8 @@ static PyMethodDef ga_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "cache_blocks(request, num_computed_tokens): KVCacheManager.cache_blocks, the "
      "common call in C."},
+    {"free", (PyCFunction)ga_free, METH_O,
+     "free(request): KVCacheManager.free, a held request's free in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -749,6 +784,7 @@ static PyGetSetDef ga_getset[] = {
     {"__doc__", (getter)ga_get_doc, NULL, "The Python method's docstring.", NULL},
     {"manager", (getter)ga_get_manager, NULL, "The manager whose allocate_slots this is.",
      NULL},
+    {"takes_frees", (getter)ga_takes_frees, NULL, "Whether free is the compiled free.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -27,6 +27,8 @@
 static PyObject *str_fc_coordinator, *str_fc_admit_plan, *str_fc_get_new_blocks,
     *str_fc_block_ids_type, *str_fc_full_sequence;
 static PyObject *fc_hit_type; /* pagedkv.core.coordinator_base.ComputedBlocks, looked up once */
+/* Coordinator.num_blocks_for_full_sequence (the function), looked up once */
+static PyObject *fc_count_fn, *str_fc_caps;
 
 /* The first call's keyword values. */
 typedef struct {
@@ -148,8 +150,8 @@ static PyObject *fc_admit(GroupsAllocate *self, PyObject *plan, PyObject *rid,
                           PyObject *tables, Py_ssize_t total, Py_ssize_t num_slots,
                           Py_ssize_t main, Py_ssize_t headroom, Py_ssize_t num_free) {
     PyObject *ref = PyObject_GetAttr(self->pool, str_ref_cnt);
-    PyObject *touch = PyObject_GetAttr(self->pool, str_touch);
-    PyObject *take = PyObject_GetAttr(self->pool, str_fc_get_new_blocks);
+    PyObject *touch = PyObject_GetAttr(self->ops, str_touch);
+    PyObject *take = PyObject_GetAttr(self->ops, str_fc_get_new_blocks);
     PyObject *nums[5] = {PyLong_FromSsize_t(total), PyLong_FromSsize_t(num_slots),
                          PyLong_FromSsize_t(main), PyLong_FromSsize_t(headroom),
                          PyLong_FromSsize_t(num_free)};
@@ -184,10 +186,66 @@ static PyObject *fc_plan(PyObject *mgr, FcCall *c, Py_ssize_t *headroom, PyObjec
     return plan;
 }
 
+/* Coordinator.num_blocks_for_full_sequence (group_allocation.full_sequence_blocks) in C
+ * when the coordinator's method is the base one and every group of the admission plan
+ * counts by a kernel rule (admit_groups' ad_need, the slots capped at the group's
+ * admission cap) and holds no table for the request: the count (>= 0), or -1 (not
+ * taken, no error set). */
+static Py_ssize_t fc_need(GroupsAllocate *self, PyObject *coord, PyObject *plan,
+                          PyObject *rid, PyObject *tables, Py_ssize_t num_hit,
+                          Py_ssize_t num_tokens) {
+    if (fc_count_fn == NULL) {
+        PyObject *mod = PyImport_ImportModule("pagedkv.core.coordinator_base");
+        PyObject *cls = mod == NULL ? NULL : PyObject_GetAttrString(mod, "Coordinator");
+        fc_count_fn = cls == NULL ? NULL : PyObject_GetAttr(cls, str_fc_full_sequence);
+        Py_XDECREF(mod);
+        Py_XDECREF(cls);
+        if (fc_count_fn == NULL) PyErr_Clear();
+    }
+    PyObject *m = PyObject_GetAttr(coord, str_fc_full_sequence);
+    int base = m != NULL && fc_count_fn != NULL && PyMethod_Check(m)
+               && PyMethod_GET_FUNCTION(m) == fc_count_fn;
+    Py_XDECREF(m);
+    PyObject *caps = base ? PyObject_GetAttr(coord, str_fc_caps) : NULL;
+    PyObject *ref = caps != NULL ? PyObject_GetAttr(self->pool, str_ref_cnt) : NULL;
+    PyObject *total = ref != NULL ? PyLong_FromSsize_t(num_hit) : NULL, *empty = PyList_New(0);
+    Py_ssize_t n = total != NULL && empty != NULL && PyList_CheckExact(caps)
+                           && PyList_CheckExact(ref)
+                           && PyList_GET_SIZE(caps) == PyList_GET_SIZE(plan)
+                           && PyList_GET_SIZE(plan) == self->num_groups
+                       ? 0 : -1;
+    for (Py_ssize_t g = 0; n >= 0 && g < PyList_GET_SIZE(plan); g++) {
+        PyObject *entry = PyList_GET_ITEM(plan, g), *cap = PyList_GET_ITEM(caps, g);
+        PyObject *blocks = tables == NULL ? empty : PyTuple_GET_ITEM(tables, g);
+        AdGroup a;
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 7
+            || PyLong_AsLong(PyTuple_GET_ITEM(entry, 0)) == AD_METHODS
+            || ad_read(entry, blocks, num_tokens, num_tokens, num_hit, &a) < 0
+            || da_get(a.tables, rid) != NULL) {
+            n = -1;
+            break;
+        }
+        Py_ssize_t c = cap == Py_None ? -1 : PyLong_AsSsize_t(cap);
+        if (cap != Py_None && c < 0) n = -1; /* not an int, or a negative cap: Python */
+        else if (c >= 0 && a.slots / a.bs >= c) a.slots = c * a.bs; /* slots > cap * bs */
+        Py_ssize_t need = n < 0 ? -1 : ad_need(&a, rid, total, ref);
+        n = need < 0 ? -1 : n + need;
+    }
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_XDECREF(caps);
+    Py_XDECREF(ref);
+    Py_XDECREF(total);
+    Py_XDECREF(empty);
+    return n;
+}
+
 /* full_sequence_must_fit's gate (facade_allocation.whole_request_fits): 1 the request
  * fits, 0 not, -1 an error from the coordinator's count (nothing changed). */
-static int fc_fits(PyObject *coord, PyObject *rid, PyObject *tables, Py_ssize_t num_hit,
-                   Py_ssize_t num_tokens, Py_ssize_t watermark, Py_ssize_t num_free) {
+static int fc_fits(GroupsAllocate *self, PyObject *coord, PyObject *plan, PyObject *rid,
+                   PyObject *tables, Py_ssize_t num_hit, Py_ssize_t num_tokens,
+                   Py_ssize_t watermark, Py_ssize_t num_free) {
+    Py_ssize_t c_need = fc_need(self, coord, plan, rid, tables, num_hit, num_tokens);
+    if (c_need >= 0) return c_need <= num_free - watermark;
     PyObject *total = PyLong_FromSsize_t(num_hit), *n = PyLong_FromSsize_t(num_tokens);
     PyObject *zero = PyLong_FromLong(0), *r = NULL;
     if (total && n && zero) {
@@ -237,8 +295,8 @@ static int ga_first(GroupsAllocate *self, PyObject *const *args, PyObject *kwnam
         Py_XDECREF(coord);
         return 1;
     }
-    int fits = c.must_fit ? fc_fits(coord, rid, tables, num_hit, num_tokens, c.watermark,
-                                    num_free)
+    int fits = c.must_fit ? fc_fits(self, coord, plan, rid, tables, num_hit, num_tokens,
+                                    c.watermark, num_free)
                           : 1;
     Py_DECREF(coord);
     if (fits <= 0) {
@@ -267,7 +325,8 @@ static int ccore_hybrid_first_init(void) {
     str_fc_get_new_blocks = PyUnicode_InternFromString("get_new_blocks");
     str_fc_block_ids_type = PyUnicode_InternFromString("ComputedBlocks");
     str_fc_full_sequence = PyUnicode_InternFromString("num_blocks_for_full_sequence");
-    return str_fc_coordinator && str_fc_admit_plan && str_fc_get_new_blocks
+    str_fc_caps = PyUnicode_InternFromString("admission_cap_blocks");
+    return str_fc_coordinator && str_fc_admit_plan && str_fc_get_new_blocks && str_fc_caps
                    && str_fc_block_ids_type && str_fc_full_sequence
                ? 0
                : -1;

@@ -29,6 +29,10 @@ static int ga_state_plain(GaCache *c) {
 static int ga_tell_stored(GroupsAllocate *self, GaCache *c, PyObject *request, PyObject *table,
                           PyObject *hashes, Py_ssize_t start, Py_ssize_t stop,
                           PyObject *skipped) {
+    if (Py_TYPE(self->reg_stored) == &BufferStoredType) { /* EventBuffer.stored in C */
+        return bs_stored((BufferStored *)self->reg_stored, request, table, hashes, start, stop,
+                         skipped, c->group);
+    }
     PyObject *run = Py_BuildValue("(OOOnnOO)", request, table, hashes, start, stop, skipped,
                                   c->group);
     if (run == NULL) return -1;
@@ -58,9 +62,28 @@ static int ga_remember_keys(GroupsAllocate *self, GaCache *c, PyObject *table,
     return 0;
 }
 
+/* The pool's cache_partial_block(request, block, boundary, group): the partial entry
+ * FullAttentionManager.cache_blocks's tail registers. 0, or -1 with an exception. */
+static int ga_tail_register(GroupsAllocate *self, GaCache *c, PyObject *request,
+                            PyObject *block, Py_ssize_t boundary) {
+    static PyObject *name;
+    if (name == NULL && (name = PyUnicode_InternFromString("cache_partial_block")) == NULL) {
+        return -1;
+    }
+    PyObject *n = PyLong_FromSsize_t(boundary);
+    if (n == NULL) return -1;
+    PyObject *a[5] = {self->pool, request, block, n, c->group};
+    PyObject *r = PyObject_VectorcallMethod(name, a, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(n);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* FullAttentionManager.cache_blocks's tail (a block of several hash blocks): 1 when the
- * prompt's tail boundary within end tokens may still need its partial entry (the method
- * decides), 0 when its rule returns without one. */
+ * prompt's tail boundary within end tokens may still need its partial entry and the
+ * counts are unusual (the method decides), 0 when its rule returns without one or the
+ * entry was registered here (the rule's last step: the pool's cache_partial_block), -1
+ * with an exception. */
 static int ga_tail_pending(GroupsAllocate *self, GaCache *c, PyObject *request,
                            PyObject *table, PyObject *all, Py_ssize_t end) {
     Py_ssize_t hbs = self->hash_block_size, prompt = da_count(request, str_num_prompt_tokens);
@@ -72,14 +95,14 @@ static int ga_tail_pending(GroupsAllocate *self, GaCache *c, PyObject *request,
     Py_ssize_t boundary = n * hbs, i = boundary / c->block_size;
     if (!boundary || boundary > end || !(boundary % c->block_size)
         || i >= PyList_GET_SIZE(table)) return 0;
+    PyObject *block = Py_NewRef(PyList_GET_ITEM(table, i));
     PyObject *cur = PyDict_GetItemWithError(c->index, PyList_GET_ITEM(all, boundary / hbs - 1));
-    if (cur == NULL) {
-        PyErr_Clear();
-        return 1;
-    }
-    int same = PyObject_RichCompareBool(cur, PyList_GET_ITEM(table, i), Py_EQ);
-    if (same < 0) PyErr_Clear();
-    return same != 1;
+    int same = cur == NULL ? (PyErr_Occurred() ? -1 : 0)
+                           : PyObject_RichCompareBool(cur, block, Py_EQ);
+    int rc = same < 0 ? (PyErr_Clear(), 1) /* the method decides */
+             : same ? 0 : ga_tail_register(self, c, request, block, boundary);
+    Py_DECREF(block);
+    return rc;
 }
 
 /* hashes all[k - 1 :: k] as a new list (all itself, a new reference, when k is 1). */
@@ -102,8 +125,13 @@ static int ga_register_run(GroupsAllocate *self, GaCache *c, PyObject *request,
     PyObject *hashes = ga_strided(all, c->stride);
     if (hashes == NULL) return -1;
     /* the index's kernel as it holds it now (reg_fn: the index) */
-    PyObject *kernel = PyObject_GetAttr(self->reg_fn, str_index_register_attr);
-    PyObject *skipped = kernel == NULL ? NULL
+    PyObject *kernel = c->kind == GA_CACHE_MASKED
+                           ? NULL : PyObject_GetAttr(self->reg_fn, str_index_register_attr);
+    PyObject *skipped = c->kind == GA_CACHE_MASKED
+                            ? am_register(table, hashes, start, stop, c->index, c->dups,
+                                          self->reg_hash, self->reg_group, c->group,
+                                          self->reg_evict, c->per_segment, c->first, c->shift)
+                        : kernel == NULL ? NULL
                         : PyObject_CallFunction(kernel, "OOnnOOOOOO", table, hashes, start,
                                                 stop, c->index, c->dups, self->reg_hash,
                                                 self->reg_group, c->group, self->reg_evict);

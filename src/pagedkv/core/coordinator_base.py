@@ -112,6 +112,9 @@ class Coordinator:
         self._admit_plan = admission_plan(self.managers)
         #: Every group's free by the base rule in one kernel call, or None (free_plan).
         self._free_plan = free_plan(self.managers)
+        #: The groups with per-step bookkeeping (a new_step_starts of their own).
+        self._steppers = [m for m in self.managers
+                          if type(m).new_step_starts is not SingleTypeManager.new_step_starts]
         self._grow_plan = [
             (m, m.block_size, m.req_to_blocks if m.grows_plainly else None)
             for m in self.managers
@@ -307,8 +310,9 @@ class Coordinator:
             m.remove_skipped_blocks(request_id, num_processed_tokens)
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins: every group resets its per-step bookkeeping."""
-        for m in self.managers:
+        """A scheduler step begins: every group resets its per-step bookkeeping (those
+        whose class keeps the base no-op skipped)."""
+        for m in self._steppers:
             m.new_step_starts()
 
     def free(self, request_id: str) -> None:
@@ -381,15 +385,17 @@ class Coordinator:
             InvalidArgumentError: ``start_token`` is not a multiple of a zeroed group's
                 block size (nothing recorded).
         """
-        groups = [m for m in self.managers if self.zeroing[m.group]]
-        for m in groups:
-            if start_token % m.block_size:
+        zeroing = self.zeroing
+        managers = self.managers
+        for m in managers:
+            if zeroing[m.group] and start_token % m.block_size:
                 raise InvalidArgumentError(
                     f"start_token={start_token} is not a multiple of group {m.group}'s block "
                     f"size {m.block_size}; zero from a block boundary")
-        for m in groups:
-            self.new_block_ids[m.group].extend(
-                m.req_to_blocks[request_id][start_token // m.block_size:])
+        new_ids = self.new_block_ids
+        for m in managers:
+            if zeroing[m.group]:
+                new_ids[m.group] += m.req_to_blocks[request_id][start_token // m.block_size:]
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Block copies queued since the last call (sub-block hits only; none here)."""

@@ -154,9 +154,11 @@ def record_blocks_for_zeroing(self: Facade, request_id: str, start_token: int) -
         InvalidArgumentError: ``start_token`` not an int >= 0 or not a multiple of a
             zeroed group's block size.
     """
-    self.require_live(request_id)
-    start = validation.check_count("start_token", start_token)
-    self.coordinator.record_for_zeroing(request_id, start)
+    if type(request_id) is not str or request_id not in self.live_requests:
+        self.require_live(request_id)  # raises
+    if type(start_token) is not int or start_token < 0:
+        validation.check_count("start_token", start_token)  # raises
+    self.coordinator.record_for_zeroing(request_id, start_token)
 
 
 def reset_prefix_cache(self: Facade) -> bool:

@@ -39,8 +39,13 @@ capacity check and growth (Mamba align's too), zeroing and registration in C (th
 index's kernel where a group registers by the base rule:
 :func:`~pagedkv.core.group_allocation.compiled_registration`), and a new request's
 plain first call (its hit, the full-sequence gate, every group's admission:
-``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). Which
-of the three ``allocate_slots`` a manager has is decided here, once, at construction.
+``pagedkv/_csrc/ccore_hybrid_first.h``) (docs/architecture.md "Compiled kernels"). It
+calls the pool through ``PoolOps`` (its take, touch and free in C,
+``ccore_pool_ops.h``), tells an exact :class:`EventBuffer` of a registered run through
+``BufferStored`` (``ccore_buffer_stored.h``) and, when no component hooks the free and
+the coordinator frees by its plan, is the manager's ``free`` too
+(``ccore_groups_free.h``). Which of the three ``allocate_slots`` a manager has is decided
+here, once, at construction.
 
 >>> from pagedkv import FullAttentionSpec, KVCacheManager, Request
 >>> spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype_bytes=2)
@@ -66,6 +71,7 @@ from pagedkv.core import native
 from pagedkv.core.coordinator_base import ComputedBlocks, Coordinator
 from pagedkv.core.coordinator_simple import UnitaryCoordinator
 from pagedkv.core.group_allocation import compiled_registration
+from pagedkv.core.hashing import event_extra_keys
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
@@ -73,7 +79,8 @@ from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.prefix_index import PrefixIndex
-from pagedkv.core.recorder import EventRecorder
+from pagedkv.core.recorder import EventBuffer, EventRecorder
+from pagedkv.core.records import MEDIUM_GPU, BlockStored
 from pagedkv.core.request import Request
 
 #: ``GroupsAllocate``'s kinds (``pagedkv/_csrc/ccore_groups.h``): how a group grows (its
@@ -114,12 +121,12 @@ def install(mgr: Any, function: Callable[..., Any],
     if ccore is None:
         return None
     if type(coordinator) is not UnitaryCoordinator:
-        return _install_groups(ccore, mgr, function, cache_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function)
     m = coordinator.managers[0]
     if (m.drops_blocks or not m.grows_plainly or not m.cacheable
             or not m.registers_whole_blocks_only() or m.caps_registration_itself
             or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
-        return _install_groups(ccore, mgr, function, cache_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function)
     fast: Callable[..., Any] = ccore.DecodeAllocate(
         function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
@@ -219,12 +226,15 @@ def _state_kinds(m: MambaAlignManager, grow: int, drop: int) -> tuple[Any, ...]:
 
 
 def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
-                    cache_function: Callable[..., Any] | None) -> Any:
+                    cache_function: Callable[..., Any] | None,
+                    free_function: Callable[..., Any] | None = None) -> Any:
     """The compiled ``allocate_slots`` for a coordinator that runs
     :meth:`Coordinator.allocate` / ``_grow`` / :meth:`Coordinator.cache_blocks` as written
     (several groups, windows, Mamba, mixed block sizes), or ``None``: a coordinator with
     its own allocation (sub-block hits, no prefix caching), re-prefillable tokens or hash
-    lookahead (registration capped elsewhere), or no ``cache_function``."""
+    lookahead (registration capped elsewhere), or no ``cache_function``. With
+    ``free_function`` (the class's ``free``, given when no component hooks the free) its
+    ``free`` frees in C when the coordinator frees by its plan (:func:`_free_plan`)."""
     coordinator = mgr.coordinator
     kind = type(coordinator)
     own_allocate = kind.allocate is not Coordinator.allocate and not (
@@ -235,6 +245,8 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
             or coordinator.num_reprefillable_tokens or coordinator._capped_at_hashes):
         return None
     registrar, registration = compiled_registration(coordinator)
+    if registrar is not None and registrar[4] is not None:
+        registrar = (*registrar[:4], _stored(ccore, coordinator.pool.prefix.recorder))
     plan = tuple((bs, m, m.req_to_blocks, cached, reg)
                  for (m, bs, cached, _caps), reg in zip(coordinator._cache_plan, registration,
                                                        strict=True))
@@ -244,5 +256,43 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         new_block_ids=coordinator.new_block_ids, request_type=Request,
         groups=tuple(_group_kinds(m) for m in coordinator.managers), cache_plan=plan,
         max_model_len=mgr.max_model_len, hash_block_size=coordinator.pool.hash_block_size,
-        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar)
+        cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar,
+        pool_ops=_pool_ops(ccore, coordinator.pool),
+        free_function=free_function, free_plan=_free_plan(ccore, coordinator))
     return fast
+
+
+def _free_plan(ccore: Any, coordinator: Any) -> list[Any] | None:
+    """The coordinator's free plan (``Coordinator.free``'s, which runs the compiled
+    ``free_groups`` over it) when its free is the base rule as written, else None (the
+    Python free runs)."""
+    # (Its bound method's function, not vars(coordinator): reading an instance's __dict__
+    # makes CPython keep it as a dict, and every later attribute read slower.)
+    if (getattr(coordinator.free, "__func__", None) is not Coordinator.free
+            or coordinator._free_groups is not ccore.free_groups):
+        return None
+    plan: list[Any] | None = coordinator._free_plan
+    return plan
+
+
+def _stored(ccore: Any, recorder: Any) -> Any:
+    """The registration's stored call for ``recorder``: ``BufferStored``
+    (``pagedkv/_csrc/ccore_buffer_stored.h``, :meth:`EventBuffer.stored`'s steps in C)
+    for an exact :class:`EventBuffer`, else the recorder's own ``stored``."""
+    if type(recorder) is not EventBuffer:
+        return recorder.stored
+    return ccore.BufferStored(recorder, BlockStored, MEDIUM_GPU, event_extra_keys)
+
+
+#: BlockPool's methods the compiled allocation calls on the pool (``PoolOps``).
+_POOL_OPS = ("get_new_blocks", "touch", "free_blocks")
+
+
+def _pool_ops(ccore: Any, pool: BlockPool) -> Any:
+    """``PoolOps`` over ``pool`` (``pagedkv/_csrc/ccore_pool_ops.h``: its take, touch and
+    free as C methods, the same steps as the Python ones) when the pool's class keeps
+    :class:`BlockPool`'s, else ``None`` (the pool's own methods are called)."""
+    kind = type(pool)
+    if any(getattr(kind, name) is not getattr(BlockPool, name) for name in _POOL_OPS):
+        return None
+    return ccore.PoolOps(pool)

@@ -140,6 +140,9 @@ def grow_running(
 #: :meth:`FullAttentionManager.cache_blocks`'s over several hash blocks per block (its
 #: whole blocks in C, its method when the prompt's tail may need a partial entry).
 CACHE_METHOD, CACHE_PLAIN, CACHE_STATE, CACHE_TAIL = 0, 1, 2, 3
+#: A sliding window's masked rule (SlidingWindowManager.reachable_mask, its positions
+#: left out) through PrefixIndex._register_masked's loop in C.
+CACHE_MASKED = 4
 
 
 def compiled_registration(coord: Any) -> tuple[Any, list[Any]]:
@@ -174,7 +177,7 @@ def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any
         kind.reachable_mask is SlidingWindowManager.reachable_mask
         and m.reachable_mask(0, 1) is None)
     if not every_block:
-        return None
+        return _masked_registration(m, cached, prefix)
     rule = kind.cache_blocks
     registered: set[bytes] = set()
     if rule is FullAttentionManager.cache_blocks and m.hash_stride > 1:
@@ -191,6 +194,26 @@ def _registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any
     stride = prefix.groups[m.group].block_size // prefix.hash_block_size
     return (how, stride, m.group, prefix.index[m.group], prefix.duplicates[m.group],
             registered, m.num_cached_blocks, m.drop_last_hit)
+
+
+def _masked_registration(m: SingleTypeManager, cached: Any, prefix: PrefixIndex) -> Any:
+    """A sliding window group's entry when its mask leaves positions out and it registers
+    by the base rule through the index's own masked loop: ``CACHE_MASKED`` with the
+    mask's ``(per_segment, first, shift)`` (SlidingWindowManager.reachable_mask: position
+    ``i`` registered iff ``i >= shift`` and ``(i - shift) % per_segment >= first``), or
+    None (its ``cache_blocks`` runs)."""
+    kind = type(m)
+    if (not isinstance(m, SlidingWindowManager) or cached is None
+            or kind.reachable_mask is not SlidingWindowManager.reachable_mask
+            or kind.cache_blocks is not SingleTypeManager.cache_blocks
+            or type(prefix)._register_masked is not PrefixIndex._register_masked):
+        return None
+    per_segment = m.hit_alignment_tokens // m.block_size
+    first = per_segment - m.num_run_blocks
+    stride = prefix.groups[m.group].block_size // prefix.hash_block_size
+    return (CACHE_MASKED, stride, m.group, prefix.index[m.group], prefix.duplicates[m.group],
+            set(), m.num_cached_blocks, m.drop_last_hit, per_segment, first,
+            int(m.drop_last_hit))
 
 
 def free_plan(managers: Sequence[SingleTypeManager]) -> list[Any] | None:
