@@ -52,21 +52,15 @@ PyDoc_STRVAR(lookup_request_doc,
 "lookup_request(find, mgr, request, num_tokens) -> hit\n\n"
 "A counted lookup (pagedkv.core.kernels_hybrid_hits.lookup_request).");
 
-static PyObject *lookup_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "lookup_request(find, mgr, request, num_tokens)");
-        return NULL;
-    }
-    PyObject *mgr = args[1], *request = args[2];
-    Py_ssize_t num_tokens = PyLong_AsSsize_t(args[3]);
-    if (num_tokens == -1 && PyErr_Occurred()) return NULL;
+/* lookup_request's work over checked arguments: a new reference or NULL. */
+static PyObject *lr_run(PyObject *find, PyObject *mgr, PyObject *request,
+                        Py_ssize_t num_tokens) {
     PyObject *hashes = PyObject_GetAttr(request, hf_str_block_hashes);
     if (hashes == NULL) return NULL;
     PyObject *limit = PyLong_FromSsize_t(num_tokens - 1), *found = NULL;
     if (limit != NULL) {
         PyObject *call[2] = {hashes, limit};
-        found = PyObject_Vectorcall(args[0], call, 2, NULL);
+        found = PyObject_Vectorcall(find, call, 2, NULL);
     }
     Py_DECREF(hashes);
     Py_XDECREF(limit);
@@ -95,6 +89,17 @@ done:
     Py_DECREF(empty);
     Py_DECREF(found);
     return out;
+}
+
+static PyObject *lookup_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "lookup_request(find, mgr, request, num_tokens)");
+        return NULL;
+    }
+    Py_ssize_t num_tokens = PyLong_AsSsize_t(args[3]);
+    if (num_tokens == -1 && PyErr_Occurred()) return NULL;
+    return lr_run(args[0], args[1], args[2], num_tokens);
 }
 
 static int ccore_lookup_request_add(void) {
