@@ -16,6 +16,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *function, *manager_ref, *request_type, *find;
     Py_ssize_t max_model_len;
+    LrTypes types; /* HitRateWindow and PrefixIndex whose steps run in C, or NULL */
 } HybridLookup;
 
 static int hl_traverse(HybridLookup *self, visitproc visit, void *arg) {
@@ -23,6 +24,8 @@ static int hl_traverse(HybridLookup *self, visitproc visit, void *arg) {
     Py_VISIT(self->manager_ref);
     Py_VISIT(self->request_type);
     Py_VISIT(self->find);
+    Py_VISIT(self->types.window_type);
+    Py_VISIT(self->types.prefix_type);
     return 0;
 }
 
@@ -31,6 +34,8 @@ static int hl_clear(HybridLookup *self) {
     Py_CLEAR(self->manager_ref);
     Py_CLEAR(self->request_type);
     Py_CLEAR(self->find);
+    Py_CLEAR(self->types.window_type);
+    Py_CLEAR(self->types.prefix_type);
     return 0;
 }
 
@@ -55,7 +60,7 @@ static PyObject *hl_call(HybridLookup *self, PyObject *const *args, size_t nargs
         num_tokens = request_num_tokens(self->request_type, args[0]);
     }
     if (num_tokens >= 0 && num_tokens <= self->max_model_len) {
-        out = lr_run(self->find, mgr, args[0], num_tokens);
+        out = lr_run(self->find, mgr, args[0], num_tokens, &self->types);
     } else {
         out = call_with_first(self->function, mgr, args, nargsf, kwnames);
     }
@@ -65,11 +70,17 @@ static PyObject *hl_call(HybridLookup *self, PyObject *const *args, size_t nargs
 
 static int hl_init(HybridLookup *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "request_type", "find", "max_model_len",
-                             NULL};
-    PyObject *function, *manager, *rtype, *find;
+                             "window_type", "prefix_type", NULL};
+    PyObject *function, *manager, *rtype, *find, *wtype = Py_None, *ptype = Py_None;
     Py_ssize_t max_len;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!On:HybridLookup", kwlist, &function,
-                                     &manager, &PyType_Type, &rtype, &find, &max_len)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!On|OO:HybridLookup", kwlist, &function,
+                                     &manager, &PyType_Type, &rtype, &find, &max_len, &wtype,
+                                     &ptype)) {
+        return -1;
+    }
+    if ((wtype != Py_None && !PyType_Check(wtype)) || (ptype != Py_None && !PyType_Check(ptype))) {
+        PyErr_SetString(PyExc_TypeError, "HybridLookup: window_type and prefix_type are "
+                                         "classes or None");
         return -1;
     }
     if (max_len < 0 || !PyCallable_Check(function) || !PyCallable_Check(find)) {
@@ -85,6 +96,8 @@ static int hl_init(HybridLookup *self, PyObject *args, PyObject *kwds) {
     self->request_type = Py_NewRef(rtype);
     self->find = Py_NewRef(find);
     self->max_model_len = max_len;
+    self->types.window_type = wtype == Py_None ? NULL : Py_NewRef(wtype);
+    self->types.prefix_type = ptype == Py_None ? NULL : Py_NewRef(ptype);
     self->vectorcall = (vectorcallfunc)hl_call;
     return 0;
 }
@@ -116,7 +129,8 @@ static int ccore_hybrid_lookup_add(PyObject *m) {
     HybridLookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
                                 | Py_TPFLAGS_HAVE_VECTORCALL;
     HybridLookupType.tp_doc = "HybridLookup(function, manager, request_type, find, "
-                              "max_model_len): get_computed_blocks in C.";
+                              "max_model_len, window_type=None, prefix_type=None): "
+                              "get_computed_blocks in C.";
     HybridLookupType.tp_new = PyType_GenericNew;
     HybridLookupType.tp_init = (initproc)hl_init;
     HybridLookupType.tp_dealloc = (destructor)hl_dealloc;
