@@ -173,3 +173,36 @@ def test_constructor_and_set_lookup_check_their_arguments() -> None:
     del gone
     with pytest.raises(InvalidArgumentError, match="was freed"):
         lookup(req)
+
+
+def test_counters_and_a_full_window_equal_pure() -> None:
+    """The counters and the hit-rate window updated in place (their slots) as the Python
+    steps do, past the window's length and on values an engine set."""
+    mgrs = []
+    for pure in (False, True):
+        config = CacheConfig(groups=LAYOUTS["swa"], num_blocks=48, max_model_len=MAX_LEN,
+                             hit_rate_window_requests=3)
+        if pure:
+            with native.forced_pure():
+                mgrs.append(KVCacheManager(config))
+        else:
+            mgrs.append(KVCacheManager(config))
+    for m in mgrs:
+        m.lookups.hits = 2**70  # a big int sums as any int
+        for i in range(7):
+            req = m.new_request(f"r{i}", list(range(10 + 5 * i)))
+            hit = m.get_computed_blocks(req)
+            assert m.allocate_slots(req, req.num_tokens - hit.num_computed_tokens,
+                                    new_computed_blocks=hit) is not None
+    views = [(_counters(m), m.hit_rate_window.queries, m.hit_rate_window.hits,
+              list(m.hit_rate_window._entries)) for m in mgrs]
+    assert views[0] == views[1] and len(views[0][3]) == 3
+
+
+def test_an_unset_counter_raises_as_python() -> None:
+    mgrs = [_manager(LAYOUTS["swa"]), _manager(LAYOUTS["swa"], pure=True)]
+    for m in mgrs:
+        del m.lookups.queries
+        with pytest.raises(AttributeError):
+            m.get_computed_blocks(m.new_request("a", list(range(20))))
+    assert [m.lookups.requests for m in mgrs] == [1, 1]

@@ -16,7 +16,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *function, *manager_ref, *request_type, *find;
     Py_ssize_t max_model_len;
-    LrTypes types; /* HitRateWindow and PrefixIndex whose steps run in C, or NULL */
+    LrTypes types; /* the classes whose steps run in C (ccore_lookup_stats.h) */
 } HybridLookup;
 
 static int hl_traverse(HybridLookup *self, visitproc visit, void *arg) {
@@ -26,6 +26,7 @@ static int hl_traverse(HybridLookup *self, visitproc visit, void *arg) {
     Py_VISIT(self->find);
     Py_VISIT(self->types.window_type);
     Py_VISIT(self->types.prefix_type);
+    Py_VISIT(self->types.counters_type);
     return 0;
 }
 
@@ -36,6 +37,8 @@ static int hl_clear(HybridLookup *self) {
     Py_CLEAR(self->find);
     Py_CLEAR(self->types.window_type);
     Py_CLEAR(self->types.prefix_type);
+    Py_CLEAR(self->types.counters_type);
+    self->types.slot[0] = -1;
     return 0;
 }
 
@@ -70,17 +73,19 @@ static PyObject *hl_call(HybridLookup *self, PyObject *const *args, size_t nargs
 
 static int hl_init(HybridLookup *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"function", "manager", "request_type", "find", "max_model_len",
-                             "window_type", "prefix_type", NULL};
-    PyObject *function, *manager, *rtype, *find, *wtype = Py_None, *ptype = Py_None;
+                             "window_type", "prefix_type", "counters_type", NULL};
+    PyObject *function, *manager, *rtype, *find, *wtype = Py_None, *ptype = Py_None,
+        *ctype = Py_None;
     Py_ssize_t max_len;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!On|OO:HybridLookup", kwlist, &function,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!On|OOO:HybridLookup", kwlist, &function,
                                      &manager, &PyType_Type, &rtype, &find, &max_len, &wtype,
-                                     &ptype)) {
+                                     &ptype, &ctype)) {
         return -1;
     }
-    if ((wtype != Py_None && !PyType_Check(wtype)) || (ptype != Py_None && !PyType_Check(ptype))) {
-        PyErr_SetString(PyExc_TypeError, "HybridLookup: window_type and prefix_type are "
-                                         "classes or None");
+    if ((wtype != Py_None && !PyType_Check(wtype)) || (ptype != Py_None && !PyType_Check(ptype))
+        || (ctype != Py_None && !PyType_Check(ctype))) {
+        PyErr_SetString(PyExc_TypeError, "HybridLookup: window_type, prefix_type and "
+                                         "counters_type are classes or None");
         return -1;
     }
     if (max_len < 0 || !PyCallable_Check(function) || !PyCallable_Check(find)) {
@@ -98,6 +103,8 @@ static int hl_init(HybridLookup *self, PyObject *args, PyObject *kwds) {
     self->max_model_len = max_len;
     self->types.window_type = wtype == Py_None ? NULL : Py_NewRef(wtype);
     self->types.prefix_type = ptype == Py_None ? NULL : Py_NewRef(ptype);
+    self->types.counters_type = ctype == Py_None ? NULL : Py_NewRef(ctype);
+    lr_resolve_slots(&self->types);
     self->vectorcall = (vectorcallfunc)hl_call;
     return 0;
 }
@@ -129,7 +136,8 @@ static int ccore_hybrid_lookup_add(PyObject *m) {
     HybridLookupType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC
                                 | Py_TPFLAGS_HAVE_VECTORCALL;
     HybridLookupType.tp_doc = "HybridLookup(function, manager, request_type, find, "
-                              "max_model_len, window_type=None, prefix_type=None): "
+                              "max_model_len, window_type=None, prefix_type=None, "
+                              "counters_type=None): "
                               "get_computed_blocks in C.";
     HybridLookupType.tp_new = PyType_GenericNew;
     HybridLookupType.tp_init = (initproc)hl_init;

@@ -165,6 +165,6 @@ class HybridLookup:
     def __init__(
         self, *, function: Callable[..., Any], manager: Any, request_type: type,
         find: Callable[..., Any], max_model_len: int, window_type: type | None = None,
-        prefix_type: type | None = None,
+        prefix_type: type | None = None, counters_type: type | None = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -78,7 +78,7 @@ from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
 from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
-from pagedkv.core.metrics import HitRateWindow
+from pagedkv.core.metrics import HitRateWindow, LookupCounters
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.prefix_index import PrefixIndex
 from pagedkv.core.recorder import EventBuffer, EventRecorder
@@ -272,7 +272,7 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         fast.set_lookup(ccore.HybridLookup(  # type: ignore[attr-defined]
             function=lookup_function, manager=mgr, request_type=Request, find=find,
             max_model_len=mgr.max_model_len, window_type=HitRateWindow,
-            prefix_type=PrefixIndex))
+            prefix_type=PrefixIndex, counters_type=LookupCounters))
     return fast
 
 
