@@ -273,6 +273,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
 #include "ccore_request.h"
 /* BlockPool's take, touch and free as C methods (the compiled allocation's pool calls). */
 #include "ccore_pool_ops.h"
+/* get_computed_blocks in C over a coordinator's compiled lookup. */
+#include "ccore_hybrid_lookup.h"
 
 static PyMethodDef methods[] = {
     {"hash_plain", hash_plain, METH_VARARGS, hash_plain_doc},
@@ -325,6 +327,10 @@ PyMODINIT_FUNC PyInit__ccore(void) {
     }
     if (ccore_fixed_point_add(m) < 0 || ccore_lookup_request_add() < 0
         || ccore_pool_ops_add(m) < 0 || ccore_buffer_stored_add(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (ccore_hybrid_lookup_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

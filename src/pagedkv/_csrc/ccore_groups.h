@@ -70,6 +70,7 @@ typedef struct {
      * pool calls' free_blocks; all NULL when the manager's free stays Python */
     PyObject *free_function, *free_plan, *ops_free;
     PyObject **free_entries; /* 4 per group, borrowed from free_plan (PyMem) */
+    PyObject *lookup; /* get_computed_blocks: a HybridLookup (ccore_hybrid_lookup.h) or NULL */
     Py_ssize_t num_free_groups;
     /* from registrar (borrowed): the prefix index (its _index_register kernel read per
      * registration), the per-block hash and
@@ -89,7 +90,7 @@ static PyObject *str_remove_skipped, *str_get_num_blocks, *str_allocate_new, *st
 
 #define GA_OBJS(X) X(function) X(cache_function) X(manager_ref) X(live) X(pool) X(zeroing) \
     X(new_ids) X(request_type) X(groups) X(cache_plan) X(registrar) X(ops) \
-    X(free_function) X(free_plan) X(ops_free)
+    X(free_function) X(free_plan) X(ops_free) X(lookup)
 
 static int ga_traverse(GroupsAllocate *self, visitproc visit, void *arg) {
 #define GA_VISIT(f) Py_VISIT(self->f);
@@ -770,6 +771,12 @@ static PyObject *ga_get_doc(GroupsAllocate *self, void *closure) {
     return PyObject_GetAttrString(self->function, "__doc__");
 }
 
+/* get_computed_blocks, set_lookup, takes_lookups: ccore_hybrid_lookup.h */
+static PyObject *ga_lookup(GroupsAllocate *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames);
+static PyObject *ga_set_lookup(GroupsAllocate *self, PyObject *lookup);
+static PyObject *ga_takes_lookups(GroupsAllocate *self, void *closure);
+
 static PyMethodDef ga_methods[] = {
     {"cache_blocks", (PyCFunction)(void (*)(void))ga_cache_blocks,
      METH_FASTCALL | METH_KEYWORDS,
@@ -777,6 +784,10 @@ static PyMethodDef ga_methods[] = {
      "common call in C."},
     {"free", (PyCFunction)ga_free, METH_O,
      "free(request): KVCacheManager.free, a held request's free in C."},
+    {"get_computed_blocks", (PyCFunction)(void (*)(void))ga_lookup,
+     METH_FASTCALL | METH_KEYWORDS, "KVCacheManager.get_computed_blocks, in C (set_lookup)."},
+    {"set_lookup", (PyCFunction)ga_set_lookup, METH_O,
+     "set_lookup(lookup): get_computed_blocks goes to a HybridLookup."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -785,6 +796,8 @@ static PyGetSetDef ga_getset[] = {
     {"manager", (getter)ga_get_manager, NULL, "The manager whose allocate_slots this is.",
      NULL},
     {"takes_frees", (getter)ga_takes_frees, NULL, "Whether free is the compiled free.", NULL},
+    {"takes_lookups", (getter)ga_takes_lookups, NULL,
+     "Whether get_computed_blocks runs in C (else it is not to be installed).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -6,6 +6,8 @@
  * within num_tokens - 1, counted (ccore_lookup.h's lk_count: the counters, the hit-rate
  * window's observe) and built as the hit type (that of mgr._empty_hit, a tuple of its 7
  * fields). */
+#include "ccore_lookup_stats.h"
+
 static PyObject *hf_str_block_hashes, *hf_str_empty_hit, *hf_str_issuer, *hf_str_rid,
     *hf_str_pool, *hf_str_generation;
 
@@ -28,14 +30,14 @@ static PyObject *hf_fingerprint(PyObject *tables, PyObject *num_hit) {
 
 /* The hit record: (tables, num_hit, issuer, request_id, generation, fingerprint, None). */
 static PyObject *hf_record(PyObject *mgr, PyObject *request, PyObject *empty, PyObject *tables,
-                           PyObject *num_hit) {
+                           PyObject *num_hit, const LrTypes *types) {
     PyObject *f[7] = {Py_NewRef(tables), Py_NewRef(num_hit), NULL, NULL, NULL, NULL,
                       Py_NewRef(Py_None)};
     f[2] = PyObject_GetAttr(mgr, hf_str_issuer);
     f[3] = f[2] ? PyObject_GetAttr(request, hf_str_rid) : NULL;
     PyObject *pool = f[3] ? PyObject_GetAttr(mgr, hf_str_pool) : NULL;
     PyObject *prefix = pool ? PyObject_GetAttr(pool, str_prefix) : NULL;
-    f[4] = prefix ? PyObject_GetAttr(prefix, hf_str_generation) : NULL;
+    f[4] = prefix ? lr_generation(prefix, hf_str_generation, types) : NULL;
     f[5] = f[4] ? hf_fingerprint(tables, num_hit) : NULL;
     Py_XDECREF(pool);
     Py_XDECREF(prefix);
@@ -52,21 +54,16 @@ PyDoc_STRVAR(lookup_request_doc,
 "lookup_request(find, mgr, request, num_tokens) -> hit\n\n"
 "A counted lookup (pagedkv.core.kernels_hybrid_hits.lookup_request).");
 
-static PyObject *lookup_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "lookup_request(find, mgr, request, num_tokens)");
-        return NULL;
-    }
-    PyObject *mgr = args[1], *request = args[2];
-    Py_ssize_t num_tokens = PyLong_AsSsize_t(args[3]);
-    if (num_tokens == -1 && PyErr_Occurred()) return NULL;
+/* lookup_request's work over checked arguments (types: ccore_lookup_stats.h, or NULL):
+ * a new reference or NULL. */
+static PyObject *lr_run(PyObject *find, PyObject *mgr, PyObject *request,
+                        Py_ssize_t num_tokens, const LrTypes *types) {
     PyObject *hashes = PyObject_GetAttr(request, hf_str_block_hashes);
     if (hashes == NULL) return NULL;
     PyObject *limit = PyLong_FromSsize_t(num_tokens - 1), *found = NULL;
     if (limit != NULL) {
         PyObject *call[2] = {hashes, limit};
-        found = PyObject_Vectorcall(args[0], call, 2, NULL);
+        found = PyObject_Vectorcall(find, call, 2, NULL);
     }
     Py_DECREF(hashes);
     Py_XDECREF(limit);
@@ -89,15 +86,27 @@ static PyObject *lookup_request(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *pre = PyObject_GetAttr(request, str_num_preemptions);
     int preempted = pre != NULL ? PyObject_IsTrue(pre) : -1;
     Py_XDECREF(pre);
-    if (preempted < 0 || lk_count(mgr, preempted, num_tokens, hits) < 0) goto done;
-    out = hf_record(mgr, request, empty, tables, num_hit);
+    if (preempted < 0 || lr_count(mgr, preempted, num_tokens, hits, types) < 0) goto done;
+    out = hf_record(mgr, request, empty, tables, num_hit, types);
 done:
     Py_DECREF(empty);
     Py_DECREF(found);
     return out;
 }
 
+static PyObject *lookup_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "lookup_request(find, mgr, request, num_tokens)");
+        return NULL;
+    }
+    Py_ssize_t num_tokens = PyLong_AsSsize_t(args[3]);
+    if (num_tokens == -1 && PyErr_Occurred()) return NULL;
+    return lr_run(args[0], args[1], args[2], num_tokens, NULL);
+}
+
 static int ccore_lookup_request_add(void) {
+    if (ccore_lookup_stats_add() < 0) return -1;
     const char *names[] = {"block_hashes", "_empty_hit", "issuer_token", "request_id", "pool",
                            "index_generation"};
     PyObject **slots[] = {&hf_str_block_hashes, &hf_str_empty_hit, &hf_str_issuer,

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pagedkv.core import validation
+from pagedkv.core.coordinator_base import Coordinator
 from pagedkv.core.held_blocks import NO_COPIES, BlockCopies
-from pagedkv.core.request import RequestLike
+from pagedkv.core.request import Request, RequestLike
 
 if TYPE_CHECKING:
     from pagedkv.core.facade_state import Facade
@@ -69,8 +70,17 @@ def pop_blocks_for_free(self: Facade, request: RequestLike | str) -> list[int]:
         InvalidArgumentError: neither a request nor a str.
         DuplicateRequestError: a request object whose id another live request holds.
     """
-    rid = validation.check_free(self, request)
-    live = self.live_requests.get(rid)
+    live_requests = self.live_requests
+    if type(request) is str:
+        rid = request
+        live = live_requests.get(rid)
+    else:  # a live Request object needs no checks (its id is the one it was admitted by)
+        live = live_requests.get(request.request_id) if type(request) is Request else None
+        if live is None or live is not request:
+            rid = validation.check_free(self, request)
+            live = live_requests.get(rid)
+        else:
+            rid = request.request_id
     if live is None:
         return []
     for before in self._hooks.before_free:
@@ -101,8 +111,15 @@ def take_block_copies(self: Facade) -> BlockCopies:
     request adopting a 24-token hit whose full-attention block 1 is ``b`` and Mamba
     state ``s`` gets copies ``b -> c1``, ``s -> c2``, retained ``(b, c1, s, c2)``.
     """
-    pairs = self.coordinator.take_copies()
+    coordinator = self.coordinator
+    if type(coordinator).take_copies is _NEVER_COPIES:  # no sub-block hits: no call
+        return NO_COPIES
+    pairs = coordinator.take_copies()
     return self.held.hold_copies(pairs) if pairs else NO_COPIES
+
+
+#: The base coordinator's ``take_copies``: none queued, ever (no sub-block hits).
+_NEVER_COPIES = Coordinator.take_copies
 
 
 def take_boundary_state_offloads(self: Facade) -> dict[str, list[tuple[int, int, int]]]:

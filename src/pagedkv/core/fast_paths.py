@@ -65,6 +65,7 @@ here, once, at construction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pagedkv.core import native
@@ -77,6 +78,7 @@ from pagedkv.core.managers.chunked_local import ChunkedLocalManager
 from pagedkv.core.managers.full import FullAttentionManager
 from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
+from pagedkv.core.metrics import HitRateWindow, LookupCounters
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.prefix_index import PrefixIndex
 from pagedkv.core.recorder import EventBuffer, EventRecorder
@@ -121,12 +123,14 @@ def install(mgr: Any, function: Callable[..., Any],
     if ccore is None:
         return None
     if type(coordinator) is not UnitaryCoordinator:
-        return _install_groups(ccore, mgr, function, cache_function, free_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function,
+                               lookup_function)
     m = coordinator.managers[0]
     if (m.drops_blocks or not m.grows_plainly or not m.cacheable
             or not m.registers_whole_blocks_only() or m.caps_registration_itself
             or m.hash_lookahead_tokens or coordinator.cache_alignment_tokens != 1):
-        return _install_groups(ccore, mgr, function, cache_function, free_function)
+        return _install_groups(ccore, mgr, function, cache_function, free_function,
+                               lookup_function)
     fast: Callable[..., Any] = ccore.DecodeAllocate(
         function=function, manager=mgr, live_requests=mgr.live_requests, tables=m.req_to_blocks,
         num_cached=m.num_cached_blocks, pool=coordinator.pool,
@@ -227,14 +231,18 @@ def _state_kinds(m: MambaAlignManager, grow: int, drop: int) -> tuple[Any, ...]:
 
 def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
                     cache_function: Callable[..., Any] | None,
-                    free_function: Callable[..., Any] | None = None) -> Any:
+                    free_function: Callable[..., Any] | None = None,
+                    lookup_function: Callable[..., Any] | None = None) -> Any:
     """The compiled ``allocate_slots`` for a coordinator that runs
     :meth:`Coordinator.allocate` / ``_grow`` / :meth:`Coordinator.cache_blocks` as written
     (several groups, windows, Mamba, mixed block sizes), or ``None``: a coordinator with
     its own allocation (sub-block hits, no prefix caching), re-prefillable tokens or hash
     lookahead (registration capped elsewhere), or no ``cache_function``. With
     ``free_function`` (the class's ``free``, given when no component hooks the free) its
-    ``free`` frees in C when the coordinator frees by its plan (:func:`_free_plan`)."""
+    ``free`` frees in C when the coordinator frees by its plan (:func:`_free_plan`), and
+    with ``lookup_function`` (the class's ``get_computed_blocks``, given when no
+    component hooks the lookup) its ``get_computed_blocks`` runs the coordinator's compiled
+    lookup without the façade's frame (:func:`_lookup_kernel`, ``takes_lookups``)."""
     coordinator = mgr.coordinator
     kind = type(coordinator)
     own_allocate = kind.allocate is not Coordinator.allocate and not (
@@ -259,7 +267,25 @@ def _install_groups(ccore: Any, mgr: Any, function: Callable[..., Any],
         cache_alignment=coordinator.cache_alignment_tokens, registrar=registrar,
         pool_ops=_pool_ops(ccore, coordinator.pool),
         free_function=free_function, free_plan=_free_plan(ccore, coordinator))
+    find = _lookup_kernel(ccore, coordinator) if lookup_function is not None else None
+    if find is not None:
+        fast.set_lookup(ccore.HybridLookup(  # type: ignore[attr-defined]
+            function=lookup_function, manager=mgr, request_type=Request, find=find,
+            max_model_len=mgr.max_model_len, window_type=HitRateWindow,
+            prefix_type=PrefixIndex, counters_type=LookupCounters))
     return fast
+
+
+def _lookup_kernel(ccore: Any, coordinator: Any) -> Any:
+    """The coordinator's lookup kernel when its ``lookup_request`` is the compiled
+    ``lookup_request`` over it (``functools.partial``, as the coordinators install it),
+    so ``get_computed_blocks`` may run it in C (``pagedkv/_csrc/ccore_hybrid_lookup.h``);
+    else None."""
+    bound = coordinator.lookup_request
+    if (type(bound) is not partial or bound.func is not ccore.lookup_request
+            or len(bound.args) != 1 or bound.keywords):
+        return None
+    return bound.args[0]
 
 
 def _free_plan(ccore: Any, coordinator: Any) -> list[Any] | None:
