@@ -77,17 +77,22 @@ class HashExtras:
     cache_salt: str | None = None
     prompt_embeds: tuple[bytes, ...] | None = None
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         lora: LoRA | None = None,
         mm_items: Sequence[MultiModalItem] = (),
         cache_salt: str | None = None,
         prompt_embeds: Sequence[bytes] | None = None,
-    ) -> None:
-        # Written out (not the generated __init__ and a __post_init__): a frozen
-        # dataclass's fields are set through the slots' own setters, and each test starts
-        # with the exact-type check that the common value passes.
+    ) -> HashExtras:
+        # Built in __new__ (no __init__): extras that set nothing are one shared instance
+        # (the class is immutable), returned without a field set.
+        if (lora is None and cache_salt is None and prompt_embeds is None
+                and type(mm_items) is tuple and not mm_items and cls is HashExtras
+                and _EMPTY):
+            return _EMPTY[0]
+        # (Each test starts with the exact-type check that the common value passes; a
+        # frozen dataclass's fields are set through the slots' own setters.)
         if type(mm_items) is not tuple:
             if isinstance(mm_items, (str, bytes)):
                 _bad("mm_items", mm_items, "a sequence of MultiModalItem")
@@ -114,10 +119,17 @@ class HashExtras:
             _bad("cache_salt", cache_salt, "a str (or None)")
         if cache_salt and not (cache_salt.isascii() and "\x00" not in cache_salt):
             check_text("HashExtras.cache_salt", cache_salt)  # a lone surrogate cannot be hashed
+        self = object.__new__(cls)
         _set_lora(self, lora)
         _set_mm_items(self, mm_items)
         _set_cache_salt(self, cache_salt)
         _set_prompt_embeds(self, prompt_embeds)
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled and copied as its fields (``__new__`` takes them by keyword)."""
+        return _rebuild, (type(self), self.lora, self.mm_items, self.cache_salt,
+                          self.prompt_embeds)
 
     @property
     def is_empty(self) -> bool:
@@ -148,6 +160,18 @@ _set_lora = HashExtras.__dict__["lora"].__set__
 _set_mm_items = HashExtras.__dict__["mm_items"].__set__
 _set_cache_salt = HashExtras.__dict__["cache_salt"].__set__
 _set_prompt_embeds = HashExtras.__dict__["prompt_embeds"].__set__
+
+
+def _rebuild(cls: type[HashExtras], lora: LoRA | None, mm_items: tuple[MultiModalItem, ...],
+             cache_salt: str | None, prompt_embeds: tuple[bytes, ...] | None) -> HashExtras:
+    """HashExtras.__reduce__'s constructor."""
+    return cls(lora=lora, mm_items=mm_items, cache_salt=cache_salt,
+               prompt_embeds=prompt_embeds)
+
+
+#: The one instance of extras that set nothing (filled once the class exists).
+_EMPTY: list[HashExtras] = []
+_EMPTY.append(HashExtras())
 
 
 def _bad(field: str, value: object, expected: str) -> NoReturn:

@@ -229,6 +229,17 @@ class KVCacheManager:
                 prompt longer than ``max_model_len``.
             DuplicateRequestError: a live request has this id.
         """
+        # The common call passes every check's first test (an exact non-empty str id not
+        # live, a list or tuple prompt that fits, exact HashExtras or none, no hashes and
+        # no retention): the Request at once. Any other call: the checks, then the same.
+        kind = type(prompt_token_ids)
+        if (type(request_id) is str and request_id and block_hashes is None
+                and retention is None and (kind is list or kind is tuple)
+                and request_id not in self.live_requests
+                and len(prompt_token_ids) <= self.max_model_len
+                and (hash_extras is None or type(hash_extras) is HashExtras)):
+            return Request(request_id, prompt_token_ids, hasher=self.hasher,
+                           hash_extras=hash_extras)
         validation.check_new_request(self, request_id, prompt_token_ids, block_hashes,
                                      hash_extras)
         if retention is not None:
