@@ -18,14 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from test_compiled_groups import LAYOUTS, manager_pair
 
 from pagedkv import KVCacheManager
 from pagedkv.core import native
 from pagedkv.core.hash_extras import HashExtras, LoRA, MultiModalItem
 from pagedkv.core.pool import BlockPool
 from pagedkv.errors import DuplicateRequestError, InvalidArgumentError
-
-from test_compiled_groups import LAYOUTS, manager_pair
 
 compiled_only = pytest.mark.skipif(native.active() is None,
                                    reason=f"no compiled core: {native.IMPORT_ERROR}")
