@@ -13,14 +13,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from functools import partial
-from typing import Any
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.eagle_hits import find_hit_with_drop
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.kernels import kernels
-from pagedkv.core.lookup_plan import hit_plan
+from pagedkv.core.lookup_plan import KernelLookup, hit_plan
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.managers.partial import PartialHitManager
 from pagedkv.core.pool import BlockPool
@@ -31,7 +29,7 @@ from pagedkv.core.specs import lcm_block_size
 __all__ = ["HybridCoordinator", "PartialHitCoordinator"]
 
 
-class HybridCoordinator(Coordinator):
+class HybridCoordinator(KernelLookup, Coordinator):
     """Several groups: the longest hit valid for all of them, found as a fixed point.
 
     Lengths are kept multiples of ``lcm_block_size`` (the least common multiple of the
@@ -91,34 +89,10 @@ class HybridCoordinator(Coordinator):
         class's fixed point without the drop, every group by its kind's own rule), and
         the façade's ``lookup_request`` over that kernel (no reference back to this
         coordinator)."""
-        ks = self._kernels
         if (type(self).find_longest_cache_hit is HybridCoordinator.find_longest_cache_hit
                 and not self._never_hits and not self._eagle):
-            plan = hit_plan(self.managers, self._full, self._others, self.lcm_block_size,
-                            False)
-            if plan is not None:
-                find = self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
-                self.lookup_request = partial(  # type: ignore[method-assign]
-                    ks.lookup_request, find)
-
-    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
-        """The façade's lookup after its checks: :meth:`find_longest_cache_hit`, counted
-        and built as the hit (the kernel
-        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
-        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
-        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
-                                            num_tokens)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copy and pickle state: the lookup kernel is built again, not copied."""
-        state = dict(self.__dict__)
-        state.pop("find_longest_cache_hit", None)
-        state.pop("lookup_request", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._install_hit()
+            self._use_hit_kernel(hit_plan(self.managers, self._full, self._others,
+                                          self.lcm_block_size, False))
 
     def cacheable_tokens(self, num_tokens: int, m: SingleTypeManager) -> int:
         """Aligned, and finalized in a group with the EAGLE drop

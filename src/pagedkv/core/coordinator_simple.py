@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any, cast
 
 from pagedkv.core.coordinator_base import BlockTables, Coordinator
 from pagedkv.core.external_blocks import allocate_external, uncounted_blocks
 from pagedkv.core.kernels import kernels
-from pagedkv.core.lookup_plan import hit_plan
+from pagedkv.core.lookup_plan import KernelLookup, hit_plan
 from pagedkv.core.managers.base import SingleTypeManager
 from pagedkv.core.pool import BlockPool
 from pagedkv.core.request import RequestLike
@@ -64,7 +63,7 @@ class NoPrefixCacheCoordinator(Coordinator):
         return
 
 
-class UnitaryCoordinator(Coordinator):
+class UnitaryCoordinator(KernelLookup, Coordinator):
     """One group: its own longest hit, and the allocation without per-group loops."""
 
     def __init__(self, managers: Sequence[SingleTypeManager], pool: BlockPool) -> None:
@@ -80,33 +79,9 @@ class UnitaryCoordinator(Coordinator):
         group that looks up by its class's rule (full attention keeps its own method: the
         compiled core's ``DecodeAllocate`` takes its lookups), and the façade's
         ``lookup_request`` over that kernel (no reference back to this coordinator)."""
-        ks = self._kernels
         if (type(self).find_longest_cache_hit is UnitaryCoordinator.find_longest_cache_hit
                 and self._manager.hit_shape != "prefix"):
-            plan = hit_plan(self.managers, (), (0,), 1, True)
-            if plan is not None:
-                find = self.find_longest_cache_hit = ks.hybrid_hit(plan)  # type: ignore[method-assign,assignment]
-                self.lookup_request = partial(  # type: ignore[method-assign]
-                    ks.lookup_request, find)
-
-    def lookup_request(self, mgr: Any, request: RequestLike, num_tokens: int) -> Any:
-        """The façade's lookup after its checks: :meth:`find_longest_cache_hit`, counted
-        and built as the hit (the kernel
-        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
-        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
-        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
-                                            num_tokens)
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copy and pickle state: the lookup kernel is built again, not copied."""
-        state = dict(self.__dict__)
-        state.pop("find_longest_cache_hit", None)
-        state.pop("lookup_request", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._install_hit()
+            self._use_hit_kernel(hit_plan(self.managers, (), (0,), 1, True))
 
     def find_longest_cache_hit(
         self, block_hashes: list[bytes], max_length: int

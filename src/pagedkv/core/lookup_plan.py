@@ -14,6 +14,7 @@ replaced.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from pagedkv.core.kernels_hybrid_hits import KIND_CHUNK, KIND_PREFIX, KIND_STATE, KIND_WINDOW
@@ -23,7 +24,7 @@ from pagedkv.core.managers.full import FullAttentionManager
 from pagedkv.core.managers.mamba import MambaAlignManager
 from pagedkv.core.managers.sliding_window import SlidingWindowManager
 
-__all__ = ["hit_plan"]
+__all__ = ["KernelLookup", "hit_plan"]
 
 
 def _entry(m: SingleTypeManager) -> tuple[Any, ...] | None:
@@ -65,3 +66,45 @@ def hit_plan(managers: Sequence[SingleTypeManager], full: Sequence[int],
         entries.append(e)
     nfull = len(full)
     return (len(managers), lcm, unitary, tuple(entries[:nfull]), tuple(entries[nfull:]))
+
+
+class KernelLookup:
+    """A coordinator's lookup through the kernel where its plan allows it: the mixin of
+    :class:`~pagedkv.core.coordinator_simple.UnitaryCoordinator` and
+    :class:`~pagedkv.core.coordinator_hybrid.HybridCoordinator`. The coordinator decides
+    its plan in ``_install_hit`` (called at construction and after copy and pickle) and
+    passes it to :meth:`_use_hit_kernel`; ``_kernels`` is its kernel set."""
+
+    _kernels: Any
+
+    def _install_hit(self) -> None:
+        """Decide the plan (the coordinator's own rule); here: no kernel."""
+
+    def _use_hit_kernel(self, plan: tuple[Any, ...] | None) -> None:
+        """With a plan, the kernel in front of ``find_longest_cache_hit`` and the façade's
+        ``lookup_request`` over it (no reference back to the coordinator); without one,
+        nothing changes."""
+        if plan is not None:
+            ks = self._kernels
+            find = self.find_longest_cache_hit = ks.hybrid_hit(plan)
+            self.lookup_request = partial(  # type: ignore[method-assign]
+                ks.lookup_request, find)
+
+    def lookup_request(self, mgr: Any, request: Any, num_tokens: int) -> Any:
+        """The façade's lookup after its checks: ``find_longest_cache_hit``, counted and
+        built as the hit (the kernel
+        :func:`~pagedkv.core.kernels_hybrid_hits.lookup_request`; an instance whose lookup
+        is a kernel holds the kernel over it instead). Mutates the lookup statistics."""
+        return self._kernels.lookup_request(self.find_longest_cache_hit, mgr, request,
+                                            num_tokens)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copy and pickle state: the lookup kernel is built again, not copied."""
+        state = dict(self.__dict__)
+        state.pop("find_longest_cache_hit", None)
+        state.pop("lookup_request", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._install_hit()
