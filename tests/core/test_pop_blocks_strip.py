@@ -49,3 +49,21 @@ def test_pop_strips_leading_nulls_only(seed: int) -> None:
         assert all("r" not in g.req_to_blocks and "r" not in g.num_cached_blocks
                    for g in groups)
         assert Coordinator.pop_blocks_for_free(coordinator, "r") == []  # type: ignore[arg-type]
+
+
+def test_release_of_a_tuple_checks_as_a_list() -> None:
+    from pagedkv.core.held_blocks import HeldBlocks
+    from pagedkv.core.pool import BlockPool
+    from pagedkv.errors import InvalidArgumentError
+
+    pool = BlockPool(6, hash_block_size=4)
+    held = HeldBlocks(pool)
+    blocks = pool.get_new_blocks(2)
+    held.hold(blocks)
+    with pytest.raises(InvalidArgumentError):
+        held.release((blocks[1], 5))
+    assert held.counts == {blocks[0]: 1, blocks[1]: 1}
+    held.release((blocks[1], 0, blocks[0]))
+    assert held.counts == {} and pool.free_queue.num_free == 5
+    with pytest.raises(InvalidArgumentError):
+        held.release("12")  # type: ignore[arg-type]
