@@ -329,8 +329,11 @@ class Coordinator:
         """Forget the request in every group without releasing its blocks: the tables
         concatenated in group order, each without its leading null blocks (vLLM 0.33's
         ``pop_blocks_for_free``). The caller releases them later, last first."""
+        managers = self.managers
+        if len(managers) == 1:
+            return managers[0].pop_blocks_for_free(request_id)
         out: list[int] = []
-        for m in self.managers:
+        for m in managers:
             out.extend(m.pop_blocks_for_free(request_id))
         return out
 

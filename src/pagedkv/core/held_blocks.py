@@ -77,7 +77,8 @@ class HeldBlocks:
             InvalidArgumentError: not a list of ints, or an id not held (that many times);
                 nothing is released.
         """
-        if type(block_ids) is not list and (
+        kind = type(block_ids)
+        if kind is not list and kind is not tuple and (  # tuple: take_block_copies' retained
                 isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence)):
             raise InvalidArgumentError(
                 f"release_blocks takes a list of block ids, got {type(block_ids).__name__}"

@@ -415,12 +415,12 @@ class SingleTypeManager:
         self.num_cached_blocks.pop(request_id, None)
         if not blocks:
             return []
-        if self.keep_null_head:
+        if blocks[0] or self.keep_null_head:
             return blocks
-        i = 0
-        while i < len(blocks) and not blocks[i]:
-            i += 1
-        return blocks[i:] if i else blocks
+        for i, b in enumerate(blocks):  # the first real block (nulls lead)
+            if b:
+                return blocks[i:]
+        return []
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace blocks the request no longer needs by the null block and free them."""
