@@ -77,8 +77,10 @@ PLAN: dict[str, Run | Skip] = {
     "pytest": Skip("the whole suite, of which this test is part (CI runs it as written)"),
     "python benchmarks/compare_vllm.py --vllm-python VLLM_ENV/bin/python --rounds 3":
         NO_VLLM_PATH,
-    "python benchmarks/compiled_core.py --vllm-python VLLM_ENV/bin/python --rounds 5":
+    "python benchmarks/compiled_core.py --vllm-python VLLM_ENV/bin/python --rounds 3 --repeat 3":
         NO_VLLM_PATH,
+    "python benchmarks/hybrid_speed.py --vllm-python VLLM_ENV/bin/python --rounds 3 --seeds 5 "
+    "--reps 3": NO_VLLM_PATH,
     "python benchmarks/ab_checkouts.py --vllm-python VLLM_ENV/bin/python --before "
     "OLD_CHECKOUT --after . --rounds 3 '[--' --preset 'heavy-eviction]'": NO_VLLM_PATH,
     "python -m conformance --vllm-python PATH/TO/VLLM/ENV/bin/python --seeds 200 --ops 300":
