@@ -8,7 +8,7 @@ specifications.
   random runs: skipped positions, blocks of one or several hash blocks, requests with and
   without extras (LoRA, multimodal and salt keys, recorded keys or not);
 * ``GroupsAllocate``'s free, masked sliding-window registration and full-sequence gate
-  (``ccore_groups_free.h``, ``ccore_alloc_masked.h``, ``ccore_hybrid_first.h``) against
+  (``ccore_groups_free.h``, ``ccore_index_mask.h``, ``ccore_hybrid_first.h``) against
   the pure core, whole managers side by side: tables, pool, index and event bytes after
   every call.
 """

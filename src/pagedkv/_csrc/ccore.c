@@ -244,6 +244,8 @@ static int ccore_add_type(PyObject *m, PyTypeObject *type, const char *name) {
     return 0;
 }
 
+/* The masked registration's mask and index_register's loop, declared (ccore_index.h). */
+#include "ccore_index_mask.h"
 #include "ccore_pool.h"
 #include "ccore_refs.h"
 #include "ccore_fast.h"

@@ -45,7 +45,7 @@ typedef struct {
  * remembered for this step), or FullAttentionManager's over several hash blocks per block
  * (GA_CACHE_TAIL: its method still runs when the prompt's tail may need an entry). */
 enum { GA_CACHE_METHOD = 0, GA_CACHE_PLAIN = 1, GA_CACHE_STATE = 2, GA_CACHE_TAIL = 3,
-       GA_CACHE_MASKED = 4 /* a window's masked rule: ccore_alloc_masked.h */ };
+       GA_CACHE_MASKED = 4 /* a window's masked rule: ccore_index_mask.h */ };
 
 typedef struct {
     Py_ssize_t block_size;
@@ -124,7 +124,6 @@ static void ga_dealloc(GroupsAllocate *self) {
 
 #include "ccore_buffer_stored.h"
 #include "ccore_groups_free.h"
-#include "ccore_alloc_masked.h"
 #include "ccore_hybrid_step_register.h"
 
 /* Coordinator.cache_blocks(request, end) (no re-prefillable tokens, no hash lookahead):

@@ -127,10 +127,11 @@ static int ga_register_run(GroupsAllocate *self, GaCache *c, PyObject *request,
     /* the index's kernel as it holds it now (reg_fn: the index) */
     PyObject *kernel = c->kind == GA_CACHE_MASKED
                            ? NULL : PyObject_GetAttr(self->reg_fn, str_index_register_attr);
+    IxMask mask = {c->per_segment, c->first, c->shift};
     PyObject *skipped = c->kind == GA_CACHE_MASKED
-                            ? am_register(table, hashes, start, stop, c->index, c->dups,
+                            ? ix_register(table, hashes, start, stop, c->index, c->dups,
                                           self->reg_hash, self->reg_group, c->group,
-                                          self->reg_evict, c->per_segment, c->first, c->shift)
+                                          self->reg_evict, &mask)
                         : kernel == NULL ? NULL
                         : PyObject_CallFunction(kernel, "OOnnOOOOOO", table, hashes, start,
                                                 stop, c->index, c->dups, self->reg_hash,

@@ -183,68 +183,74 @@ static int ix_live_block(PyObject *b_obj, Py_ssize_t size, Py_ssize_t *b) {
     return *b < 0 ? -1 : 1;
 }
 
+/* One registration of block b_obj (at C id b) under hash h in `group`: left alone when it
+ * already is (1: skipped), another key's block to evict(b) first, then primary or
+ * duplicate. 0 registered, 1 skipped, -1 an error. The caller holds b_obj and h (evict
+ * runs Python). */
+static int ix_register_one(PyObject *b_obj, Py_ssize_t b, PyObject *h, PyObject *index,
+                           PyObject *dups, PyObject *bh, PyObject *bg, PyObject *group,
+                           PyObject *evict) {
+    PyObject *cur = PyList_GET_ITEM(bh, b);
+    if (cur != Py_None) {
+        int same = PyObject_RichCompareBool(cur, h, Py_EQ);
+        if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(bg, b), group, Py_EQ);
+        if (same != 0) return same < 0 ? -1 : 1;
+        PyObject *r = PyObject_CallOneArg(evict, b_obj);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    if (ix_set(bh, b, h) < 0 || ix_set(bg, b, group) < 0) return -1;
+    PyObject *primary = PyDict_SetDefault(index, h, b_obj); /* borrowed */
+    if (primary == NULL) return -1;
+    if (primary == b_obj) return 0;
+    int same = PyObject_RichCompareBool(primary, b_obj, Py_EQ);
+    if (same != 0) return same < 0 ? -1 : 0;
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL) return -1;
+    PyObject *later = PyDict_SetDefault(dups, h, fresh);
+    Py_DECREF(fresh);
+    return later == NULL || PyList_Append(later, b_obj) < 0 ? -1 : 0;
+}
+
 /* index_register's loop on checked arguments (bh and bg lists, index and dups dicts):
- * the skipped positions, a new list, or NULL with an exception. */
+ * the skipped positions, a new list, or NULL with an exception. With a mask (not NULL:
+ * a sliding window's reachable_mask, PrefixIndex._register_masked) the positions it
+ * leaves out are skipped too. */
 static PyObject *ix_register(PyObject *blocks, PyObject *hashes, Py_ssize_t start,
                              Py_ssize_t stop, PyObject *index, PyObject *dups, PyObject *bh,
-                             PyObject *bg, PyObject *group, PyObject *evict) {
+                             PyObject *bg, PyObject *group, PyObject *evict,
+                             const IxMask *mask) {
     Py_ssize_t size = PyList_GET_SIZE(bh);
     if (PyList_GET_SIZE(bg) != size) {
         PyErr_SetString(PyExc_ValueError, "index_register: per-block lists differ in length");
         return NULL;
     }
     PyObject *skipped = PyList_New(0);
-    if (skipped == NULL) return NULL;
-    for (Py_ssize_t i = start; i < stop; i++) {
+    for (Py_ssize_t i = start; skipped != NULL && i < stop; i++) {
         if (i < 0 || i >= PyList_GET_SIZE(blocks)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
-            goto fail;
+            Py_CLEAR(skipped);
+            break;
         }
-        PyObject *b_obj = PyList_GET_ITEM(blocks, i);
+        PyObject *b_obj = Py_NewRef(PyList_GET_ITEM(blocks, i)); /* held: evict runs Python */
         Py_ssize_t b = 0;
-        int live = ix_live_block(b_obj, size, &b);
-        if (live < 0) goto fail;
-        if (!live) {
-            if (ix_append_index(skipped, i) < 0) goto fail;
-            continue;
-        }
-        if (i >= PyList_GET_SIZE(hashes)) {
+        int rc, live = mask == NULL || ix_reachable(mask, i)
+                           ? ix_live_block(b_obj, size, &b)
+                           : PyObject_IsTrue(b_obj) < 0 ? -1 : 0; /* masked: skipped */
+        if (live <= 0) {
+            rc = live < 0 ? -1 : 1;
+        } else if (i >= PyList_GET_SIZE(hashes)) {
             PyErr_SetString(PyExc_IndexError, "list index out of range");
-            goto fail;
+            rc = -1;
+        } else {
+            PyObject *h = Py_NewRef(PyList_GET_ITEM(hashes, i));
+            rc = ix_register_one(b_obj, b, h, index, dups, bh, bg, group, evict);
+            Py_DECREF(h);
         }
-        PyObject *h = PyList_GET_ITEM(hashes, i);
-        PyObject *cur = PyList_GET_ITEM(bh, b);
-        if (cur != Py_None) {
-            int same = PyObject_RichCompareBool(cur, h, Py_EQ);
-            if (same > 0) same = PyObject_RichCompareBool(PyList_GET_ITEM(bg, b), group, Py_EQ);
-            if (same < 0) goto fail;
-            if (same) {
-                if (ix_append_index(skipped, i) < 0) goto fail;
-                continue;
-            }
-            PyObject *r = PyObject_CallOneArg(evict, b_obj);
-            if (r == NULL) goto fail;
-            Py_DECREF(r);
-        }
-        if (ix_set(bh, b, h) < 0 || ix_set(bg, b, group) < 0) goto fail;
-        PyObject *primary = PyDict_SetDefault(index, h, b_obj); /* borrowed */
-        if (primary == NULL) goto fail;
-        if (primary != b_obj) {
-            int same = PyObject_RichCompareBool(primary, b_obj, Py_EQ);
-            if (same < 0) goto fail;
-            if (!same) {
-                PyObject *fresh = PyList_New(0);
-                if (fresh == NULL) goto fail;
-                PyObject *later = PyDict_SetDefault(dups, h, fresh);
-                Py_DECREF(fresh);
-                if (later == NULL || PyList_Append(later, b_obj) < 0) goto fail;
-            }
-        }
+        Py_DECREF(b_obj);
+        if (rc < 0 || (rc == 1 && ix_append_index(skipped, i) < 0)) Py_CLEAR(skipped);
     }
     return skipped;
-fail:
-    Py_DECREF(skipped);
-    return NULL;
 }
 
 static PyObject *index_register(PyObject *self, PyObject *args) {
@@ -257,7 +263,8 @@ static PyObject *index_register(PyObject *self, PyObject *args) {
                           &evict)) {
         return NULL;
     }
-    return ix_register(blocks, hashes, start, stop, index, dups, bh, bg, group, evict);
+    return ix_register(blocks, hashes, start, stop, index, dups, bh, bg, group, evict,
+                       NULL);
 }
 
 PyDoc_STRVAR(longest_hit_doc,

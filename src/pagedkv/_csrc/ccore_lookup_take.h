@@ -157,7 +157,7 @@ static int lk_register(DecodeAllocate *self, LkParts *p, PyObject *request, PyOb
         PyObject *dg = PyList_GET_ITEM(p->dups, self->group);
         if (PyDict_Check(ig) && PyDict_Check(dg) && PyList_Check(hashes)) {
             skipped = ix_register(table, hashes, start, stop, ig, dg, p->bh, p->bg, group,
-                                  evict); /* index_register without packing its arguments */
+                                  evict, NULL); /* index_register, its arguments unpacked */
         } else {
             PyObject *args[10] = {table, hashes, lo, hi, ig, dg, p->bh, p->bg, group, evict};
             skipped = lk_call_kernel(index_register, args, 10); /* raises its TypeError */

@@ -106,16 +106,12 @@ class Request:
                            hash_extras, keys)
             hash_at = (len(hashes) + 1) * hasher.block_size
         hashed = tokens is not None
-        if not hashed:
+        if tokens is None:
             if not prompt_token_ids:
                 raise InvalidArgumentError(f"request {request_id!r} has an empty prompt")
             why = token_ids_problem(prompt_token_ids)
             if why is not None:
                 raise InvalidArgumentError(f"request {request_id!r}: {why}")
-        # (Keys recorded by the kernel: extras that set something.)
-        if hash_extras is not None and not keys and hash_extras.is_empty:
-            hash_extras = None
-        if tokens is None:
             embeds = hash_extras.prompt_embeds if hash_extras is not None else None
             if embeds is not None and len(embeds) != len(prompt_token_ids):
                 raise InvalidArgumentError(
@@ -123,6 +119,9 @@ class Request:
                     f"{len(prompt_token_ids)} prompt tokens; give one per token"
                 )
             tokens = list(prompt_token_ids)
+        # (Keys recorded by the kernel: extras that set something.)
+        if hash_extras is not None and not keys and hash_extras.is_empty:
+            hash_extras = None
         self.request_id = request_id
         self.all_token_ids: list[int] = tokens
         #: _owned_tokens: len(all_token_ids) as the facade left it: a list that grew behind

@@ -138,28 +138,23 @@ def check_new_request(
         InvalidArgumentError: a bad id, an over-long prompt, bad hashes or extras.
         DuplicateRequestError: the id is live.
     """
-    # Each test starts with the exact-type check that the common value passes.
-    rid = request_id if type(request_id) is str and request_id else check_request_id(request_id)
+    rid = check_request_id(request_id)
     if rid in mgr.live_requests:
         raise DuplicateRequestError(
             f"request id {rid!r} belongs to a live request (it holds blocks); free it first "
             "or give the new request another id"
         )
-    kind = type(prompt_token_ids)
-    if kind is not list and kind is not tuple and (
-            not isinstance(prompt_token_ids, Sequence)
-            or isinstance(prompt_token_ids, (str, bytes))):
+    if not isinstance(prompt_token_ids, Sequence) or isinstance(prompt_token_ids, (str, bytes)):
         raise InvalidArgumentError(
             f"request {rid!r}: prompt_token_ids must be a sequence of ints, got "
-            f"{kind.__name__}"
+            f"{type(prompt_token_ids).__name__}"
         )
     if len(prompt_token_ids) > mgr.max_model_len:
         raise InvalidArgumentError(
             f"request {rid!r}: a {len(prompt_token_ids)}-token prompt is longer than "
             f"max_model_len={mgr.max_model_len}; truncate it or raise max_model_len"
         )
-    if (hash_extras is not None and type(hash_extras) is not HashExtras
-            and not isinstance(hash_extras, HashExtras)):
+    if hash_extras is not None and not isinstance(hash_extras, HashExtras):
         raise InvalidArgumentError(
             f"request {rid!r}: hash_extras must be a HashExtras, got {hash_extras!r}"
         )
